@@ -1,0 +1,126 @@
+"""Strict loading of YAML data files into frozen attrs values.
+
+Each loader names the file and the field path in its errors ("h100.yaml: memory.
+bandwidth_gb_per_s must be > 0"), so a vendor fixing a pack never has to guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zrt_core.errors import SpecError
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; a missing file or a syntax error is a :class:`SpecError`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{path}:{where} is not valid YAML ({problem})",
+                        "fix the syntax and run again") from None
+
+
+class Fields:
+    """Reads a mapping field by field, rejecting unknown keys and bad values.
+
+    :param data: the mapping to read.
+    :param where: ``"file.yaml: section"`` prefix for messages.
+    :param allowed: every key the mapping may have.
+    """
+
+    def __init__(self, data: Any, where: str, allowed: set[str] | frozenset[str]) -> None:
+        if not isinstance(data, Mapping):
+            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+        unknown = sorted(set(map(str, data)) - set(allowed))
+        if unknown:
+            raise SpecError(
+                f"{where}: unknown key {unknown[0]!r}",
+                f"allowed keys are {', '.join(sorted(allowed))}",
+            )
+        self.data = data
+        self.where = where
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if not self.where.endswith(": ") else f"{self.where}{key}"
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def str(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                raise SpecError(f"{self.path(key)} is required")
+            return default
+        if not isinstance(value, str | int | float):
+            raise SpecError(f"{self.path(key)} must be a string, got {value!r}")
+        return str(value)
+
+    def number(
+        self,
+        key: str,
+        default: float | None = None,
+        *,
+        required: bool = False,
+        positive: bool = False,
+        non_negative: bool = False,
+        at_most: float | None = None,
+    ) -> float | None:
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                raise SpecError(f"{self.path(key)} is required")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SpecError(f"{self.path(key)} must be a number, got {value!r}")
+        if positive and value <= 0:
+            raise SpecError(f"{self.path(key)} must be > 0, got {value!r}")
+        if non_negative and value < 0:
+            raise SpecError(f"{self.path(key)} must be >= 0, got {value!r}")
+        if at_most is not None and value > at_most:
+            raise SpecError(f"{self.path(key)} must be <= {at_most}, got {value!r}")
+        return float(value)
+
+    def integer(self, key: str, default: int | None = None, *, required: bool = False,
+                positive: bool = False) -> int | None:
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                raise SpecError(f"{self.path(key)} is required")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{self.path(key)} must be an integer, got {value!r}")
+        if positive and value <= 0:
+            raise SpecError(f"{self.path(key)} must be > 0, got {value!r}")
+        return value
+
+    def list(self, key: str) -> list[Any]:
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise SpecError(f"{self.path(key)} must be a list, got {type(value).__name__}")
+        return value
+
+    def mapping(self, key: str) -> Mapping[str, Any]:
+        value = self.data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise SpecError(f"{self.path(key)} must be a mapping, got {type(value).__name__}")
+        return value

@@ -1,0 +1,75 @@
+"""The ``zrt`` command line.
+
+Each command lives in its own module under ``zrt_core.cli`` with ``register(subparsers)``;
+:data:`COMMANDS` lists them in help order. Bad input raises :class:`ZrtError`, printed as
+one line with exit status 2; anything else is a bug, exit 1 (``ZRT_DEBUG=1`` shows the
+traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from zrt_core import __version__
+from zrt_core.errors import ZrtError
+
+COMMANDS = (
+    "zrt_core.cli.plugins_cmd",
+    "zrt_core.cli.hw_cmd",
+    "zrt_core.cli.models_cmd",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} — see '{self.prog} --help'\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="zrt",
+        description="Predict step time, memory and cost of training or serving an LLM "
+        "from its config.json.",
+    )
+    parser.add_argument("--version", action="version", version=f"zrt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module_name in COMMANDS:
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ZrtError as exc:
+        sys.stderr.write(f"zrt: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("zrt: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        if os.environ.get("ZRT_DEBUG"):
+            raise
+        sys.stderr.write(
+            f"zrt: internal error: {type(exc).__name__}: {exc} — this is a bug in zrt; "
+            "rerun with ZRT_DEBUG=1 for the traceback and report it\n"
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,361 @@
+"""Hardware specs: the datasheet numbers every prediction rests on.
+
+A :class:`HardwareSpec` is a frozen value loaded from YAML by :meth:`HardwareSpec.from_yaml`.
+Units live in field names: ``_tflops`` is 10^12 dense (no 2:4 sparsity) operations per
+second, ``_gb_per_s`` is 10^9 **bytes** per second, ``_gb`` is 10^9 bytes, ``_us`` is
+microseconds. Interconnect bandwidth is per device and per direction.
+
+The YAML format (every key below, nothing else)::
+
+    id: nvidia_h100_sxm
+    name: NVIDIA H100 SXM5 80GB
+    vendor: nvidia
+    aliases: [h100]
+    source: "datasheet ..."
+    compute:            # dense peak, TFLOP/s (int8: TOP/s); null = not supported
+      fp32: 66.9
+      tf32: 494.7
+      bf16: 989.4
+      fp16: 989.4
+      fp8: 1978.9
+      fp4: null
+      int8: 1978.9
+    memory:
+      capacity_gb: 80
+      bandwidth_gb_per_s: 3350
+      caches: [{name: l2, capacity_mb: 50, bandwidth_gb_per_s: 12000}]
+    interconnect:       # innermost first; sizes grow; the outermost has devices: null
+      - {name: nvlink, bandwidth_gb_per_s: 450, latency_us: 3, devices: 8}
+      - {name: infiniband, bandwidth_gb_per_s: 50, latency_us: 6, devices: null}
+    power_w: 700
+    price_per_device_hour_usd: null
+    efficiency: {matmul: 0.8, memory: 0.85, ...}   # see Efficiency
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+
+from zrt_core._data import Fields, load_yaml
+from zrt_core.errors import SpecError
+
+#: dtype names (as in OpGraph tensors) mapped onto the compute field that prices them.
+_DTYPE_TO_COMPUTE = {
+    "float32": "tf32",
+    "tf32": "tf32",
+    "fp32": "fp32",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "fp8": "fp8",
+    "mxfp8": "fp8",
+    "float4_e2m1fn_x2": "fp4",
+    "fp4": "fp4",
+    "nvfp4": "fp4",
+    "mxfp4": "fp4",
+    "int8": "int8",
+    "int4": "int8",
+}
+
+COMPUTE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
+
+
+@frozen
+class ComputeSpec:
+    """Dense peak throughput per dtype, TFLOP/s (int8 in TOP/s). None: not supported."""
+
+    fp32_tflops: float
+    bf16_tflops: float
+    fp16_tflops: float
+    tf32_tflops: float | None = None
+    fp8_tflops: float | None = None
+    fp4_tflops: float | None = None
+    int8_tops: float | None = None
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Peak for a dtype name; an unsupported low precision falls back to the next wider.
+
+        fp4 without fp4 units runs at fp8 rate (or bf16); fp8 without fp8 units at bf16; int8
+        without int8 units at fp16. That is how frameworks run such weights (upcast).
+        """
+        key = _DTYPE_TO_COMPUTE.get(dtype)
+        if key is None:
+            raise SpecError(f"no compute rate for dtype {dtype!r}",
+                            f"use one of {', '.join(sorted(_DTYPE_TO_COMPUTE))}")
+        chain = {
+            "fp4": ("fp4", "fp8", "bf16"),
+            "fp8": ("fp8", "bf16"),
+            "int8": ("int8", "fp16"),
+            "tf32": ("tf32", "fp32"),
+        }.get(key, (key,))
+        for k in chain:
+            value = self.get(k)
+            if value:
+                return value
+        raise SpecError(f"hardware has no {key} compute rate")
+
+    def get(self, key: str) -> float | None:
+        return getattr(self, "int8_tops" if key == "int8" else f"{key}_tflops")
+
+    def supports(self, key: str) -> bool:
+        return bool(self.get(key))
+
+
+@frozen
+class CacheTier:
+    name: str
+    capacity_mb: float
+    bandwidth_gb_per_s: float | None = None
+
+
+@frozen
+class MemorySpec:
+    capacity_gb: float
+    bandwidth_gb_per_s: float
+    caches: tuple[CacheTier, ...] = ()
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity_gb * 1e9
+
+
+@frozen
+class InterconnectTier:
+    """One level of the network.
+
+    :param devices: how many devices one domain of this tier holds (8 for an NVLink node,
+        72 for an NVL72 rack); None for the outermost tier, which is unbounded.
+    :param bandwidth_gb_per_s: unidirectional bandwidth per device, GB/s.
+    :param latency_us: one message's start-up latency (the α of an α-β model).
+    :param efficiency: achievable fraction of ``bandwidth_gb_per_s`` for large collectives
+        (NCCL bus bandwidth over link bandwidth).
+    """
+
+    name: str
+    bandwidth_gb_per_s: float
+    latency_us: float
+    devices: int | None
+    efficiency: float = 0.8
+
+
+@frozen
+class Efficiency:
+    """Achievable fractions of peak, global per hardware and op class (never per model).
+
+    :param matmul: large bf16/fp16 GEMMs, fraction of dense peak.
+    :param matmul_fp8: large fp8 GEMMs (None: same as ``matmul``).
+    :param matmul_fp4: large fp4 GEMMs (None: same as ``matmul_fp8``).
+    :param attention: FlashAttention-style forward, fraction of dense peak.
+    :param attention_backward: its backward (None: same as ``attention``).
+    :param memory: memory-bound kernels, fraction of HBM bandwidth.
+    :param launch_overhead_us: fixed cost added to every kernel.
+    """
+
+    matmul: float = 0.75
+    matmul_fp8: float | None = None
+    matmul_fp4: float | None = None
+    attention: float = 0.55
+    attention_backward: float | None = None
+    memory: float = 0.8
+    launch_overhead_us: float = 3.0
+
+
+_FRACTION_FIELDS = ("matmul", "matmul_fp8", "matmul_fp4", "attention", "attention_backward",
+                    "memory")
+
+
+@frozen
+class HardwareSpec:
+    """One device type and the machine it sits in.
+
+    :param id: the stable id (``nvidia_h100_sxm``), as validation records name hardware.
+    :param aliases: short names (``h100``) that resolve to this id.
+    :param interconnect: tiers innermost first; devices per tier grow; the last is unbounded.
+    :param power_w: board power (TDP), watts.
+    :param price_per_device_hour_usd: an on-demand cloud price, when the pack gives one.
+    :param source_file: the YAML the spec came from (empty when built in code).
+    """
+
+    id: str
+    name: str
+    vendor: str
+    compute: ComputeSpec
+    memory: MemorySpec
+    interconnect: tuple[InterconnectTier, ...] = field(converter=tuple)
+    power_w: float | None = None
+    price_per_device_hour_usd: float | None = None
+    aliases: tuple[str, ...] = field(default=(), converter=tuple)
+    efficiency: Efficiency = field(factory=Efficiency)
+    source: str = ""
+    source_file: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        _check_tiers(self.interconnect, self.source_file or self.id)
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices in the innermost tier (an NVLink node, an NVL72 rack)."""
+        first = self.interconnect[0].devices if self.interconnect else None
+        return first or 1
+
+    def tier_for(self, group_size: int) -> InterconnectTier:
+        """The innermost tier whose domain holds ``group_size`` consecutive devices."""
+        for tier in self.interconnect:
+            if tier.devices is None or group_size <= tier.devices:
+                return tier
+        return self.interconnect[-1]
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> HardwareSpec:
+        """Load a spec; an unknown key, a bad value or a malformed tier list names the field."""
+        path = Path(path)
+        return cls.from_mapping(load_yaml(path), source_file=str(path))
+
+    @classmethod
+    def from_mapping(cls, data: Any, *, source_file: str = "<mapping>") -> HardwareSpec:
+        top = Fields(
+            data,
+            f"{source_file}: ",
+            {"id", "name", "vendor", "aliases", "source", "compute", "memory", "interconnect",
+             "power_w", "price_per_device_hour_usd", "efficiency"},
+        )
+        hw_id = top.str("id", required=True)
+        assert hw_id is not None
+        if not hw_id.replace("_", "").isalnum() or hw_id != hw_id.lower():
+            raise SpecError(f"{source_file}: id {hw_id!r} must be lower-case letters, digits and _")
+
+        c = Fields(top.mapping("compute"), f"{source_file}: compute",
+                   set(COMPUTE_DTYPES))
+        compute = ComputeSpec(
+            fp32_tflops=c.number("fp32", required=True, positive=True),
+            bf16_tflops=c.number("bf16", required=True, positive=True),
+            fp16_tflops=c.number("fp16", required=True, positive=True),
+            tf32_tflops=c.number("tf32", positive=True),
+            fp8_tflops=c.number("fp8", positive=True),
+            fp4_tflops=c.number("fp4", positive=True),
+            int8_tops=c.number("int8", positive=True),
+        )
+
+        m = Fields(top.mapping("memory"), f"{source_file}: memory",
+                   {"capacity_gb", "bandwidth_gb_per_s", "caches"})
+        caches = []
+        for i, raw in enumerate(m.list("caches")):
+            cf = Fields(raw, f"{source_file}: memory.caches[{i}]",
+                        {"name", "capacity_mb", "bandwidth_gb_per_s"})
+            caches.append(CacheTier(
+                name=cf.str("name", required=True),
+                capacity_mb=cf.number("capacity_mb", required=True, positive=True),
+                bandwidth_gb_per_s=cf.number("bandwidth_gb_per_s", positive=True),
+            ))
+        memory = MemorySpec(
+            capacity_gb=m.number("capacity_gb", required=True, positive=True),
+            bandwidth_gb_per_s=m.number("bandwidth_gb_per_s", required=True, positive=True),
+            caches=tuple(caches),
+        )
+
+        tiers = []
+        raw_tiers = top.list("interconnect")
+        if not raw_tiers:
+            raise SpecError(f"{source_file}: interconnect is required (at least one tier)")
+        for i, raw in enumerate(raw_tiers):
+            tf = Fields(raw, f"{source_file}: interconnect[{i}]",
+                        {"name", "bandwidth_gb_per_s", "latency_us", "devices", "efficiency"})
+            tiers.append(InterconnectTier(
+                name=tf.str("name", required=True),
+                bandwidth_gb_per_s=tf.number("bandwidth_gb_per_s", required=True, positive=True),
+                latency_us=tf.number("latency_us", required=True, non_negative=True),
+                devices=tf.integer("devices", positive=True),
+                efficiency=tf.number("efficiency", 0.8, positive=True, at_most=1.0),
+            ))
+
+        e = Fields(top.mapping("efficiency"), f"{source_file}: efficiency",
+                   set(_FRACTION_FIELDS) | {"launch_overhead_us"})
+        defaults = Efficiency()
+        eff_kwargs: dict[str, Any] = {
+            k: e.number(k, getattr(defaults, k), positive=True, at_most=1.0)
+            for k in _FRACTION_FIELDS
+        }
+        eff_kwargs["launch_overhead_us"] = e.number(
+            "launch_overhead_us", defaults.launch_overhead_us, non_negative=True)
+
+        aliases = top.list("aliases")
+        for a in aliases:
+            if not isinstance(a, str):
+                raise SpecError(f"{source_file}: aliases must be strings, got {a!r}")
+        return cls(
+            id=hw_id,
+            name=top.str("name", required=True),
+            vendor=top.str("vendor", required=True),
+            compute=compute,
+            memory=memory,
+            interconnect=tiers,
+            power_w=top.number("power_w", positive=True),
+            price_per_device_hour_usd=top.number("price_per_device_hour_usd", positive=True),
+            aliases=aliases,
+            efficiency=Efficiency(**eff_kwargs),
+            source=top.str("source", "") or "",
+            source_file=source_file,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        from attrs import asdict
+
+        return asdict(self, recurse=True, value_serializer=_serialise)
+
+
+def _serialise(_inst: Any, _field: Any, value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _check_tiers(tiers: tuple[InterconnectTier, ...], where: str) -> None:
+    if not tiers:
+        raise SpecError(f"{where}: interconnect needs at least one tier")
+    previous = 0
+    for i, tier in enumerate(tiers):
+        last = i == len(tiers) - 1
+        if tier.devices is None and not last:
+            raise SpecError(
+                f"{where}: interconnect[{i}].devices is null but it is not the outermost tier",
+                "only the last tier may be unbounded",
+            )
+        if tier.devices is not None:
+            if last:
+                raise SpecError(
+                    f"{where}: interconnect[{i}].devices must be null on the outermost tier",
+                    "the outermost tier is unbounded",
+                )
+            if tier.devices <= previous:
+                raise SpecError(
+                    f"{where}: interconnect[{i}].devices ({tier.devices}) must be larger than "
+                    f"the tier inside it ({previous})",
+                    "list tiers innermost first, each holding more devices",
+                )
+            previous = tier.devices
+        if tier.bandwidth_gb_per_s <= 0:
+            raise SpecError(f"{where}: interconnect[{i}].bandwidth_gb_per_s must be > 0")
+
+
+def spec_summary(spec: HardwareSpec) -> Mapping[str, Any]:
+    """One flat row for listings (``zrt hw list``)."""
+    return {
+        "id": spec.id,
+        "name": spec.name,
+        "vendor": spec.vendor,
+        "bf16_tflops": spec.compute.bf16_tflops,
+        "fp8_tflops": spec.compute.fp8_tflops,
+        "fp4_tflops": spec.compute.fp4_tflops,
+        "hbm_gb": spec.memory.capacity_gb,
+        "hbm_gb_per_s": spec.memory.bandwidth_gb_per_s,
+        "scale_up_devices": spec.devices_per_node,
+        "scale_up_gb_per_s": spec.interconnect[0].bandwidth_gb_per_s,
+        "aliases": list(spec.aliases),
+    }

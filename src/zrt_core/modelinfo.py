@@ -1,0 +1,152 @@
+"""Model dimensions read from a HuggingFace config mapping, across families' key names.
+
+:class:`ModelDims` is what layout checks, memory formulas and the analytic front-end need
+without building the model: hidden size, layers, heads, FFN widths, experts. Families name
+these differently (``n_embd`` in GPT-2, ``ffn_dim`` in OPT, ``num_local_experts`` in
+Mixtral); :meth:`ModelDims.from_config` knows the aliases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attrs import frozen
+
+from zrt_core.errors import ModelError
+
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+_LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+_FFN = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff")
+_MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
+_EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+_TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts")
+_SHARED = ("n_shared_experts", "num_shared_experts")
+_VOCAB = ("vocab_size", "padded_vocab_size")
+
+
+def _first(cfg: Mapping[str, Any], keys: Sequence[str]) -> Any:
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            return v
+    return None
+
+
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language-model part of a (possibly multimodal) config."""
+    inner = cfg.get("text_config")
+    if isinstance(inner, Mapping) and _first(inner, _HIDDEN) is not None:
+        return inner
+    return cfg
+
+
+@frozen
+class ModelDims:
+    """The numbers that shape parallel layouts and memory.
+
+    ``ffn`` is the dense MLP width (0 when every layer is MoE and there is no dense FFN);
+    ``moe_ffn`` the width of one routed expert. ``dense_layers`` and ``moe_layers`` add up
+    to ``layers`` for MoE models; for dense models ``moe_layers`` is 0.
+    """
+
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    experts: int = 0
+    top_k: int = 0
+    shared_experts: int = 0
+    moe_ffn: int = 0
+    moe_layers: int = 0
+    kv_lora_rank: int = 0  # MLA (DeepSeek): compressed KV width; 0 for ordinary attention
+    qk_rope_head_dim: int = 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0 and self.moe_layers > 0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ModelDims:
+        """Read dimensions; a missing essential field is a :class:`ModelError` naming it."""
+        cfg = text_config(config)
+        model_type = str(config.get("model_type") or cfg.get("model_type") or "")
+
+        def need(keys: Sequence[str], what: str) -> int:
+            v = _first(cfg, keys)
+            if v is None:
+                raise ModelError(
+                    f"config has no {what} (looked for {', '.join(keys)})",
+                    "add the field to config.json",
+                )
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ModelError(f"config field {what} must be a positive integer, got {v!r}")
+            return v
+
+        hidden = need(_HIDDEN, "hidden size")
+        layers = need(_LAYERS, "layer count")
+        heads = need(_HEADS, "attention head count")
+        kv_heads = _first(cfg, _KV_HEADS) or heads
+        if cfg.get("multi_query") is True:  # falcon / starcoder style
+            kv_heads = 1
+        head_dim = cfg.get("head_dim") or hidden // heads
+        ffn = _first(cfg, _FFN)
+        if ffn is None:
+            if model_type in ("gpt2", "bloom", "gpt_neox", "gptj", "opt"):
+                ffn = 4 * hidden
+            else:
+                ffn = 0
+        experts = int(_first(cfg, _EXPERTS) or 0)
+        top_k = int(_first(cfg, _TOP_K) or 0) if experts else 0
+        moe_ffn = int(_first(cfg, _MOE_FFN) or (ffn if experts else 0))
+        moe_layers = _count_moe_layers(cfg, layers, experts)
+        vocab = need(_VOCAB, "vocabulary size")
+        return cls(
+            model_type=model_type,
+            hidden=hidden,
+            layers=layers,
+            heads=heads,
+            kv_heads=int(kv_heads),
+            head_dim=int(head_dim),
+            ffn=int(ffn),
+            vocab=vocab,
+            experts=experts,
+            top_k=top_k,
+            shared_experts=int(_first(cfg, _SHARED) or 0) if experts else 0,
+            moe_ffn=moe_ffn,
+            moe_layers=moe_layers,
+            kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
+            qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+        )
+
+
+def _count_moe_layers(cfg: Mapping[str, Any], layers: int, experts: int) -> int:
+    """Which layers route to experts, by the conventions each family uses."""
+    if not experts:
+        return 0
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str):  # nemotron_h: "M" mamba, "*" attention, "E" MoE, "-" MLP
+        return pattern.count("E")
+    layer_types = cfg.get("mlp_layer_types")
+    if isinstance(layer_types, list):
+        return sum(1 for t in layer_types if "moe" in str(t).lower() or "sparse" in str(t).lower())
+    if cfg.get("first_k_dense_replace") is not None:  # deepseek
+        first = int(cfg["first_k_dense_replace"])
+        freq = int(cfg.get("moe_layer_freq") or 1)
+        return sum(1 for i in range(first, layers) if i % freq == 0)
+    mlp_only = set(cfg.get("mlp_only_layers") or ())
+    step = int(cfg.get("decoder_sparse_step") or 1)  # qwen2/3 moe
+    interleave = int(cfg.get("interleave_moe_layer_step") or 1)  # llama4
+    if cfg.get("interleave_moe_layer_step") is not None:
+        return sum(1 for i in range(layers) if (i + 1) % interleave == 0)
+    return sum(1 for i in range(layers) if i not in mlp_only and (i + 1) % step == 0)

@@ -1,0 +1,231 @@
+"""Parallel layouts and workloads, and the rules that make a layout valid.
+
+Rank order follows Megatron-LM: TP innermost, then CP, then DP, then PP outermost; EP
+groups are carved out of DP×CP (×TP when the expert TP is smaller than TP). A group's
+*span* (how many consecutive ranks its members spread over) decides which interconnect
+tier carries its traffic: see :meth:`Parallel.span`.
+
+Every violated rule raises :class:`LayoutError` naming the rule and the numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import evolve, field, frozen, validators
+
+from zrt_core.errors import LayoutError
+from zrt_core.modelinfo import ModelDims
+
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe", "dualpipev")
+OPTIMIZERS = ("adam", "adamw", "muon", "sgd")
+QUANT = ("none", "int8", "int4", "fp8", "fp4")
+CP_KINDS = ("ring", "ulysses")
+
+_positive = validators.and_(validators.instance_of(int), validators.ge(1))
+
+
+@frozen
+class Parallel:
+    """A parallel layout.
+
+    :param tp: tensor parallel degree.
+    :param pp: pipeline stages.
+    :param vp: virtual stages per pipeline rank (interleaved schedules).
+    :param cp: context parallel degree (sequence split for attention).
+    :param ep: expert parallel degree (experts split across ranks).
+    :param etp: tensor parallel degree inside an expert; None means ``tp``.
+    :param dp: data parallel replicas.
+    :param sp: sequence parallel (norms/dropout split along the sequence over TP ranks);
+        None means "on when tp > 1" for training (Megatron's default) and off for serving.
+    """
+
+    tp: int = field(default=1, validator=_positive)
+    pp: int = field(default=1, validator=_positive)
+    vp: int = field(default=1, validator=_positive)
+    cp: int = field(default=1, validator=_positive)
+    ep: int = field(default=1, validator=_positive)
+    etp: int | None = field(default=None, validator=validators.optional(_positive))
+    dp: int = field(default=1, validator=_positive)
+    sp: bool | None = None
+    cp_kind: str = field(default="ring", validator=validators.in_(CP_KINDS))
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert: the ranks of one stage over EP × expert TP."""
+        return (self.tp * self.cp * self.dp) // (self.ep * self.expert_tp)
+
+    def sequence_parallel(self, training: bool) -> bool:
+        if self.sp is not None:
+            return self.sp and self.tp > 1
+        return training and self.tp > 1
+
+    def span(self, group: str) -> tuple[int, int]:
+        """``(group size, span)`` of a group: its member count and how many consecutive
+        ranks they spread over (Megatron order: tp, cp, dp, pp; ep inside dp×cp)."""
+        sizes = {
+            "tp": (self.tp, self.tp),
+            "cp": (self.cp, self.tp * self.cp),
+            "dp": (self.dp, self.tp * self.cp * self.dp),
+            # The gradient all-reduce of dense weights runs over DP×CP together.
+            "dp_cp": (self.dp * self.cp, self.tp * self.cp * self.dp),
+            "ep": (self.ep, self.expert_tp * self.ep),
+            "etp": (self.expert_tp, self.expert_tp),
+            "edp": (self.expert_dp, self.tp * self.cp * self.dp),
+            "pp": (self.pp, self.world_size),
+        }
+        try:
+            return sizes[group]
+        except KeyError:
+            raise LayoutError(f"unknown parallel group {group!r}",
+                              f"use one of {', '.join(sizes)}") from None
+
+    def describe(self) -> str:
+        parts = [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("vp", self.vp),
+                                        ("cp", self.cp), ("ep", self.ep), ("dp", self.dp))
+                 if v > 1]
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
+        return "-".join(parts) or "single-device"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tp": self.tp, "pp": self.pp, "vp": self.vp, "cp": self.cp, "ep": self.ep,
+                "etp": self.expert_tp, "dp": self.dp, "sp": self.sp, "cp_kind": self.cp_kind}
+
+
+@frozen
+class TrainSpec:
+    """One training step's workload and recipe."""
+
+    micro_batch: int = field(validator=_positive)
+    global_batch: int = field(validator=_positive)
+    seq_len: int = field(validator=_positive)
+    recompute: str = field(default="none", validator=validators.in_(RECOMPUTE))
+    zero: int = field(default=0, validator=validators.in_((0, 1, 2, 3)))
+    fsdp: bool = False
+    optimizer: str = field(default="adamw", validator=validators.in_(OPTIMIZERS))
+    precision: str = field(default="bf16", validator=validators.in_(PRECISIONS))
+    pp_schedule: str = field(default="1f1b", validator=validators.in_(PP_SCHEDULES))
+    offload_optimizer: bool = False
+
+    def num_microbatches(self, parallel: Parallel) -> int:
+        return self.global_batch // (self.micro_batch * parallel.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in (
+            "micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp", "optimizer",
+            "precision", "pp_schedule", "offload_optimizer")}
+
+
+@frozen
+class InferSpec:
+    """A serving workload: prompts of ``input_len`` tokens producing ``output_len`` tokens.
+
+    :param batch: concurrent sequences; None asks for the largest batch that fits in memory
+        (offline max-throughput, as ``trtllm-bench`` and vLLM's throughput benchmark run).
+    :param quant: weight (and for fp8/fp4, activation) quantisation; "none" keeps ``dtype``.
+    :param kv_dtype: the KV-cache dtype; None follows the activation dtype.
+    """
+
+    input_len: int = field(validator=_positive)
+    output_len: int = field(validator=_positive)
+    batch: int | None = field(default=None, validator=validators.optional(_positive))
+    quant: str = field(default="none", validator=validators.in_(QUANT))
+    dtype: str = "bfloat16"
+    kv_dtype: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input_len": self.input_len, "output_len": self.output_len, "batch": self.batch,
+                "quant": self.quant, "dtype": self.dtype, "kv_dtype": self.kv_dtype}
+
+
+def check_layout(
+    parallel: Parallel,
+    dims: ModelDims,
+    *,
+    num_gpus: int | None = None,
+    train: TrainSpec | None = None,
+) -> Parallel:
+    """Check a layout against the model (and the step); return it with ``sp`` resolved.
+
+    :raises LayoutError: naming the first rule that fails.
+    """
+    p = parallel
+    if num_gpus is not None and p.world_size != num_gpus:
+        raise LayoutError(
+            f"tp × cp × pp × dp = {p.tp} × {p.cp} × {p.pp} × {p.dp} = {p.world_size}, "
+            f"but the run has {num_gpus} GPUs",
+            "choose degrees whose product is the GPU count",
+        )
+    _divides(p.tp, dims.heads, "tp", "attention heads (num_attention_heads)")
+    if dims.kv_heads % p.tp and p.tp % dims.kv_heads:
+        raise LayoutError(
+            f"tp={p.tp} neither divides the {dims.kv_heads} KV heads (num_key_value_heads) "
+            "nor is a multiple of them (for replicated KV heads)",
+            "pick a tp that divides num_key_value_heads",
+        )
+    if dims.ffn:
+        _divides(p.tp, dims.ffn, "tp", "FFN width (intermediate_size)")
+    if dims.is_moe:
+        _divides(p.ep, dims.experts, "ep", "routed experts")
+        _divides(p.expert_tp, dims.moe_ffn, "expert tp", "expert FFN width (moe_intermediate_size)")
+        if (p.tp * p.cp * p.dp) % (p.ep * p.expert_tp):
+            raise LayoutError(
+                f"ep × expert tp = {p.ep} × {p.expert_tp} must divide tp × cp × dp = "
+                f"{p.tp * p.cp * p.dp} (expert groups are carved out of the data-parallel ranks)",
+                "lower ep or raise dp",
+            )
+    elif p.ep > 1:
+        raise LayoutError(f"ep={p.ep} but the model has no routed experts", "use ep=1")
+    stages = p.pp * p.vp
+    if dims.layers % stages:
+        raise LayoutError(
+            f"pp × vp = {p.pp} × {p.vp} = {stages} does not divide the {dims.layers} layers",
+            "choose pp and vp so that layers split evenly into stages",
+        )
+    if p.vp > 1 and p.pp == 1:
+        raise LayoutError("vp > 1 needs pp > 1 (virtual stages interleave pipeline ranks)",
+                          "set --pp or drop --vp")
+    if train is not None:
+        if train.seq_len % p.cp:
+            raise LayoutError(f"cp={p.cp} does not divide seq_len={train.seq_len}",
+                              "choose cp dividing the sequence length")
+        per_step = train.micro_batch * p.dp
+        if train.global_batch % per_step:
+            raise LayoutError(
+                f"global batch {train.global_batch} is not divisible by micro-batch × dp = "
+                f"{train.micro_batch} × {p.dp} = {per_step}",
+                "make the global batch a multiple of micro-batch × dp",
+            )
+        if p.vp > 1 and train.num_microbatches(p) % p.pp:
+            raise LayoutError(
+                f"interleaved pipelining needs the {train.num_microbatches(p)} micro-batches "
+                f"to be a multiple of pp={p.pp}",
+                "adjust the global batch or micro-batch",
+            )
+        if train.zero == 3 and train.fsdp:
+            pass  # FSDP is ZeRO-3 by another name; both flags together are fine
+    sp = p.sequence_parallel(training=train is not None)
+    return evolve(p, sp=sp)
+
+
+def _divides(degree: int, size: int, name: str, what: str) -> None:
+    if size % degree:
+        raise LayoutError(
+            f"{name}={degree} does not divide the {size} {what}",
+            f"choose {name} among the divisors of {size}",
+        )
