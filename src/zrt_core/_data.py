@@ -6,6 +6,7 @@ bandwidth_gb_per_s must be > 0"), so a vendor fixing a pack never has to guess.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,34 @@ import yaml
 from zrt_core.errors import SpecError
 
 
+class _DuplicateKey(yaml.MarkedYAMLError):
+    """A mapping repeats a key (PyYAML would silently keep the last one)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key repeated within one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise _DuplicateKey(problem=f"key {key!r} appears twice",
+                                    problem_mark=key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a missing file or a syntax error is a :class:`SpecError`."""
+    """Parse a YAML file strictly: a missing file, a syntax error or a key repeated in one
+    mapping is a :class:`SpecError` naming the file (and the line where known)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: builds no objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -41,18 +61,24 @@ class Fields:
     """
 
     def __init__(self, data: Any, where: str, allowed: set[str] | frozenset[str]) -> None:
+        self.where = where
         if not isinstance(data, Mapping):
-            raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+            raise SpecError(f"{self._at()} expected a mapping, got {type(data).__name__}")
         unknown = sorted(set(map(str, data)) - set(allowed))
         if unknown:
             raise SpecError(
-                f"{where}: unknown key {unknown[0]!r}",
+                f"{self._at()} unknown key {unknown[0]!r}",
                 f"allowed keys are {', '.join(sorted(allowed))}",
             )
         self.data = data
-        self.where = where
+
+    def _at(self) -> str:
+        """The message prefix: ``"file.yaml:"`` at top level, ``"file.yaml: memory:"`` below."""
+        head = self.where.rstrip()
+        return head if head.endswith(":") else f"{head}:"
 
     def path(self, key: str) -> str:
+        """``"file.yaml: key"`` at top level, ``"file.yaml: memory.key"`` below."""
         return f"{self.where}.{key}" if not self.where.endswith(": ") else f"{self.where}{key}"
 
     def has(self, key: str) -> bool:
@@ -88,6 +114,8 @@ class Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise SpecError(f"{self.path(key)} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise SpecError(f"{self.path(key)} must be a finite number, got {value!r}")
         if positive and value <= 0:
             raise SpecError(f"{self.path(key)} must be > 0, got {value!r}")
         if non_negative and value < 0:

@@ -2,18 +2,23 @@
 
 A :class:`HardwareSpec` is a frozen value loaded from YAML by :meth:`HardwareSpec.from_yaml`.
 Units live in field names: ``_tflops`` is 10^12 dense (no 2:4 sparsity) operations per
-second, ``_gb_per_s`` is 10^9 **bytes** per second, ``_gb`` is 10^9 bytes, ``_us`` is
-microseconds. Interconnect bandwidth is per device and per direction.
+second, ``_gb_per_s`` is 10^9 **bytes** per second (a datasheet's "400 Gb/s NIC" is 50),
+``_gb`` is 10^9 bytes, ``_mb`` 10^6 bytes, ``_us`` microseconds, ``_w`` watts.
+Interconnect bandwidth is per device and per direction (H100 NVLink4: "900 GB/s" total
+bidirectional → 450).
 
-The YAML format (every key below, nothing else)::
+A *device* is what one rank runs on: a GPU, or one die of a multi-die NPU that the vendor's
+runtime exposes as its own device (Ascend 910C: two per package).
 
-    id: nvidia_h100_sxm
+The YAML format (every key below, nothing else; a repeated key is an error too)::
+
+    id: nvidia_h100_sxm              # lower-case letters, digits, _
     name: NVIDIA H100 SXM5 80GB
     vendor: nvidia
-    aliases: [h100]
+    aliases: [h100]                  # lower-case; resolve to the id
     source: "datasheet ..."
-    compute:            # dense peak, TFLOP/s (int8: TOP/s); null = not supported
-      fp32: 66.9
+    compute:            # dense peak, TFLOP/s (int8: TOP/s); omit or null = not supported
+      fp32: 66.9        # fp32, bf16 and fp16 are required
       tf32: 494.7
       bf16: 989.4
       fp16: 989.4
@@ -21,15 +26,18 @@ The YAML format (every key below, nothing else)::
       fp4: null
       int8: 1978.9
     memory:
-      capacity_gb: 80
+      capacity_gb: 80                # the vendor's headline figure
       bandwidth_gb_per_s: 3350
-      caches: [{name: l2, capacity_mb: 50, bandwidth_gb_per_s: 12000}]
-    interconnect:       # innermost first; sizes grow; the outermost has devices: null
-      - {name: nvlink, bandwidth_gb_per_s: 450, latency_us: 3, devices: 8}
+      caches: [{name: l2, capacity_mb: 50, bandwidth_gb_per_s: 12000}]   # bandwidth optional
+    interconnect:       # innermost first; devices grow (each >= 2); the outermost has null
+      - {name: nvlink, bandwidth_gb_per_s: 450, latency_us: 3, devices: 8, efficiency: 0.8}
       - {name: infiniband, bandwidth_gb_per_s: 50, latency_us: 6, devices: null}
-    power_w: 700
-    price_per_device_hour_usd: null
-    efficiency: {matmul: 0.8, memory: 0.85, ...}   # see Efficiency
+    power_w: 700                     # board power (TDP)
+    price_per_device_hour_usd: null  # a public on-demand price, or omit
+    efficiency: {matmul: 0.8, memory: 0.85, launch_overhead_us: 4}   # see Efficiency
+
+Every error names the file and the field (``h100.yaml: memory.bandwidth_gb_per_s must be
+> 0``), so a vendor fixing a pack never has to guess.
 """
 
 from __future__ import annotations
@@ -110,6 +118,8 @@ class ComputeSpec:
 
 @frozen
 class CacheTier:
+    """One on-chip cache level (L2, ...): capacity and, where published, bandwidth."""
+
     name: str
     capacity_mb: float
     bandwidth_gb_per_s: float | None = None
@@ -117,6 +127,8 @@ class CacheTier:
 
 @frozen
 class MemorySpec:
+    """Device memory (HBM): the vendor's capacity figure and peak bandwidth, plus caches."""
+
     capacity_gb: float
     bandwidth_gb_per_s: float
     caches: tuple[CacheTier, ...] = ()
@@ -156,6 +168,19 @@ class Efficiency:
     :param attention_backward: its backward (None: same as ``attention``).
     :param memory: memory-bound kernels, fraction of HBM bandwidth.
     :param launch_overhead_us: fixed cost added to every kernel.
+    :param matmul_int8: large int8 GEMMs (None: same as ``matmul_fp8``).
+    :param vector: arithmetic of non-GEMM kernels, fraction of the fp32 (CUDA-core) peak.
+    :param matmul_overhead_us: a GEMM's fixed cost on top of ``launch_overhead_us``
+        (pipeline fill and epilogue of a tensor-core kernel).
+    :param parallel_units: output tiles a kernel computes at once (SMs on NVIDIA, cube
+        cores on Ascend); 0 turns wave quantisation off.
+    :param matmul_tile_m: GEMM output tile rows (for wave and padding losses).
+    :param matmul_tile_n: GEMM output tile columns.
+    :param matmul_k_overhead: a tile's fixed cost, in K elements, of its main loop.
+    :param attention_tile_q: query rows per FlashAttention tile.
+    :param attention_kv_overhead: a tile's fixed cost, in key positions, of its KV loop.
+
+    docs/cost-model.md gives the formulas and how each value was chosen.
     """
 
     matmul: float = 0.75
@@ -165,10 +190,33 @@ class Efficiency:
     attention_backward: float | None = None
     memory: float = 0.8
     launch_overhead_us: float = 3.0
+    matmul_int8: float | None = None
+    vector: float = 0.5
+    matmul_overhead_us: float = 0.0
+    parallel_units: int = 0
+    matmul_tile_m: int = 128
+    matmul_tile_n: int = 128
+    matmul_k_overhead: int = 128
+    attention_tile_q: int = 128
+    attention_kv_overhead: int = 256
 
 
-_FRACTION_FIELDS = ("matmul", "matmul_fp8", "matmul_fp4", "attention", "attention_backward",
-                    "memory")
+def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The YAML keys of ``efficiency``: fractions of peak in (0, 1], ``*_us`` overheads, and
+    counts (fields with an integer default: tile sizes, parallel units).
+
+    Read from :class:`Efficiency` itself, so a field added there is accepted in YAML at once.
+    """
+    from attrs import fields
+
+    counts = tuple(f.name for f in fields(Efficiency)
+                   if isinstance(f.default, int) and not isinstance(f.default, bool))
+    names = tuple(f.name for f in fields(Efficiency) if f.name not in counts)
+    return (tuple(n for n in names if not n.endswith("_us")),
+            tuple(n for n in names if n.endswith("_us")), counts)
+
+
+_ALIAS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 
 
 @frozen
@@ -201,9 +249,22 @@ class HardwareSpec:
 
     @property
     def devices_per_node(self) -> int:
-        """Devices in the innermost tier (an NVLink node, an NVL72 rack)."""
+        """Devices in the innermost tier's domain (an NVLink node, an NVL72 rack; on a
+        multi-die NPU modelled per die, the dies of one package)."""
         first = self.interconnect[0].devices if self.interconnect else None
         return first or 1
+
+    @property
+    def scale_up_tier(self) -> InterconnectTier:
+        """The largest bounded tier: one scale-up domain (an NVLink node, an NVL72 rack, a
+        UB supernode). With a single, unbounded tier, that tier."""
+        bounded = [t for t in self.interconnect if t.devices is not None]
+        return bounded[-1] if bounded else self.interconnect[-1]
+
+    @property
+    def scale_up_devices(self) -> int:
+        """Devices in one scale-up domain (1 when the only tier is the unbounded network)."""
+        return self.scale_up_tier.devices or 1
 
     def tier_for(self, group_size: int) -> InterconnectTier:
         """The innermost tier whose domain holds ``group_size`` consecutive devices."""
@@ -228,8 +289,9 @@ class HardwareSpec:
         )
         hw_id = top.str("id", required=True)
         assert hw_id is not None
-        if not hw_id.replace("_", "").isalnum() or hw_id != hw_id.lower():
-            raise SpecError(f"{source_file}: id {hw_id!r} must be lower-case letters, digits and _")
+        if not set(hw_id) <= _ALIAS_CHARS - {"-", "."}:
+            raise SpecError(f"{source_file}: id {hw_id!r} must be lower-case letters, digits and _",
+                            "ids look like nvidia_h100_sxm; put short names under aliases")
 
         c = Fields(top.mapping("compute"), f"{source_file}: compute",
                    set(COMPUTE_DTYPES))
@@ -275,20 +337,24 @@ class HardwareSpec:
                 efficiency=tf.number("efficiency", 0.8, positive=True, at_most=1.0),
             ))
 
+        fractions, overheads, counts = _efficiency_keys()
         e = Fields(top.mapping("efficiency"), f"{source_file}: efficiency",
-                   set(_FRACTION_FIELDS) | {"launch_overhead_us"})
+                   set(fractions) | set(overheads) | set(counts))
         defaults = Efficiency()
         eff_kwargs: dict[str, Any] = {
-            k: e.number(k, getattr(defaults, k), positive=True, at_most=1.0)
-            for k in _FRACTION_FIELDS
+            k: e.number(k, getattr(defaults, k), positive=True, at_most=1.0) for k in fractions
         }
-        eff_kwargs["launch_overhead_us"] = e.number(
-            "launch_overhead_us", defaults.launch_overhead_us, non_negative=True)
+        for k in overheads:
+            eff_kwargs[k] = e.number(k, getattr(defaults, k), non_negative=True)
+        for k in counts:
+            eff_kwargs[k] = e.integer(k, getattr(defaults, k), positive=True)
 
         aliases = top.list("aliases")
-        for a in aliases:
-            if not isinstance(a, str):
-                raise SpecError(f"{source_file}: aliases must be strings, got {a!r}")
+        for i, a in enumerate(aliases):
+            if not isinstance(a, str) or not a or not set(a) <= _ALIAS_CHARS:
+                raise SpecError(
+                    f"{source_file}: aliases[{i}] must be a lower-case name "
+                    f"(letters, digits, _ - .), got {a!r}")
         return cls(
             id=hw_id,
             name=top.str("name", required=True),
@@ -328,6 +394,11 @@ def _check_tiers(tiers: tuple[InterconnectTier, ...], where: str) -> None:
                 "only the last tier may be unbounded",
             )
         if tier.devices is not None:
+            if tier.devices < 2:
+                raise SpecError(
+                    f"{where}: interconnect[{i}].devices must be at least 2, got {tier.devices}",
+                    "a tier links devices; drop a one-device tier",
+                )
             if last:
                 raise SpecError(
                     f"{where}: interconnect[{i}].devices must be null on the outermost tier",
@@ -355,7 +426,25 @@ def spec_summary(spec: HardwareSpec) -> Mapping[str, Any]:
         "fp4_tflops": spec.compute.fp4_tflops,
         "hbm_gb": spec.memory.capacity_gb,
         "hbm_gb_per_s": spec.memory.bandwidth_gb_per_s,
-        "scale_up_devices": spec.devices_per_node,
-        "scale_up_gb_per_s": spec.interconnect[0].bandwidth_gb_per_s,
+        "scale_up": spec.scale_up_tier.name,
+        "scale_up_devices": spec.scale_up_devices,
+        "scale_up_gb_per_s": spec.scale_up_tier.bandwidth_gb_per_s,
+        "scale_out_gb_per_s": spec.interconnect[-1].bandwidth_gb_per_s,
+        "power_w": spec.power_w,
+        "price_per_device_hour_usd": spec.price_per_device_hour_usd,
         "aliases": list(spec.aliases),
     }
+
+
+def load_specs(directory: str | Path) -> list[HardwareSpec]:
+    """Every ``*.yaml`` spec in a directory, sorted by file name: what a pack's hook returns.
+
+    :raises SpecError: the directory holds no spec (a pack whose YAML files were left out of
+        its wheel would otherwise contribute nothing, silently), or a file is malformed.
+    """
+    directory = Path(directory)
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        raise SpecError(f"{directory}: no hardware specs (*.yaml) found",
+                        "check that the pack's YAML files are installed as package data")
+    return [HardwareSpec.from_yaml(f) for f in files]

@@ -33,7 +33,7 @@ def run_list(args) -> int:
         (s.id, s.name, f"{s.compute.bf16_tflops:g}", _opt(s.compute.fp8_tflops),
          _opt(s.compute.fp4_tflops), f"{s.memory.capacity_gb:g}",
          f"{s.memory.bandwidth_gb_per_s / 1000:g}",
-         f"{s.interconnect[0].name} ×{s.devices_per_node}", ", ".join(s.aliases))
+         f"{s.scale_up_tier.name} ×{s.scale_up_devices}", ", ".join(s.aliases))
         for s in specs
     ]
     console().print(table(
@@ -48,6 +48,10 @@ def run_list(args) -> int:
 
 def _opt(value: float | None) -> str:
     return "—" if not value else f"{value:g}"
+
+
+def _unit(value: float | None, unit: str) -> str:
+    return "—" if not value else f"{value:g} {unit}"
 
 
 def run_show(args) -> int:
@@ -65,8 +69,8 @@ def run_show(args) -> int:
         ("aliases", ", ".join(spec.aliases) or "—"),
     ]
     for key in ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4"):
-        rows.append((f"{key} dense", f"{_opt(c.get(key))} TFLOP/s"))
-    rows.append(("int8 dense", f"{_opt(c.int8_tops)} TOP/s"))
+        rows.append((f"{key} dense", _unit(c.get(key), "TFLOP/s")))
+    rows.append(("int8 dense", _unit(c.int8_tops, "TOP/s")))
     rows.append(("HBM", f"{spec.memory.capacity_gb:g} GB at "
                         f"{spec.memory.bandwidth_gb_per_s:g} GB/s"))
     for cache in spec.memory.caches:
@@ -81,7 +85,7 @@ def run_show(args) -> int:
     rows.append(("efficiency", f"matmul {e.matmul:g}, fp8 {_opt(e.matmul_fp8)}, "
                                f"fp4 {_opt(e.matmul_fp4)}, attention {e.attention:g}, "
                                f"memory {e.memory:g}, launch {e.launch_overhead_us:g} µs"))
-    rows.append(("power", f"{_opt(spec.power_w)} W"))
+    rows.append(("power", _unit(spec.power_w, "W")))
     rows.append(("price", "—" if spec.price_per_device_hour_usd is None
                  else f"${spec.price_per_device_hour_usd:g} per device-hour"))
     rows.append(("source", spec.source or "—"))

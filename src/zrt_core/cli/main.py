@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ZrtError as exc:
-        sys.stderr.write(f"zrt: error: {exc}\n")
+        sys.stderr.write(f"zrt: error: {_one_line(str(exc))}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("zrt: interrupted\n")
@@ -65,10 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("ZRT_DEBUG"):
             raise
         sys.stderr.write(
-            f"zrt: internal error: {type(exc).__name__}: {exc} — this is a bug in zrt; "
+            f"zrt: internal error: {type(exc).__name__}: {_one_line(str(exc))} — this is a bug "
+            "in zrt; "
             "rerun with ZRT_DEBUG=1 for the traceback and report it\n"
         )
         return 1
+
+
+def _one_line(text: str) -> str:
+    """Messages are one line: a newline inside an exception's text becomes a space."""
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

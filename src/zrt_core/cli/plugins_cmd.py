@@ -26,7 +26,8 @@ def run(args) -> int:
             + (f" ({', '.join(names[:4])}{', …' if len(names) > 4 else ''})" if names else "")
             for hook, names in info.contributions.items()
         )
-        rows.append((info.name, info.distribution, info.version, contributed))
-    console().print(table("zrt plugins", ("plugin", "distribution", "version", "contributes"),
-                          rows))
+        hooks = ", ".join(h.removeprefix("zrt_") for h in info.hooks) or "—"
+        rows.append((info.name, info.distribution, info.version, hooks, contributed or "—"))
+    console().print(table("zrt plugins",
+                          ("plugin", "distribution", "version", "hooks", "contributes"), rows))
     return 0
