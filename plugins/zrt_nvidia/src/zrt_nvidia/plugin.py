@@ -1,0 +1,15 @@
+"""The ``zrt_nvidia`` plugin: contributes the NVIDIA hardware specs in ``hardware/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zrt_core import hookimpl
+from zrt_core.hardware import HardwareSpec, load_specs
+
+HARDWARE_DIR = Path(__file__).parent / "hardware"
+
+
+@hookimpl
+def zrt_hardware_specs() -> list[HardwareSpec]:
+    return load_specs(HARDWARE_DIR)
