@@ -67,6 +67,11 @@ class ModelDims:
     moe_layers: int = 0
     kv_lora_rank: int = 0  # MLA (DeepSeek): compressed KV width; 0 for ordinary attention
     qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0  # MLA: the part of a query/key head without rotary embedding
+    v_head_dim: int = 0  # MLA: value head width (0: same as head_dim)
+    q_lora_rank: int = 0  # MLA: compressed query width (0: queries projected directly)
+    shared_expert_ffn: int = 0  # combined width of the always-on shared experts
+    tie_word_embeddings: bool = False  # the LM head reuses the input embedding matrix
 
     @property
     def dense_layers(self) -> int:
@@ -127,7 +132,44 @@ class ModelDims:
             moe_layers=moe_layers,
             kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
             qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
+            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0),
+            v_head_dim=int(cfg.get("v_head_dim") or 0),
+            q_lora_rank=int(cfg.get("q_lora_rank") or 0),
+            shared_expert_ffn=_shared_expert_ffn(cfg, experts, moe_ffn),
+            tie_word_embeddings=_tied(config, cfg, model_type),
         )
+
+
+# Families whose transformers config class ties the LM head to the embedding by default.
+_TIED_BY_DEFAULT = frozenset({
+    "gpt2", "opt", "bloom", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt_neo", "xglm",
+})
+
+
+def _tied(config: Mapping[str, Any], cfg: Mapping[str, Any], model_type: str) -> bool:
+    """``tie_word_embeddings`` as transformers reads it: the text config, then the top level,
+    then the family's default."""
+    for source in (cfg, config):
+        value = source.get("tie_word_embeddings")
+        if value is not None:
+            return bool(value)
+    inner_type = str(cfg.get("model_type") or model_type)
+    return inner_type in _TIED_BY_DEFAULT or model_type in _TIED_BY_DEFAULT
+
+
+def _shared_expert_ffn(cfg: Mapping[str, Any], experts: int, moe_ffn: int) -> int:
+    """Combined width of the shared experts every token passes through (0 without MoE)."""
+    if not experts:
+        return 0
+    for key in ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"):
+        if cfg.get(key):
+            return int(cfg[key])
+    shared = int(_first(cfg, _SHARED) or 0)
+    if shared:
+        return shared * moe_ffn
+    if str(cfg.get("model_type") or "").startswith("llama4"):
+        return int(cfg.get("intermediate_size") or moe_ffn)  # one shared expert per MoE layer
+    return 0
 
 
 def _count_moe_layers(cfg: Mapping[str, Any], layers: int, experts: int) -> int:
