@@ -1,4 +1,8 @@
-"""``zrt models``: the bundled model configs."""
+"""``zrt models``: the bundled model configs, with parameter counts.
+
+Published counts are shown where the entry has them; otherwise the analytic count from the
+config (marked ``*``), so every entry has a number.
+"""
 
 from __future__ import annotations
 
@@ -16,25 +20,61 @@ def run(args) -> int:
 
     host = get_plugin_manager()
     models = sorted(host.models, key=lambda m: m.key)
-    rows = [
-        {
+    rows = []
+    for m in models:
+        computed_total, computed_active = _computed(m.config_dict())
+        rows.append({
             "key": m.key, "name": m.name, "model_type": m.model_type,
+            "aliases": list(m.aliases),
             "total_params_b": m.total_params_b, "active_params_b": m.active_params_b,
+            "computed_total_params_b": computed_total,
+            "computed_active_params_b": computed_active,
+            "source": m.source,
             "distribution": host.models.distribution_of(m.key),
-        }
-        for m in models
-    ]
+        })
     if args.json:
         print_json({"models": rows})
         return 0
-    console().print(table(
+    out = console()
+    out.print(table(
         "bundled models", ("key", "model_type", "params (B)", "active (B)", "name"),
-        [(r["key"], r["model_type"], _b(r["total_params_b"]), _b(r["active_params_b"]),
+        [(r["key"], r["model_type"],
+          _b(r["total_params_b"], r["computed_total_params_b"]),
+          _active(r),
           r["name"]) for r in rows],
         justify=("left", "left", "right", "right", "left"),
     ))
+    out.print("* computed from the config (no published figure); active is shown for "
+              "mixture-of-experts models")
     return 0
 
 
-def _b(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.1f}"
+def _computed(config) -> tuple[float | None, float | None]:
+    from zrt_core.analytic.flops import param_counts
+    from zrt_core.errors import ZrtError
+
+    try:
+        counts = param_counts(config)
+    except ZrtError:
+        return None, None
+    return round(counts.total / 1e9, 3), round(counts.active / 1e9, 3)
+
+
+def _active(row) -> str:
+    """Active weights for MoE models; blank for dense ones, where it equals the total."""
+    total, active = row["computed_total_params_b"], row["computed_active_params_b"]
+    if row["active_params_b"] is None and active is not None and active == total:
+        return ""
+    return _b(row["active_params_b"], row["computed_active_params_b"])
+
+
+def _b(published: float | None, computed: float | None) -> str:
+    if published is not None:
+        return _fmt(published)
+    if computed is not None:
+        return _fmt(computed) + "*"
+    return "—"
+
+
+def _fmt(billions: float) -> str:
+    return f"{billions:.3f}" if billions < 1 else f"{billions:,.1f}"
