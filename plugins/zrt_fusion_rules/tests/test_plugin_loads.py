@@ -26,4 +26,5 @@ def test_plugin_is_registered_with_its_distribution_and_version(monkeypatch):
 
 def test_the_registered_plugin_is_the_entry_point_module():
     host = get_plugin_manager(autoload=True)
-    assert host.pm.get_plugin("zrt_fusion_rules") is importlib.import_module("zrt_fusion_rules.plugin")
+    module = importlib.import_module("zrt_fusion_rules.plugin")
+    assert host.pm.get_plugin("zrt_fusion_rules") is module
