@@ -22,3 +22,54 @@ class ModelPatch:
     applies_to: Callable[[Any], bool]
     context: Callable[[Any, Any], AbstractContextManager[Any]]
     description: str = ""
+
+
+def _always(_config: Any) -> bool:
+    return True
+
+
+def _is_llama4(config: Any) -> bool:
+    from zrt_core.capture.moe import LLAMA4_TYPES
+
+    return getattr(config, "model_type", "") in LLAMA4_TYPES
+
+
+def _has_experts(config: Any) -> bool:
+    from zrt_core.capture.moe import uses_experts_interface
+
+    return uses_experts_interface(config)
+
+
+def _attention_context(config: Any, options: Any) -> AbstractContextManager[Any]:
+    from zrt_core.capture.attention import zrt_attention_context
+
+    return zrt_attention_context(config, options)
+
+
+def _experts_context(config: Any, options: Any) -> AbstractContextManager[Any]:
+    from zrt_core.capture.moe import balanced_experts_context
+
+    return balanced_experts_context(config, options)
+
+
+def _llama4_context(config: Any, options: Any) -> AbstractContextManager[Any]:
+    from zrt_core.capture.moe import llama4_experts_context
+
+    return llama4_experts_context(config, options)
+
+
+def core_patches() -> list[ModelPatch]:
+    """The patches the core contributes through ``zrt_model_patches``."""
+    return [
+        ModelPatch(
+            name="zrt.attention", applies_to=_always, context=_attention_context,
+            description="every attention call becomes one zrt.attention node (causal, "
+                        "window, chunk, sinks, sparse indices as arguments; no mask tensors)"),
+        ModelPatch(
+            name="zrt.balanced_experts", applies_to=_has_experts, context=_experts_context,
+            description="MoE experts through dispatch → grouped GEMMs → combine under "
+                        "balanced routing (or the configured imbalance)"),
+        ModelPatch(
+            name="zrt.llama4_experts", applies_to=_is_llama4, context=_llama4_context,
+            description="Llama 4 MoE routes top-k experts instead of computing all densely"),
+    ]

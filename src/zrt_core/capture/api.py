@@ -1,0 +1,323 @@
+"""``zrt_core.capture``: a model config in, one :class:`OpGraph` per phase out.
+
+::
+
+    import zrt_core
+
+    result = zrt_core.capture("deepseek-v3", phases=("prefill", "decode"), batch=1,
+                              seq_len=4096)
+    g = result.graphs["decode"]
+    print(g.totals().flops, result.params.active, result.warnings)
+
+The model is built from its config on fake tensors (no weights, no GPU), every operator is
+recorded, and one decoder layer per kind is captured and carried with its count (see
+:mod:`zrt_core.capture.templates`). Model patches from every installed plugin
+(``zrt_model_patches``) are entered around build and capture and removed afterwards;
+formulas come from ``zrt_op_formulas``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from attrs import field, frozen
+
+from zrt_core.capture.build import ParamCounts
+from zrt_core.capture.options import CaptureOptions
+from zrt_core.errors import ModelError
+from zrt_core.ir.graph import LayerTemplate, OpGraph, Phase, _frozen_mapping
+from zrt_core.modelinfo import ModelDims
+
+if TYPE_CHECKING:
+    from zrt_core.plugins import PluginHost
+
+# A captured phase whose FLOPs differ from the analytic reference by more than this is
+# reported in CaptureResult.warnings.
+FLOPS_GAP_WARN = 0.10
+
+
+@frozen
+class FlopsCheck:
+    """Captured FLOPs of one phase against the analytic reference (whole model)."""
+
+    phase: str
+    captured: int
+    analytic: int
+
+    @property
+    def gap(self) -> float | None:
+        """``(captured − analytic) / analytic``; None without a reference."""
+        return (self.captured - self.analytic) / self.analytic if self.analytic else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"phase": self.phase, "captured": self.captured, "analytic": self.analytic,
+                "gap": self.gap}
+
+
+@frozen
+class CaptureResult:
+    """What :func:`capture` returns. Stable: exporters and the CLI read these fields.
+
+    :param model: the display name (bundled key, HF id, directory name or ``"config"``).
+    :param model_type: the transformers model type that was built.
+    :param source: where the config came from (``"bundled: llama3-8b (zrt-core)"``...).
+    :param options: the :class:`CaptureOptions` of the run.
+    :param graphs: one :class:`OpGraph` per captured phase, in capture order.
+    :param params: total / per-token active parameters of the full model.
+    :param dims: :class:`ModelDims` of the config, or None when it cannot be read.
+    :param templates: the decoder-layer kinds (:class:`LayerTemplate`), as in each graph.
+    :param timings_s: seconds spent: ``build`` (model on fake tensors) and each phase.
+    :param flops_checks: captured against analytic FLOPs per phase, where the analytic
+        front-end knows the family.
+    :param warnings: ops without formulas, FLOPs gaps over 10%, notes on the model.
+    :param config: the config mapping that was captured.
+    """
+
+    model: str
+    model_type: str
+    source: str
+    options: CaptureOptions
+    graphs: Mapping[str, OpGraph] = field(converter=lambda g: dict(g))
+    params: ParamCounts
+    dims: ModelDims | None
+    templates: tuple[LayerTemplate, ...] = field(converter=tuple)
+    timings_s: Mapping[str, float] = field(converter=_frozen_mapping)
+    flops_checks: Mapping[str, FlopsCheck] = field(converter=lambda c: dict(c))
+    warnings: tuple[str, ...] = field(converter=tuple)
+    config: Mapping[str, Any] = field(converter=_frozen_mapping)
+
+    def graph(self, phase: str) -> OpGraph:
+        try:
+            return self.graphs[phase]
+        except KeyError:
+            raise ModelError(f"phase {phase!r} was not captured",
+                             f"captured: {', '.join(self.graphs) or 'none'}") from None
+
+    @property
+    def missing_formulas(self) -> tuple[str, ...]:
+        ops = set()
+        for g in self.graphs.values():
+            ops.update(g.missing_formulas)
+        return tuple(sorted(ops))
+
+
+def capture(
+    model: str | os.PathLike[str] | Mapping[str, Any] | Any,
+    phases: Iterable[str] | str = Phase.CAPTURED,
+    batch: int = 1,
+    seq_len: int = 2048,
+    *,
+    host: PluginHost | None = None,
+    full_depth: bool = False,
+    moe_imbalance: float = 1.0,
+    dtype: str = "bfloat16",
+    last_token_logits: bool = True,
+) -> CaptureResult:
+    """Capture the operator graphs of a model's phases from its config alone.
+
+    :param model: a bundled name (``zrt models``), a path to a ``config.json`` or its
+        directory, a HuggingFace id already in the local HF cache, a config mapping, or a
+        transformers ``PretrainedConfig``. Remote code is never executed.
+    :param phases: any of ``prefill``, ``decode``, ``train_forward``, ``train_backward``.
+    :param batch: sequences per step.
+    :param seq_len: tokens per sequence (prefill, training); decode attends to a cache of
+        ``seq_len`` tokens plus the new one.
+    :param host: the plugin host whose model patches and formulas are used; a new one is
+        built when None.
+    :param full_depth: capture every decoder layer (tests compare it with the templates).
+    :param moe_imbalance: busiest expert's load over the mean (1.0 = balanced routing).
+    :param dtype: parameter/activation dtype: ``bfloat16``, ``float16`` or ``float32``.
+    :param last_token_logits: prefill/decode compute logits for the last position only.
+    :raises ModelError: the model cannot be found, parsed or built, a field is missing or
+        invalid, an option is out of range, or the model code fails on fake tensors (one
+        line each).
+    """
+    options = CaptureOptions(phases=phases, batch=batch, seq_len=seq_len,
+                             full_depth=full_depth, moe_imbalance=moe_imbalance, dtype=dtype,
+                             last_token_logits=last_token_logits)
+    from zrt_core.capture.build import torch_dtype
+
+    torch_dtype(options.dtype)  # reject a bad dtype before importing models
+    if host is None:
+        from zrt_core.plugins import get_plugin_manager
+
+        host = get_plugin_manager()
+    name, source, hf_config = _resolve(model, host)
+    return _Capture(name, source, hf_config, options, host).run()
+
+
+def _resolve(model: Any, host: PluginHost) -> tuple[str, str, Any]:
+    """``(name, source, transformers config)`` of what the user passed."""
+    from zrt_core.capture.sources import resolve_model, transformers_config
+
+    if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a PretrainedConfig
+        raw = model.to_dict()
+        name = str(getattr(model, "name_or_path", "") or raw.get("model_type") or "config")
+        resolved = resolve_model({**raw, "_name_or_path": name}, host)
+        source = "PretrainedConfig"
+    else:
+        resolved = resolve_model(model, host)
+        source = resolved.source
+    config = transformers_config(resolved.config, where=resolved.name)
+    return resolved.name, source, config
+
+
+class _Capture:
+    """One capture run: patches → build → templates → phases → graphs."""
+
+    def __init__(self, name: str, source: str, config: Any, options: CaptureOptions,
+                 host: PluginHost) -> None:
+        self.name = name
+        self.source = source
+        self.options = options
+        self.host = host
+        self.outer_config = config
+        self.warnings: list[str] = []
+
+    def run(self) -> CaptureResult:
+        import torch
+        import transformers
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from zrt_core.capture import build, templates
+        from zrt_core.capture.graphs import build_graph
+        from zrt_core.capture.phases import PhaseRunner
+        from zrt_core.capture.recorder import CaptureSession, ModuleStack
+
+        config, note = build.text_config_of(self.outer_config)
+        if note:
+            self.warnings.append(note)
+        config_dict = dict(build.config_mapping(config))
+        model_type = str(getattr(config, "model_type", ""))
+        dims = self._dims(config_dict)
+        num_experts = dims.experts if dims is not None else 0
+        top_k = dims.top_k if dims is not None else 0
+
+        fake_mode = FakeTensorMode()
+        timings: dict[str, float] = {}
+        with contextlib.ExitStack() as patches:
+            for patch in self._patches(config):
+                patches.enter_context(patch.context(config, self.options))
+            start = time.perf_counter()
+            model = build.build_fake_model(config, self.options.dtype, fake_mode)
+            timings["build"] = time.perf_counter() - start
+            params = build.count_params(model, num_experts, top_k)
+
+            num_layers = int(build.config_value(config, "num_hidden_layers", "n_layer",
+                                                "num_layers", default=0))
+            prefix, layer_list = templates.find_layer_list(model, num_layers)
+            if layer_list is None:
+                self.warnings.append(f"{model_type}: no decoder-layer list of length "
+                                     f"{num_layers} found; capturing every layer")
+                kinds: list[templates.LayerKind] = []
+            else:
+                kinds = templates.group_layers(list(layer_list),
+                                               getattr(config, "layer_types", None),
+                                               num_experts)
+            graph_templates = self._graph_templates(kinds)
+
+            names = {m: (n, type(m).__name__) for n, m in model.named_modules()}
+            param_names = {p: n for n, p in model.named_parameters()}
+            session = CaptureSession(param_names, names,
+                                     f"{prefix}." if layer_list is not None else None)
+            hooks = []
+            if layer_list is not None and not self.options.full_depth:
+                hooks = templates.install_templates(layer_list, kinds)
+                # names of the stand-ins are not needed: they record nothing
+            runner = PhaseRunner(model, session, ModuleStack(names), self.options, self.name)
+            try:
+                with fake_mode, runner.modules:
+                    runner.run()
+            finally:
+                for h in hooks:
+                    h.remove()
+            timings.update(runner.timings_s)
+            self.warnings.extend(runner.notes)
+
+        meta_base = {
+            "model": self.name, "model_type": model_type, "source": self.source,
+            "batch": self.options.batch, "seq_len": self.options.seq_len,
+            "dtype": self.options.dtype, "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__,
+            "full_depth": self.options.full_depth, "moe_imbalance": self.options.moe_imbalance,
+            "num_layers": num_layers,
+            "logits_positions": 1 if self.options.last_token_logits else self.options.seq_len,
+        }
+        graphs: dict[str, OpGraph] = {}
+        registry = self.host.formulas
+        for phase in self.options.phases:
+            meta = dict(meta_base)
+            if phase == Phase.DECODE:
+                meta["kv_len"] = runner.kv_len
+            if phase.startswith("train"):
+                meta["logits_positions"] = self.options.seq_len
+            raws = session.ops.get(phase, [])
+            graphs[phase] = build_graph(phase, raws, registry, graph_templates, meta,
+                                        self.warnings)
+        for phase, g in graphs.items():
+            missing = g.missing_formulas
+            if missing:
+                self.warnings.append(f"{phase}: no formula for {', '.join(missing)} "
+                                     "(counted as 0 FLOPs)")
+        checks = self._flops_checks(config_dict, graphs, runner.kv_len)
+        return CaptureResult(
+            model=self.name, model_type=model_type, source=self.source, options=self.options,
+            graphs=graphs, params=params, dims=dims,
+            templates=graph_templates, timings_s=timings, flops_checks=checks,
+            warnings=self.warnings, config=config_dict,
+        )
+
+    def _dims(self, config_dict: dict[str, Any]) -> ModelDims | None:
+        try:
+            return ModelDims.from_config(config_dict)
+        except ModelError as exc:
+            self.warnings.append(f"model dimensions unreadable: {exc}")
+            return None
+
+    def _patches(self, config: Any) -> list[Any]:
+        out = []
+        for patch in self.host.model_patches:
+            try:
+                applies = bool(patch.applies_to(config))
+            except Exception as exc:
+                raise ModelError(f"model patch {patch.name!r} failed to decide whether it "
+                                 f"applies: {type(exc).__name__}: {exc}",
+                                 "fix or disable the plugin that contributes it") from exc
+            if applies:
+                out.append(patch)
+        return out
+
+    def _graph_templates(self, kinds: list[Any]) -> tuple[LayerTemplate, ...]:
+        if self.options.full_depth:
+            return tuple(LayerTemplate(kind=k.kind, representative=i, indices=(i,))
+                         for k in kinds for i in k.indices)
+        return tuple(LayerTemplate(kind=k.kind, representative=k.representative,
+                                   indices=k.indices) for k in kinds)
+
+    def _flops_checks(self, config_dict: dict[str, Any], graphs: Mapping[str, OpGraph],
+                      kv_len: int | None) -> dict[str, FlopsCheck]:
+        try:
+            from zrt_core.analytic import flops as analytic
+        except ImportError:
+            return {}
+        checks: dict[str, FlopsCheck] = {}
+        for phase, g in graphs.items():
+            length = kv_len if phase == Phase.DECODE and kv_len else self.options.seq_len
+            try:
+                ref = analytic.phase_flops(config_dict, phase, self.options.batch, length)
+            except ModelError as exc:
+                self.warnings.append(f"{phase}: no analytic FLOPs to check against ({exc})")
+                continue
+            check = FlopsCheck(phase=phase, captured=g.totals().flops, analytic=ref.total)
+            checks[phase] = check
+            gap = check.gap
+            if gap is not None and abs(gap) > FLOPS_GAP_WARN:
+                self.warnings.append(
+                    f"{phase}: captured FLOPs {check.captured:.4g} differ from the analytic "
+                    f"{check.analytic:.4g} by {gap:+.1%} (the graph follows HF's reference "
+                    "code; a model patch may be needed to match production kernels)")
+        return checks

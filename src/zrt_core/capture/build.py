@@ -1,0 +1,128 @@
+"""Build a transformers model from its config on fake tensors: no weights, no init, no memory.
+
+The model is built under ``FakeTensorMode`` on the CPU fake device (fake CUDA aborts in
+backward on a CPU-only torch) inside transformers' ``no_init_weights``: DeepSeek-V3 at full
+depth builds in about 0.2 s once its modeling module is imported. Remote code is never run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from attrs import frozen
+
+from zrt_core.errors import ModelError
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@frozen
+class ParamCounts:
+    """Parameter counts of the full model (every layer), from the fake parameters.
+
+    ``active`` counts what one token uses: routed experts count ``top_k / num_experts`` of
+    their weights; everything else (attention, shared experts, embedding, head) in full.
+    ``routed_experts`` is the total size of the routed expert weights.
+    """
+
+    total: int
+    active: int
+    routed_experts: int = 0
+
+
+def text_config_of(config: Any) -> tuple[Any, str | None]:
+    """The language-model config of a (possibly multimodal) config, and a note if it differs.
+
+    For ``gemma3``/``llama4``/``mistral3``-style configs with a ``text_config`` whose type
+    has a causal-LM class, the language model is what zrt captures.
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    inner = getattr(config, "text_config", None)
+    if inner is None or inner is config:
+        return config, None
+    outer_type = getattr(config, "model_type", "")
+    inner_type = getattr(inner, "model_type", "")
+    outer_cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(outer_type, "")
+    if inner_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+            not outer_cls or "ConditionalGeneration" in outer_cls or outer_type != inner_type):
+        return inner, (f"{outer_type}: capturing the language model ({inner_type}); "
+                       "the vision/audio towers are not part of the graph")
+    return config, None
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    if name not in DTYPES:
+        raise ModelError(f"unsupported dtype {name!r}", f"use one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def build_fake_model(config: Any, dtype: str, fake_mode: Any) -> Any:
+    """Instantiate ``AutoModelForCausalLM`` for ``config`` on fake tensors.
+
+    :raises ModelError: the model type has no causal-LM class, or transformers rejects the
+        config while building (one line).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", "")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(f"model_type {model_type!r} has no causal language model in "
+                         "transformers", "zrt captures decoder LMs (AutoModelForCausalLM)")
+    try:
+        with fake_mode, no_init_weights(), torch.device("cpu"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype),
+                                                     trust_remote_code=False)
+    except ModelError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, AssertionError,
+            RuntimeError, NotImplementedError) as exc:
+        raise ModelError(f"transformers cannot build {model_type!r} from this config: "
+                         f"{type(exc).__name__}: {_one_line(exc)}",
+                         "check the config fields against the model's config class") from None
+    return model
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def is_routed_experts(module: Any, num_experts: int) -> bool:
+    """A module holding all routed experts as stacked 3-D weights (transformers 5 style)."""
+    if num_experts <= 1:
+        return False
+    params = list(module.parameters(recurse=False))
+    return bool(params) and any(p.dim() == 3 and p.shape[0] == num_experts for p in params)
+
+
+def count_params(model: Any, num_experts: int, top_k: int) -> ParamCounts:
+    """Total and per-token active parameters of the full fake model."""
+    total = sum(p.numel() for p in model.parameters())
+    routed = 0
+    if num_experts > 1 and top_k > 0:
+        for module in model.modules():
+            if is_routed_experts(module, num_experts):
+                routed += sum(p.numel() for p in module.parameters(recurse=False)
+                              if p.shape and p.shape[0] == num_experts)
+    inactive = routed - routed * top_k // num_experts if num_experts > 1 else 0
+    return ParamCounts(total=total, active=total - inactive, routed_experts=routed)
+
+
+def config_value(config: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def config_mapping(config: Any) -> Mapping[str, Any]:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)

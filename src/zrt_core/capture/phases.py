@@ -1,0 +1,139 @@
+"""Run the phases on a fake model: prefill, decode with prefill's cache, forward+backward.
+
+- ``prefill``: ``B × S`` tokens, no grad, a fresh cache; logits for the last position only
+  (``logits_to_keep=1``, what serving engines compute) unless asked otherwise.
+- ``decode``: one new token per sequence, passing the cache prefill produced
+  (``DynamicCache`` or the family's own hybrid cache) as ``past_key_values``. When prefill
+  is not requested it still runs, unrecorded, to produce the cache.
+- ``train_forward`` / ``train_backward``: one forward with ``labels`` (the loss included)
+  and ``loss.backward()``, recorded as two phases of one run so saved activations keep
+  their tensor ids across the two graphs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+from zrt_core.capture.options import CaptureOptions
+from zrt_core.capture.recorder import CaptureSession, ModuleStack, OpRecorder
+from zrt_core.errors import ModelError
+from zrt_core.ir.graph import Phase
+
+
+class PhaseRunner:
+    """Runs the requested phases of one fake model into one :class:`CaptureSession`."""
+
+    def __init__(self, model: Any, session: CaptureSession, modules: ModuleStack,
+                 options: CaptureOptions, model_name: str) -> None:
+        self.model = model
+        self.session = session
+        self.modules = modules
+        self.options = options
+        self.model_name = model_name
+        self.timings_s: dict[str, float] = {}
+        self.kv_len: int | None = None
+        params = inspect.signature(model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in params
+        self.notes: list[str] = []
+        if options.last_token_logits and not self._logits_to_keep:
+            self.notes.append(f"{type(model).__name__} has no logits_to_keep: prefill "
+                              "computes logits for every position")
+
+    def run(self) -> None:
+        opts = self.options
+        if opts.wants_inference:
+            cache = self._prefill(record=Phase.PREFILL in opts.phases)
+            if Phase.DECODE in opts.phases:
+                self._decode(cache)
+        if opts.wants_training:
+            self._train()
+
+    def _ids(self, length: int) -> Any:
+        import torch
+
+        return torch.zeros((self.options.batch, length), dtype=torch.long)
+
+    def _inference_kwargs(self) -> dict[str, Any]:
+        if self.options.last_token_logits and self._logits_to_keep:
+            return {"logits_to_keep": 1}
+        return {}
+
+    def _call(self, phase: str, **kwargs: Any) -> Any:
+        try:
+            return self.model(**kwargs)
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise _capture_error(self.model_name, phase, exc) from exc
+
+    def _prefill(self, *, record: bool) -> Any:
+        import torch
+
+        self.model.eval()
+        ids = self._ids(self.options.seq_len)
+        start = time.perf_counter()
+        with torch.no_grad():
+            if record:
+                with OpRecorder(self.session, Phase.PREFILL, self.modules):
+                    out = self._call(Phase.PREFILL, input_ids=ids, use_cache=True,
+                                     **self._inference_kwargs())
+            else:
+                out = self._call(Phase.PREFILL, input_ids=ids, use_cache=True,
+                                 **self._inference_kwargs())
+        key = Phase.PREFILL if record else "prefill_for_decode"
+        self.timings_s[key] = time.perf_counter() - start
+        cache = getattr(out, "past_key_values", None)
+        if cache is None:
+            raise ModelError(f"{self.model_name}: prefill returned no KV cache, so decode "
+                             "cannot be captured", "capture prefill and training only")
+        return cache
+
+    def _decode(self, cache: Any) -> None:
+        import torch
+
+        self.kv_len = _cache_length(cache, self.options.seq_len)
+        ids = self._ids(1)
+        start = time.perf_counter()
+        with torch.no_grad(), OpRecorder(self.session, Phase.DECODE, self.modules):
+            self._call(Phase.DECODE, input_ids=ids, past_key_values=cache, use_cache=True,
+                       **self._inference_kwargs())
+        self.timings_s[Phase.DECODE] = time.perf_counter() - start
+
+    def _train(self) -> None:
+        self.model.train()
+        ids = self._ids(self.options.seq_len)
+        start = time.perf_counter()
+        recorder = OpRecorder(self.session, Phase.TRAIN_FORWARD, self.modules)
+        with recorder:
+            out = self._call(Phase.TRAIN_FORWARD, input_ids=ids, labels=ids, use_cache=False)
+            loss = getattr(out, "loss", None)
+            if loss is None:
+                raise ModelError(f"{self.model_name}: the model returned no loss for labels",
+                                 "capture inference phases only")
+            middle = time.perf_counter()
+            self.timings_s[Phase.TRAIN_FORWARD] = middle - start
+            recorder.phase = Phase.TRAIN_BACKWARD
+            try:
+                loss.backward()
+            except Exception as exc:
+                raise _capture_error(self.model_name, Phase.TRAIN_BACKWARD, exc) from exc
+        self.timings_s[Phase.TRAIN_BACKWARD] = time.perf_counter() - middle
+        self.model.eval()
+
+
+def _cache_length(cache: Any, default: int) -> int:
+    try:
+        return int(cache.get_seq_length())
+    except Exception:
+        return default
+
+
+def _capture_error(model: str, phase: str, exc: BaseException) -> ModelError:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > 240:
+        text = text[:237] + "..."
+    return ModelError(f"{model}: {phase} failed in the model code: {type(exc).__name__}: {text}",
+                      "set ZRT_DEBUG=1 for the traceback; report it if the config is valid")
