@@ -1,0 +1,96 @@
+"""Test, lint and packaging checks for zrt-core and its first-party plugins.
+
+``nox`` runs every default session (what CI runs); ``nox -l`` lists them; ``nox -s tests``
+runs one. Each session builds and installs the packages (not editable: the tests run
+against what a user would install) into a fresh virtual environment, pinned torch first.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - nox runs on 3.11 here; tomli is nox's own dependency on 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+#: The exact torch pin from zrt-core's dependencies. It is installed first in every session:
+#: a looser requirement, or torch pulled in as a dependency, may fetch a multi-GB CUDA build.
+TORCH = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch=="))
+#: First-party plugin distributions, by folder under plugins/.
+PLUGINS = ("zrt_nvidia", "zrt_ascend", "zrt_deepseek", "zrt_fusion_rules")
+#: The third-party pack that proves entry-point discovery of an installed wheel.
+EXTERNAL_PACK = "tests/external_pack"
+#: Linter version, pinned so a new ruff release cannot fail CI on unchanged code.
+RUFF = "ruff==0.17.6"
+#: Arguments every pytest run gets; importlib mode lets test files share a basename across
+#: the core's and the plugins' test folders in one run.
+PYTEST_ARGS = ("-ra", "--import-mode=importlib", "-p", "no:cacheprovider")
+#: The interpreter: the one nox runs on (CI makes one fresh venv and runs nox from it).
+PYTHON = None
+
+nox.options.error_on_missing_interpreters = True
+nox.options.default_venv_backend = "virtualenv"
+
+
+def _install(session: nox.Session, *packages: str) -> None:
+    """Pinned torch first, then zrt-core with its test extra, then ``packages`` (paths)."""
+    session.install(TORCH)
+    session.install(".[test]")
+    for package in packages:
+        session.install(package)
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    session.run("pytest", *PYTEST_ARGS, *session.posargs, *paths)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """Lint the core, the plugins, the tests and this file with ruff."""
+    session.install(RUFF)
+    session.run("ruff", "check", "src", "tests", "plugins", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Core tests with only zrt-core installed (no plugin may be needed)."""
+    _install(session)
+    _pytest(session, "tests")
+
+
+def _plugin_session(plugin: str) -> None:
+    """Register the session that tests one first-party plugin next to the core alone."""
+
+    def run(session: nox.Session) -> None:
+        _install(session, f"plugins/{plugin}")
+        _pytest(session, f"plugins/{plugin}/tests")
+
+    name = plugin.removeprefix("zrt_")
+    run.__doc__ = f"{plugin} tests with only zrt-core and {plugin} installed."
+    run.__name__ = f"plugin_{name}"
+    nox.session(python=PYTHON, name=f"plugin-{name}")(run)
+
+
+for _plugin in PLUGINS:
+    _plugin_session(_plugin)
+
+
+@nox.session(python=PYTHON)
+def external_pack(session: nox.Session) -> None:
+    """Install the example third-party pack as a wheel; zrt must list it and its distribution."""
+    _install(session, EXTERNAL_PACK)
+    session.run("python", f"{EXTERNAL_PACK}/check_installed.py")
+
+
+@nox.session(name="all", python=PYTHON)
+def all_packages(session: nox.Session) -> None:
+    """Every package installed together; the core's and every plugin's tests in one run."""
+    _install(session, *(f"plugins/{p}" for p in PLUGINS))
+    _pytest(session, "tests", *(f"plugins/{p}/tests" for p in PLUGINS))
