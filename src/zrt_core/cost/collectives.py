@@ -1,0 +1,206 @@
+"""Collectives priced on the N-tier interconnect: an α-β model per tier, NCCL-style.
+
+A group of ``n`` ranks spread evenly over ``span`` consecutive ranks (``Parallel.span``) has
+its members ``stride = span / n`` ranks apart. Tier ``i`` (innermost first, a domain of
+``D_i`` devices) holds ``m_i = clamp(D_i // stride, 1, n)`` members of the group in one of
+its domains; the group lives on the innermost tier whose domain holds all ``span`` ranks,
+and the tiers where ``m_i > m_(i-1)`` are the ones its traffic crosses (``m_-1 = 1``).
+
+Per tier: ``α_i`` = ``latency_us`` (one step's start-up), ``β_i`` = 1 / (``bandwidth_gb_per_s``
+× ``efficiency``), where ``efficiency`` is the achievable NCCL *bus bandwidth* over the link
+rate (nccl-tests' busbw). With ``S`` the message bytes per rank (docs/architecture.md):
+
+ring all-reduce        2(n-1)/n · S / B_ring + Σ_i steps_i · α_i,   steps_i = 2(d_(i-1) - d_i)
+ring all-gather,
+ring reduce-scatter    (n-1)/n · S / B_ring + Σ_i (d_(i-1) - d_i) · α_i
+    where d_i = n / m_i domains of tier i the group covers (d_-1 = n), and
+    B_ring = min over crossed tiers of m_(i-1) · B_i: a ring leaves each tier-(i-1) domain
+    once per channel and NCCL runs one channel per rail, so a domain's m_(i-1) links to the
+    next tier work in parallel (DGX A100: min(300·0.78, 8 · 25·0.9) = 180 GB/s).
+tree all-reduce        2 S / (0.9 · B_ring) + 2 · ((r_0 - 1) α_0 + Σ_(i≥1) ⌈log2 r_i⌉ α_i)
+    NCCL's double binary tree between domains and a chain inside the innermost one
+    (r_i = m_i / m_(i-1) members per step); 0.9 and the algorithm bandwidth of busBw/2 are
+    NCCL's own tuning model (src/graph/tuning.cc).
+hierarchical           per crossed tier i, inner to outer then back: a reduce-scatter and
+                       an all-gather among r_i peers of S / m_(i-1) bytes each, each at
+                       B_i = bandwidth_i · efficiency_i (the m_(i-1) rails run in parallel):
+    all-reduce   Σ_i 2 (r_i-1)/r_i · S/m_(i-1) / B_i + 2 (r_i-1) α_i
+    all-gather   Σ_i   (r_i-1)/r_i · S/m_(i-1) / B_i +   (r_i-1) α_i   (reduce-scatter alike)
+all-to-all             each rank sends S/n to every member; what goes to the (m_i - m_(i-1))
+                       members first reached at tier i crosses tier i, all tiers at once:
+                       max_i ((m_i - m_(i-1))/n · S / B_i) + α of the outermost crossed tier
+send/recv              S / B_top + α_top (the pipeline's slowest hop sets the pace)
+broadcast              S / B_ring + (n-1) α (pipelined ring)
+
+Algorithm selection (NCCL's: the cheapest predicted time) over ring and tree for all-reduce,
+plus hierarchical when the group crosses more than one tier; ``algorithm=`` forces one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from zrt_core.cost.backend import NodeCost, PriceSource
+from zrt_core.cost.errors import CostError
+
+if TYPE_CHECKING:
+    from zrt_core.hardware import HardwareSpec, InterconnectTier
+
+BACKEND = "roofline"
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+ALGORITHMS = ("ring", "tree", "hierarchical", "pairwise", "p2p")
+#: NCCL's tree bandwidth derating (tuning.cc: ``busBw * .9`` for the tree algorithm).
+TREE_BANDWIDTH_FACTOR = 0.9
+
+_ALGORITHMS_FOR = {
+    "all_reduce": ("ring", "tree", "hierarchical"),
+    "all_gather": ("ring", "hierarchical"),
+    "reduce_scatter": ("ring", "hierarchical"),
+    "broadcast": ("ring",),
+    "all_to_all": ("pairwise",),
+    "send_recv": ("p2p",),
+}
+
+
+class _Placement:
+    """Which tiers a group crosses and how many of its members each tier's domain holds."""
+
+    __slots__ = ("crossed", "members", "tiers", "top")
+
+    def __init__(self, group_size: int, span: int, hardware: HardwareSpec) -> None:
+        n = group_size
+        stride = span / n
+        members: list[int] = []
+        tiers = hardware.interconnect
+        top = len(tiers) - 1
+        for i, tier in enumerate(tiers):
+            if tier.devices is None or tier.devices >= span:
+                members.append(n)
+                top = i
+                break
+            members.append(min(n, max(1, int(tier.devices // stride))))
+        self.tiers: tuple[InterconnectTier, ...] = tiers[: top + 1]
+        self.members = members  # m_i for i = 0..top; members[top] == n
+        self.top = top
+        previous = 1
+        crossed = []
+        for i, m in enumerate(members):
+            if m > previous:
+                crossed.append(i)
+            previous = m
+        self.crossed = crossed  # tiers the group's traffic uses, innermost first
+
+    def below(self, i: int) -> int:
+        """m_(i-1): the members one domain of the tier inside tier ``i`` holds."""
+        return self.members[i - 1] if i > 0 else 1
+
+    def bandwidth(self, i: int) -> float:
+        """Achievable bus bandwidth of tier ``i`` per device, bytes/s."""
+        tier = self.tiers[i]
+        return tier.bandwidth_gb_per_s * 1e9 * tier.efficiency
+
+    def ring_bandwidth(self) -> float:
+        return min(self.below(i) * self.bandwidth(i) for i in self.crossed)
+
+    def describe(self) -> list[dict[str, object]]:
+        return [{"tier": self.tiers[i].name, "members": self.members[i],
+                 "bus_gb_per_s": round(self.bandwidth(i) / 1e9, 3)} for i in self.crossed]
+
+
+def collective_cost(kind: str, bytes: float, group_size: int, span: int,
+                    hardware: HardwareSpec, algorithm: str | None = None) -> NodeCost:
+    """Price one collective per rank on ``hardware``'s interconnect.
+
+    :param kind: one of :data:`KINDS`.
+    :param bytes: the message bytes per rank (docs/architecture.md, collective nodes).
+    :param group_size: members of the group.
+    :param span: consecutive ranks the members spread over (``Parallel.span``).
+    :param algorithm: ``ring``, ``tree``, ``hierarchical`` (``pairwise`` for all-to-all,
+        ``p2p`` for send/recv); None picks the cheapest, as NCCL's tuner does.
+    :raises CostError: an unknown kind or algorithm, or a group that does not fit its span.
+    """
+    if kind not in _ALGORITHMS_FOR:
+        raise CostError(f"unknown collective {kind!r}", f"use one of {', '.join(KINDS)}")
+    if group_size < 1 or span < group_size:
+        raise CostError(
+            f"{kind}: group of {group_size} cannot spread over {span} ranks",
+            "span is at least the group size (see Parallel.span)")
+    if bytes < 0:
+        raise CostError(f"{kind}: negative message size {bytes}")
+    allowed = _ALGORITHMS_FOR[kind]
+    if algorithm is not None and algorithm not in allowed:
+        raise CostError(f"{kind} has no {algorithm!r} algorithm",
+                        f"use one of {', '.join(allowed)} or leave it unset")
+    if group_size == 1 or bytes == 0:
+        return NodeCost(time_s=0.0, backend=BACKEND, rule=f"{kind}_trivial",
+                        source=PriceSource.FREE, bound="free",
+                        detail={"group_size": group_size, "bytes": bytes})
+
+    place = _Placement(group_size, span, hardware)
+    candidates = [algorithm] if algorithm else [
+        a for a in allowed if a != "hierarchical" or len(place.crossed) > 1]
+    priced = {a: _price(kind, a, float(bytes), group_size, place) for a in candidates}
+    chosen = min(priced, key=lambda a: sum(priced[a]))
+    wire_s, latency_s = priced[chosen]
+    detail: dict[str, object] = {
+        "algorithm": chosen,
+        "group_size": group_size,
+        "span": span,
+        "bytes": bytes,
+        "tier": place.tiers[place.top].name,
+        "tiers": place.describe(),
+    }
+    if len(priced) > 1:
+        detail["candidates_s"] = {a: sum(t) for a, t in priced.items()}
+    return NodeCost(
+        time_s=wire_s + latency_s, backend=BACKEND, rule=f"{chosen}_{kind}",
+        source=PriceSource.ROOFLINE, compute_s=0.0, memory_s=wire_s, overhead_s=latency_s,
+        bound="network" if wire_s >= latency_s else "latency", detail=detail,
+    )
+
+
+def _alpha(place: _Placement, i: int) -> float:
+    return place.tiers[i].latency_us * 1e-6
+
+
+def _price(kind: str, algorithm: str, size: float, n: int, place: _Placement
+           ) -> tuple[float, float]:
+    """(bandwidth seconds, latency seconds) of one algorithm."""
+    if algorithm == "ring":
+        bw = place.ring_bandwidth()
+        if kind == "broadcast":
+            return size / bw, (n - 1) * _alpha(place, place.crossed[-1])
+        factor = 2.0 if kind == "all_reduce" else 1.0
+        latency = 0.0
+        for i in place.crossed:
+            # d_(i-1) - d_i ring steps of this tier, d_i = n / m_i domains of tier i
+            steps = n // place.below(i) - n // place.members[i]
+            latency += factor * steps * _alpha(place, i)
+        return factor * (n - 1) / n * size / bw, latency
+    if algorithm == "tree":
+        bw = TREE_BANDWIDTH_FACTOR * place.ring_bandwidth()
+        latency = 0.0
+        for i in place.crossed:
+            r = place.members[i] // place.below(i)
+            hops = (r - 1) if i == place.crossed[0] and i == 0 else math.ceil(math.log2(r))
+            latency += 2 * hops * _alpha(place, i)
+        return 2 * size / bw, latency
+    if algorithm == "hierarchical":
+        factor = 2.0 if kind == "all_reduce" else 1.0
+        wire = latency = 0.0
+        for i in place.crossed:
+            r = place.members[i] // place.below(i)
+            shard = size / place.below(i)
+            wire += factor * (r - 1) / r * shard / place.bandwidth(i)
+            latency += factor * (r - 1) * _alpha(place, i)
+        return wire, latency
+    if algorithm == "pairwise":
+        wire = 0.0
+        for i in place.crossed:
+            share = (place.members[i] - place.below(i)) / n * size
+            wire = max(wire, share / place.bandwidth(i))
+        return wire, _alpha(place, place.crossed[-1])
+    # p2p: one message to the neighbouring stage over the outermost tier the group crosses
+    top = place.crossed[-1]
+    return size / place.bandwidth(top), _alpha(place, top)

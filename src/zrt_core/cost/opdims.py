@@ -1,0 +1,208 @@
+"""Read the problem dimensions of a node from its tensor shapes: GEMM (b, m, n, k) and
+attention (b, h, h_kv, s_q, s_kv, d, causal).
+
+The roofline prices by these dimensions and the measured tables are keyed by them, so both
+read a node the same way. Pure functions of the node; no torch.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from zrt_core.formulas.aten import attention_pairs
+from zrt_core.ir.graph import DTYPE_BYTES, Category, OpNode
+
+#: GEMM-like aten ops by base name (``aten.addmm.default`` → ``addmm``).
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "linear", "matmul",
+                      "_scaled_mm", "_grouped_mm", "_scaled_grouped_mm"})
+#: Ops whose first input is a bias/accumulator, not the left operand.
+_ACCUMULATE_FIRST = frozenset({"addmm", "baddbmm", "addbmm"})
+#: Ops whose batch dimension is a batch of independent matrices (not flattened into M).
+_BATCHED = frozenset({"bmm", "baddbmm"})
+#: Grouped GEMMs: the weight operand carries the group (expert) dimension.
+_GROUPED = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
+
+
+def op_base(op: str) -> str:
+    """The operator name without namespace and overload: ``aten.mm.default`` → ``mm``."""
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 2 else parts[0]
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@frozen
+class GemmDims:
+    """``batch`` independent (or grouped) ``m × k`` by ``k × n`` products.
+
+    For a grouped GEMM ``batch`` is the number of groups and ``m`` the mean rows per group.
+    """
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    grouped: bool = False
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+
+def gemm_dims(node: OpNode) -> GemmDims | None:
+    """GEMM dimensions of a matmul-category node, or None when its shapes do not say.
+
+    ``n`` is the output's last dimension; ``m`` is the rest of the output (or its second-last
+    dimension for batched ops); ``k`` follows from the node's FLOPs (``2·b·m·n·k``) so a fused
+    matmul (gate+up, QKV) is read consistently with its counted work, else from the left
+    operand's last dimension.
+    """
+    if not node.outputs or not node.outputs[0].shape:
+        return None
+    out = node.outputs[0].shape
+    base = op_base(node.op)
+    n = out[-1]
+    grouped = base in _GROUPED
+    if grouped:
+        weight = node.inputs[1] if len(node.inputs) > 1 else None
+        groups = weight.shape[0] if weight is not None and len(weight.shape) == 3 else 1
+        if len(out) == 3:  # [G, M, N] by [G, K, N]: a plain batch of groups
+            batch, m = out[0], out[1]
+        else:  # [total M, N]: rows split among the groups (mean rows per group)
+            batch, m = groups, max(1, _prod(out[:-1]) // max(groups, 1))
+    elif (base in _BATCHED or (base not in GEMM_OPS and not _has_param(node))) and len(out) >= 3:
+        batch, m = _prod(out[:-2]), out[-2]
+    else:
+        batch, m = 1, _prod(out[:-1])
+    if n <= 0 or m <= 0 or batch <= 0:
+        return None
+    if node.flops > 0:
+        k = max(1, round(node.flops / (2 * batch * m * n)))
+    else:
+        left = _left_operand(node, base)
+        if left is None or not left.shape:
+            return None
+        k = left.shape[-1]
+    return GemmDims(batch=batch, m=m, n=n, k=k, grouped=grouped)
+
+
+def _has_param(node: OpNode) -> bool:
+    return any(t.param is not None for t in node.inputs)
+
+
+def _left_operand(node: OpNode, base: str):
+    tensors = [t for t in node.inputs if t.shape]
+    if base in _ACCUMULATE_FIRST and len(tensors) > 1:
+        return tensors[1]
+    return tensors[0] if tensors else None
+
+
+def gemm_compute_dtype(node: OpNode) -> str:
+    """The dtype whose tensor-core rate a GEMM runs at: the wider of its two operands.
+
+    A weight-only quantised GEMM (bf16 activations × int4 weights) runs at the bf16 rate —
+    the narrow weights are dequantised in registers — while fp8 × fp8 runs at the fp8 rate.
+    """
+    base = op_base(node.op)
+    operands = [t for t in node.inputs if t.shape and len(t.shape) >= 2]
+    if base in _ACCUMULATE_FIRST and len(operands) > 2:
+        operands = operands[1:]
+    operands = operands[:2]
+    if not operands:
+        return node.outputs[0].dtype if node.outputs else "bfloat16"
+    return max(operands, key=lambda t: DTYPE_BYTES.get(t.dtype, 2)).dtype
+
+
+@frozen
+class AttentionDims:
+    """One attention call: ``b`` sequences, ``h`` query heads over ``h_kv`` KV heads.
+
+    ``window``, ``chunk`` and ``topk`` (0 = none) restrict the keys a query sees, as the
+    capture's ``zrt.attention`` op carries them; ``d_v`` is the value head dim.
+    """
+
+    b: int
+    h: int
+    h_kv: int
+    s_q: int
+    s_kv: int
+    d: int
+    causal: bool
+    d_v: int = 0
+    window: int = 0
+    chunk: int = 0
+    topk: int = 0
+
+    @property
+    def pairs(self) -> int:
+        """(query, key) pairs one head computes (``formulas.aten.attention_pairs``)."""
+        return attention_pairs(self.s_q, self.s_kv, is_causal=self.causal, window=self.window,
+                               chunk=self.chunk, topk=self.topk)
+
+    @property
+    def visible_keys(self) -> float:
+        """Mean keys one query sees: the length of a FlashAttention tile's KV loop."""
+        return self.pairs / self.s_q
+
+    @property
+    def forward_flops(self) -> int:
+        """QKᵀ and PV over the visible pairs: ``2·b·h·pairs·(d + d_v)``."""
+        return 2 * self.b * self.h * self.pairs * (self.d + (self.d_v or self.d))
+
+    @property
+    def backward_flops(self) -> int:
+        """Recomputed QKᵀ, dV, dP, dQ, dK: ``2·b·h·pairs·(3d + 2d_v)``."""
+        return 2 * self.b * self.h * self.pairs * (3 * self.d + 2 * (self.d_v or self.d))
+
+
+_INT_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8"})
+
+
+def attention_dims(node: OpNode) -> AttentionDims | None:
+    """Attention dimensions of a fused attention node.
+
+    Query, key and value are the first three inputs of a forward op and inputs 1-3 of a
+    backward op (after the output gradient), as in torch SDPA and the capture's
+    ``zrt.attention``; layout ``[b, heads, seq, head_dim]`` unless ``attrs["layout"]`` is
+    ``"bshd"``. ``is_causal``, ``window`` and ``chunk`` come from attrs; a rank-3 integer
+    input is DeepSeek's top-k ``indices``.
+    """
+    first = 1 if is_backward(node) else 0
+    qkv = node.inputs[first:first + 3]
+    if len(qkv) < 2 or any(len(t.shape) != 4 for t in qkv):
+        return None
+    q, k = qkv[0], qkv[1]
+    d_v = qkv[2].shape[-1] if len(qkv) == 3 else q.shape[-1]
+    if node.attrs.get("layout") == "bshd":
+        b, s_q, h, d = q.shape
+        _, s_kv, h_kv, _ = k.shape
+    else:
+        b, h, s_q, d = q.shape
+        _, h_kv, s_kv, _ = k.shape
+    topk = 0
+    for t in node.inputs[first + 3:]:
+        if t.dtype in _INT_DTYPES and len(t.shape) == 3:
+            topk = t.shape[-1]
+    attrs = node.attrs
+    causal = bool(attrs.get("is_causal", attrs.get("causal", False)))
+    return AttentionDims(b=b, h=h, h_kv=h_kv, s_q=s_q, s_kv=s_kv, d=d, causal=causal, d_v=d_v,
+                         window=int(attrs.get("window") or 0),
+                         chunk=int(attrs.get("chunk") or 0), topk=topk)
+
+
+def is_backward(node: OpNode) -> bool:
+    """A backward kernel by its name (``..._backward``, ``..._bwd``) or ``attrs["backward"]``.
+
+    Not by phase: recompute puts forward kernels into the backward graph.
+    """
+    op = node.op
+    return "backward" in op or "bwd" in op or bool(node.attrs.get("backward", False))
+
+
+def is_gemm(node: OpNode) -> bool:
+    return node.category == Category.MATMUL or op_base(node.op) in GEMM_OPS
