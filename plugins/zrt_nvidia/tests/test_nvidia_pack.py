@@ -115,5 +115,5 @@ def test_autoloaded_host_attributes_the_specs_to_the_distribution(monkeypatch):
     host = get_plugin_manager()
     assert host.hardware.distribution_of("h100") == "zrt-nvidia"
     info = {i.name: i for i in host.plugin_infos()}["zrt_nvidia"]
-    assert info.hooks == ("zrt_hardware_specs",)
+    assert info.hooks == ("zrt_hardware_specs", "zrt_measured_tables")
     assert sorted(info.contributions["zrt_hardware_specs"]) == sorted(IDS)
