@@ -273,3 +273,12 @@ def test_bad_inputs():
 def test_flops_gap():
     assert flops_gap(110, 100) == pytest.approx(0.10)
     assert flops_gap(50, 0) is None
+
+
+def test_nemotron_h_as_transformers_saves_it():
+    """transformers' to_dict has ``layers_block_type`` and no ``num_hidden_layers``."""
+    saved = {k: v for k, v in NEMOTRON_H.items()
+             if k not in ("hybrid_override_pattern", "num_hidden_layers")}
+    saved["layers_block_type"] = ["linear_attention", "full_attention", "mlp", "moe"]
+    assert param_counts(saved) == param_counts(NEMOTRON_H)
+    assert architecture(saved).dims.moe_layers == 1

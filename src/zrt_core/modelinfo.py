@@ -99,7 +99,11 @@ class ModelDims:
             return v
 
         hidden = need(_HIDDEN, "hidden size")
-        layers = need(_LAYERS, "layer count")
+        block_types = _block_types(cfg)
+        if _first(cfg, _LAYERS) is None and block_types is not None:
+            layers = len(block_types)  # nemotron_h saved by transformers: the list is the count
+        else:
+            layers = need(_LAYERS, "layer count")
         heads = need(_HEADS, "attention head count")
         kv_heads = _first(cfg, _KV_HEADS) or heads
         if cfg.get("multi_query") is True:  # falcon / starcoder style
@@ -172,13 +176,28 @@ def _shared_expert_ffn(cfg: Mapping[str, Any], experts: int, moe_ffn: int) -> in
     return 0
 
 
+_PATTERN_TYPES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def _block_types(cfg: Mapping[str, Any]) -> list[str] | None:
+    """nemotron_h's per-layer block types, from ``hybrid_override_pattern`` ("M" mamba,
+    "*" attention, "-" MLP, "E" MoE) or the ``layers_block_type`` list transformers saves."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str):
+        return [_PATTERN_TYPES.get(c, c) for c in pattern]
+    types = cfg.get("layers_block_type")
+    if isinstance(types, list):
+        return ["moe" if t == "moe" else str(t) for t in types]
+    return None
+
+
 def _count_moe_layers(cfg: Mapping[str, Any], layers: int, experts: int) -> int:
     """Which layers route to experts, by the conventions each family uses."""
     if not experts:
         return 0
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str):  # nemotron_h: "M" mamba, "*" attention, "E" MoE, "-" MLP
-        return pattern.count("E")
+    block_types = _block_types(cfg)
+    if block_types is not None:  # nemotron_h
+        return sum(1 for t in block_types if t == "moe")
     layer_types = cfg.get("mlp_layer_types")
     if isinstance(layer_types, list):
         return sum(1 for t in layer_types if "moe" in str(t).lower() or "sparse" in str(t).lower())
