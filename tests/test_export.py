@@ -139,9 +139,11 @@ def test_onnx_skipped_with_a_note(tmp_path, monkeypatch):
 def test_export_capture_uses_result_fields(tmp_path):
     from types import SimpleNamespace
 
-    result = SimpleNamespace(graphs={"prefill": _graph()}, timings={"prefill": 1.5},
-                             model="tiny")
-    export_capture(result, tmp_path, analytic_flops={"prefill": 1_000}, onnx=False)
+    check = SimpleNamespace(analytic=1_000)
+    result = SimpleNamespace(graphs={"prefill": _graph()}, model="tiny",
+                             timings_s={"build": 0.5, "prefill": 1.5},
+                             flops_checks={"prefill": check})
+    export_capture(result, tmp_path, onnx=False)
     from openpyxl import load_workbook
 
     rows = list(load_workbook(tmp_path / "ops.xlsx", read_only=True)["summary"]

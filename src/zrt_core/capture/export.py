@@ -211,14 +211,21 @@ def export_graphs(out_dir: str | Path, graphs: Mapping[str, OpGraph], *,
 def export_capture(result: Any, out_dir: str | Path, *,
                    analytic_flops: Mapping[str, int | None] | None = None,
                    onnx: bool | None = None) -> ExportResult:
-    """Write a capture result (anything with ``graphs``; ``timings`` and ``model`` are used
-    when present) into ``out_dir``; see :func:`export_graphs`."""
-    graphs = result.graphs
-    timings = getattr(result, "timings", None)
-    capture_s = dict(timings) if isinstance(timings, Mapping) else None
+    """Write a :class:`~zrt_core.capture.api.CaptureResult` into ``out_dir``.
+
+    Reads ``graphs``, and when present ``model``, ``timings_s`` (seconds per phase) and
+    ``flops_checks`` (the analytic FLOPs per phase, used unless ``analytic_flops`` is
+    given); see :func:`export_graphs`.
+    """
+    timings = getattr(result, "timings_s", None)
+    capture_s = {k: float(v) for k, v in timings.items()} if isinstance(timings, Mapping) \
+        else None
+    if analytic_flops is None:
+        checks = getattr(result, "flops_checks", None) or {}
+        analytic_flops = {phase: check.analytic for phase, check in checks.items()}
     model = getattr(result, "model", "") or ""
-    return export_graphs(out_dir, graphs, model=str(model), analytic_flops=analytic_flops,
-                         capture_s=capture_s, onnx=onnx)
+    return export_graphs(out_dir, result.graphs, model=str(model),
+                         analytic_flops=analytic_flops, capture_s=capture_s, onnx=onnx)
 
 
 def _write_csv(path: Path, graph: OpGraph) -> Path:
