@@ -21,6 +21,7 @@ COMMANDS = (
     "zrt_core.cli.plugins_cmd",
     "zrt_core.cli.hw_cmd",
     "zrt_core.cli.models_cmd",
+    "zrt_core.cli.capture_cmd",
 )
 
 

@@ -1,0 +1,194 @@
+"""``zrt capture MODEL``: record each phase's operator graph and check it against the
+analytic FLOPs.
+
+MODEL is a bundled name (``zrt models``), a directory holding ``config.json`` or the file
+itself, or a HuggingFace id already in the local cache. Counts are for the whole model
+(every layer). ``--out DIR`` writes the graphs and op tables (see
+:mod:`zrt_core.capture.export`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from zrt_core.cli._output import add_json_flag, console, print_json, table
+
+CAPTURED_PHASES = ("prefill", "decode", "train_forward", "train_backward")
+GAP_THRESHOLD = 0.10
+
+
+def _positive_int(what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, "
+                                             f"got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {value}")
+        return value
+    return parse
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("no phase given")
+    for name in names:
+        if name not in CAPTURED_PHASES:
+            raise argparse.ArgumentTypeError(
+                f"unknown phase {name!r} (choose from {', '.join(CAPTURED_PHASES)})")
+    return tuple(dict.fromkeys(names))
+
+
+def _imbalance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"moe imbalance must be a number, got {text!r}"
+                                         ) from None
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError(f"moe imbalance must be >= 1.0, got {value:g}")
+    return value
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "capture", help="capture each phase's operator graph from a model config",
+        description="Build the model from its config on fake tensors (no weights, no GPU), "
+        "record every operator of each phase, and compare the FLOPs with the analytic "
+        "count (a gap over 10%% is flagged).")
+    p.add_argument("model", metavar="MODEL",
+                   help="bundled name (zrt models), config.json or its directory, or a "
+                        "HuggingFace id in the local cache")
+    p.add_argument("--phases", type=_phases, default=CAPTURED_PHASES, metavar="LIST",
+                   help="comma-separated: " + ",".join(CAPTURED_PHASES) + " (default: all)")
+    p.add_argument("--batch", type=_positive_int("--batch"), default=1, metavar="B",
+                   help="sequences per step (default 1)")
+    p.add_argument("--seq-len", type=_positive_int("--seq-len"), default=2048, metavar="S",
+                   help="tokens per sequence; decode attends to S cached tokens "
+                        "(default 2048)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write <phase>.graph.json, op tables (CSV, ops.xlsx) and ONNX "
+                        "(with the onnx extra) here")
+    p.add_argument("--full-depth", action="store_true",
+                   help="capture every decoder layer instead of one per kind")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                   help="parameter and activation dtype (default bfloat16)")
+    p.add_argument("--moe-imbalance", type=_imbalance, default=1.0, metavar="X",
+                   help="busiest expert's load over the mean (default 1.0, balanced)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from zrt_core.capture.sources import resolve_model
+    from zrt_core.errors import ModelError
+    from zrt_core.modelinfo import ModelDims
+    from zrt_core.plugins import get_plugin_manager
+
+    host = get_plugin_manager()
+    # Find the config (or say how to get it) and check its essential fields before paying
+    # for the torch import: transformers would fill a missing hidden size with a default.
+    resolved = resolve_model(args.model, host, check_model_type=False)
+    try:
+        ModelDims.from_config(resolved.config)
+    except ModelError as exc:
+        where = resolved.path if resolved.path is not None else resolved.name
+        raise ModelError(f"{where}: {exc.message}", exc.hint) from None
+
+    from zrt_core.capture.api import capture
+
+    result = capture(args.model, phases=args.phases, batch=args.batch, seq_len=args.seq_len,
+                     host=host, full_depth=args.full_depth, moe_imbalance=args.moe_imbalance,
+                     dtype=args.dtype)
+    from zrt_core.capture.export import export_capture, summarize
+
+    analytic = {phase: check.analytic for phase, check in result.flops_checks.items()}
+    timings = {k: float(v) for k, v in result.timings_s.items()}
+    summaries = summarize(result.graphs, analytic_flops=analytic, capture_s=timings)
+    exported = export_capture(result, args.out) if args.out else None
+
+    if args.json:
+        print_json(_json(result, summaries, exported, timings))
+        return 0
+    _print(result, summaries, exported, timings)
+    return 0
+
+
+def _json(result, summaries, exported, timings) -> dict:
+    out = {
+        "model": result.model,
+        "model_type": result.model_type,
+        "source": result.source,
+        "batch": result.options.batch,
+        "seq_len": result.options.seq_len,
+        "dtype": result.options.dtype,
+        "full_depth": result.options.full_depth,
+        "params": {"total": result.params.total, "active": result.params.active},
+        "analytic_params": _analytic_params(result.config),
+        "build_s": round(timings.get("build", 0.0), 3),
+        "phases": {s.phase: s.to_json() for s in summaries},
+        "warnings": list(result.warnings),
+    }
+    if exported is not None:
+        out["out"] = {"dir": str(exported.out_dir),
+                      "files": [str(p) for p in exported.files],
+                      "notes": list(exported.notes)}
+    return out
+
+
+def _analytic_params(config) -> dict | None:
+    """The analytic parameter counts of the captured config (None for families the
+    analytic model does not describe)."""
+    from zrt_core.analytic.flops import param_counts
+    from zrt_core.errors import ZrtError
+
+    try:
+        return param_counts(dict(config)).to_json()
+    except ZrtError:
+        return None
+
+
+def _print(result, summaries, exported, timings) -> None:
+    out = console()
+    rows = []
+    for s in summaries:
+        gap = "—" if s.gap is None else f"{s.gap:+.1%}"
+        if s.gap_flagged:
+            gap = f"[bold red]{gap} ![/]"
+        missing = ", ".join(s.missing_formulas)
+        rows.append((
+            s.phase, f"{s.ops:,}", _si(s.flops), _si(s.bytes, "B"),
+            "—" if s.capture_s is None else f"{s.capture_s:.2f}",
+            "—" if s.analytic_flops is None else _si(s.analytic_flops),
+            gap, f"[yellow]{missing}[/]" if missing else "",
+        ))
+    o = result.options
+    out.print(table(
+        f"{result.model} ({result.model_type}) · batch {o.batch} · seq {o.seq_len} · "
+        f"{o.dtype}" + (" · full depth" if o.full_depth else ""),
+        ("phase", "ops", "FLOPs", "bytes", "time s", "analytic", "gap", "missing formulas"),
+        rows, justify=("left", "right", "right", "right", "right", "right", "right", "left"),
+    ))
+    p = result.params
+    out.print(f"params {_si(p.total)} total, {_si(p.active)} active · "
+              f"built in {timings.get('build', 0.0):.2f}s · {result.source}")
+    if any(s.gap_flagged for s in summaries):
+        out.print(f"[bold red]![/] gap over {GAP_THRESHOLD:.0%} between captured and "
+                  "analytic FLOPs: the graph follows HF's reference code, not a production "
+                  "kernel; explain it or add a model patch")
+    for warning in result.warnings:
+        out.print(f"[dim]note: {warning}[/]")
+    if exported is not None:
+        out.print(f"wrote {len(exported.files)} files to {exported.out_dir}")
+        for note in exported.notes:
+            out.print(f"[dim]{note}[/]")
+
+
+def _si(value: float, unit: str = "") -> str:
+    """``5.01G``, ``1.20TB``: three significant figures with an SI prefix."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:,.3g}{prefix}{unit}"
+    return f"{value:,.0f}{unit}"
