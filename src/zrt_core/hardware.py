@@ -179,6 +179,8 @@ class Efficiency:
     :param matmul_k_overhead: a tile's fixed cost, in K elements, of its main loop.
     :param attention_tile_q: query rows per FlashAttention tile.
     :param attention_kv_overhead: a tile's fixed cost, in key positions, of its KV loop.
+    :param attention_d_overhead: softmax work per tile in head-dim units: attention runs at
+        ``attention`` × (d/(d + this)) / (128/(128 + this)) for head dim d; 0 ignores d.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -199,6 +201,7 @@ class Efficiency:
     matmul_k_overhead: int = 128
     attention_tile_q: int = 128
     attention_kv_overhead: int = 256
+    attention_d_overhead: int = 0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

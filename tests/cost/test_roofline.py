@@ -68,8 +68,10 @@ def test_no_wave_model_without_parallel_units():
 
 def test_fp8_gemm_runs_at_the_fp8_rate_and_efficiency(roofline):
     cost = roofline.price(mm_node(4096, 4096, 4096, dtype="float8_e4m3fn"))
-    # 2*4096^3 / (2e15 * 0.5 * 4096/4224) = 1.37438953472e-4 * 1.03125
-    assert cost.compute_s == pytest.approx(1.4173392077e-4, rel=1e-10)
+    # at twice the bf16 rate a tile's fixed cost is worth 2 * 128 = 256 K elements:
+    # 2*4096^3 / (2e15 * 0.5 * 4096/4352) = 1.37438953472e-4 * 1.0625
+    assert cost.detail["k_overhead"] == 256
+    assert cost.compute_s == pytest.approx(1.46028888064e-4, rel=1e-12)
     assert (cost.detail["compute"], cost.detail["efficiency"]) == ("fp8", 0.5)
 
 
@@ -208,3 +210,13 @@ def test_sliding_window_shortens_the_kv_loop(roofline, node):
     # keys per query min(p + 1, 256) for p < 1024: (256*257/2 + 256*768) / 1024 = 224.125
     assert cost.detail["visible_keys"] == 224.125
     assert cost.detail["kv_loop_efficiency"] == pytest.approx(224.125 / 352.125)
+
+
+def test_head_dim_factor_is_relative_to_head_dim_128(node):
+    roofline = RooflineBackend(make_toy(attention_d_overhead=40))
+    q64, q128 = tensor(2, 8, 1024, 64), tensor(2, 8, 1024, 128)
+    small = roofline.price(node("zrt.attention", "attention", [q64] * 3, [q64], flops=1))
+    base = roofline.price(node("zrt.attention", "attention", [q128] * 3, [q128], flops=1))
+    # (64/104) / (128/168) = 0.8076923...; head dim 128 is the reference: 1
+    assert small.detail["head_dim_factor"] == pytest.approx((64 / 104) / (128 / 168))
+    assert base.detail["head_dim_factor"] == 1.0

@@ -15,7 +15,9 @@ GEMM (category ``matmul``: mm, addmm, bmm, linear, _grouped_mm, fused matmuls)
         waves     = ⌈tiles · split / units⌉
         wave      = tiles · split / (waves · units)       idle SMs in the last wave
         padding   = m·n / (⌈m/tile_m⌉·tile_m · ⌈n/tile_n⌉·tile_n)   partial edge tiles
-        k_loop    = k_slice / (k_slice + k_overhead)      per-tile prologue and epilogue
+        k_loop    = k_slice / (k_slice + k_overhead · rate/rate_bf16)
+                    per-tile prologue and epilogue: a fixed time, so worth twice the K
+                    elements at fp8's twice-bf16 rate
         shape     = wave · padding · k_loop
         compute_s = FLOPs / (peak[dtype] · efficiency.matmul[dtype] · shape)
 
@@ -27,10 +29,13 @@ GEMM (category ``matmul``: mm, addmm, bmm, linear, _grouped_mm, fused matmuls)
 Attention (category ``attention``: fused SDPA / FlashAttention nodes)
     FLOPs from the node; bytes are the node's tensors once (Q, K, V, O; plus dO, dQ, dK,
     dV backward): FlashAttention's I/O, the s×s scores never reach HBM. Forward and
-    backward have their own efficiency; the shape factor is the KV loop
-    ``s/(s + kv_overhead)`` over the mean visible keys per query (halved by a causal
-    mask) times the wave loss over ``b · h · ⌈s_q / tile_q⌉`` tiles. Decode (``s_q ≤ 16``)
-    is priced without shape loss and is memory-bound on the KV cache.
+    backward have their own efficiency (set at head dim 128); the shape factor is the KV
+    loop ``s/(s + kv_overhead)`` over the mean visible keys per query (halved by a causal
+    mask, capped by a window), times the wave loss over ``b · h · ⌈s_q / tile_q⌉`` tiles
+    (key tiles backward), times the head-dim factor ``(d/(d + d0)) / (128/(128 + d0))``:
+    softmax work per tile does not shrink with d. With H100 numbers (0.66 / 0.58, 256,
+    d0 = 40) this reproduces FlashAttention-3's 24 published points to 5% RMS. Decode
+    (``s_q ≤ 16``) is priced without shape loss and is memory-bound on the KV cache.
 Everything else (norms, elementwise, softmax, reductions, optimizer, embedding, copies)
     compute at ``vector`` × the fp32 CUDA-core peak, bytes at ``memory`` × HBM bandwidth.
 Views and metadata ops (``zero_cost``) are free; collectives go to
@@ -95,6 +100,7 @@ class RooflineBackend:
         self._attention_eff = (eff.attention, eff.attention_backward
                                if eff.attention_backward is not None else eff.attention)
         self._rates: dict[str, tuple[str, float]] = {}
+        self._bf16_flops_per_s = hardware.compute.bf16_tflops * 1e12
 
     @classmethod
     def for_hardware(cls, hardware: HardwareSpec, host: PluginHost | None = None
@@ -151,7 +157,7 @@ class RooflineBackend:
         if bytes_from != "node":
             detail["bytes_from"] = bytes_from
         if dims is not None:
-            shape, parts = self.gemm_shape_efficiency(dims)
+            shape, parts = self.gemm_shape_efficiency(dims, peak / self._bf16_flops_per_s)
             detail.update(parts)
             rule = "grouped_gemm" if dims.grouped else "gemm"
         else:
@@ -160,16 +166,21 @@ class RooflineBackend:
         return self._finish(rule, compute_s, nbytes / self.hbm_bytes_per_s, self.gemm_fixed_s,
                             detail)
 
-    def gemm_shape_efficiency(self, dims: GemmDims) -> tuple[float, dict[str, Any]]:
-        """The wave × padding × K-loop factor of the derivation in the module docstring."""
+    def gemm_shape_efficiency(self, dims: GemmDims, rate_vs_bf16: float = 1.0
+                              ) -> tuple[float, dict[str, Any]]:
+        """The wave × padding × K-loop factor of the derivation in the module docstring.
+
+        :param rate_vs_bf16: the dtype's peak over bf16's: a tile's fixed cost is time, so
+            at twice the rate (fp8) it is worth twice the K elements.
+        """
         eff = self.eff
-        tm, tn, units, k0 = eff.matmul_tile_m, eff.matmul_tile_n, eff.parallel_units, \
-            eff.matmul_k_overhead
+        tm, tn, units = eff.matmul_tile_m, eff.matmul_tile_n, eff.parallel_units
+        k0 = eff.matmul_k_overhead * rate_vs_bf16
         rows, cols = math.ceil(dims.m / tm), math.ceil(dims.n / tn)
         tiles = dims.batch * rows * cols
         split = 1
         if units and tiles < units:
-            split = max(1, min(units // tiles, dims.k // k0))
+            split = max(1, min(units // tiles, int(dims.k // k0)))
         if units:
             waves = math.ceil(tiles * split / units)
             wave = tiles * split / (waves * units)
@@ -182,7 +193,8 @@ class RooflineBackend:
         return shape, {"m": dims.m, "n": dims.n, "k": dims.k, "batch": dims.batch,
                        "tiles": tiles, "split_k": split, "waves": waves,
                        "wave_efficiency": wave, "padding_efficiency": padding,
-                       "k_loop_efficiency": k_loop, "shape_efficiency": shape}
+                       "k_overhead": k0, "k_loop_efficiency": k_loop,
+                       "shape_efficiency": shape}
 
     def attention(self, node: OpNode) -> NodeCost:
         dims = attention_dims(node)
@@ -210,7 +222,7 @@ class RooflineBackend:
             rule = "flash_attention_bwd" if backward else "flash_attention_fwd"
             shape, parts = self.attention_shape_efficiency(dims, backward)
             detail.update(parts)
-        compute_s = flops / (peak * efficiency * shape) if flops else 0.0
+        compute_s = flops / (peak * min(1.0, efficiency * shape)) if flops else 0.0
         return self._finish(rule, compute_s, nbytes / self.hbm_bytes_per_s, self.launch_s,
                             detail)
 
@@ -229,12 +241,16 @@ class RooflineBackend:
             wave = tiles / (waves * units)
         else:
             waves, wave = 1, 1.0
-        shape = kv_loop * wave
+        # Softmax work per tile does not shrink with the head dim, the matmuls do: relative
+        # to head dim 128 (where ``attention`` is set), d/(d + d0) over 128/(128 + d0).
+        d0 = eff.attention_d_overhead
+        head = (dims.d / (dims.d + d0)) / (128 / (128 + d0)) if d0 else 1.0
+        shape = kv_loop * wave * head
         return shape, {"b": dims.b, "h": dims.h, "h_kv": dims.h_kv, "s_q": dims.s_q,
                        "s_kv": dims.s_kv, "d": dims.d, "causal": dims.causal,
                        "visible_keys": visible, "kv_loop_efficiency": kv_loop,
                        "tiles": tiles, "waves": waves, "wave_efficiency": wave,
-                       "shape_efficiency": shape}
+                       "head_dim_factor": head, "shape_efficiency": shape}
 
     def memory_bound(self, node: OpNode) -> NodeCost:
         nbytes, bytes_from = _node_bytes(node)

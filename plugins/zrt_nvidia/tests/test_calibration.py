@@ -1,0 +1,172 @@
+"""The shipped efficiency settings against published measurements (docs/cost-model.md).
+
+The roofline alone (no measured table) must reproduce the tables this pack ships, and a
+GEMM-heavy GPT layer on A100 built op by op must land near Korthikanti et al.'s timing.
+Bounds are the fit quality stated in the YAML comments plus a margin: a change to the
+model or the settings that makes them worse fails here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from zrt_core.cost.measured import MeasuredRow
+from zrt_core.cost.pricing import price_graph
+from zrt_core.cost.roofline import RooflineBackend
+from zrt_core.ir.graph import Category, OpGraph, OpNode, TensorMeta
+from zrt_core.plugins import get_plugin_manager
+
+
+@pytest.fixture(scope="module")
+def host():
+    return get_plugin_manager()
+
+
+def _node_for(row: MeasuredRow) -> OpNode:
+    """The graph node a table row measured."""
+    s = row.shape
+    if row.op in ("gemm", "grouped_gemm"):
+        b, m, n, k = s["b"], s["m"], s["n"], s["k"]
+        if row.op == "grouped_gemm":
+            a, w, out = (TensorMeta((b * m, k), row.dtype),
+                         TensorMeta((b, k, n), row.dtype, param="w"),
+                         TensorMeta((b * m, n), "bfloat16"))
+            op = "aten._grouped_mm.default"
+        elif b > 1:
+            a, w, out = (TensorMeta((b, m, k), row.dtype), TensorMeta((b, k, n), row.dtype),
+                         TensorMeta((b, m, n), "bfloat16"))
+            op = "aten.bmm.default"
+        else:
+            a, w, out = (TensorMeta((m, k), row.dtype), TensorMeta((k, n), row.dtype, param="w"),
+                         TensorMeta((m, n), "bfloat16"))
+            op = "aten.mm.default"
+        return OpNode(id=1, op=op, category="matmul", phase="prefill", inputs=[a, w],
+                      outputs=[out], flops=int(row.flops), bytes_read=a.nbytes + w.nbytes,
+                      bytes_written=out.nbytes, formula=op)
+    q = TensorMeta((s["b"], s["h"], s["s_q"], s["d"]), row.dtype)
+    backward = row.op == "attention_bwd"
+    ins, outs = ([q] * 5, [q] * 3) if backward else ([q] * 3, [q])
+    return OpNode(id=1, op="zrt.attention_backward" if backward else "zrt.attention",
+                  category="attention", phase="train_backward" if backward else "prefill",
+                  inputs=ins, outputs=outs, flops=int(row.flops),
+                  bytes_read=sum(t.nbytes for t in ins), bytes_written=sum(t.nbytes for t in outs),
+                  formula="zrt.attention", attrs={"is_causal": s["causal"]})
+
+
+def _log_errors(host, hardware_id: str, table: str, keep=lambda r: True) -> list[float]:
+    roofline = RooflineBackend(host.hardware_spec(hardware_id))
+    rows = next(t for t in host.measured_tables if t.name == table).load()
+    return [math.log(roofline.price(_node_for(r)).time_s / r.time_s) for r in rows if keep(r)]
+
+
+def _rms(errors: list[float]) -> float:
+    return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+
+def test_h100_gemm_roofline_reproduces_openxla(host):
+    table = "nvidia_h100_sxm/gemm_bf16_openxla"
+    # fitted: 9.4% RMS over 192 shapes, 2% on GEMMs of 20 GFLOP and more
+    assert _rms(_log_errors(host, "nvidia_h100_sxm", table)) < 0.11
+    assert _rms(_log_errors(host, "nvidia_h100_sxm", table, lambda r: r.flops >= 2e10)) < 0.04
+
+
+def test_h100_attention_roofline_reproduces_flashattention3(host):
+    # fitted: 5.2% RMS over 24 forward and backward points
+    assert _rms(_log_errors(host, "nvidia_h100_sxm", "nvidia_h100_sxm/attention_fa3")) < 0.07
+
+
+def test_h800_fp8_gemm_roofline_against_deepgemm(host):
+    # 20% RMS: DeepGEMM times are kernel-only (no launch) and its K=512 shapes run slower
+    # than any per-class setting can follow; the measured table prices those shapes exactly
+    assert _rms(_log_errors(host, "nvidia_h800", "nvidia_h800/gemm_fp8_deepgemm")) < 0.22
+
+
+# -- Korthikanti et al. 2022, Table 4: one GPT-22B layer on a DGX A100 -----------------------
+
+
+def _gpt_layer(b: int = 4, s: int = 2048, h: int = 6144, heads: int = 64, ffn: int = 24576,
+               tp: int = 8) -> tuple[list[OpNode], list[OpNode]]:
+    """Megatron-LM's layer (2022: no FlashAttention) per TP rank, forward and backward."""
+    tokens, hp, d, fp = b * s, heads // tp, h // heads, ffn // tp
+    ids = iter(range(1, 1000))
+
+    def t(*shape: int, dtype: str = "bfloat16") -> TensorMeta:
+        return TensorMeta(shape, dtype)
+
+    def node(op, category, ins, outs, flops, phase, **attrs):
+        return OpNode(id=next(ids), op=op, category=category, phase=phase, inputs=ins,
+                      outputs=outs, flops=flops, bytes_read=sum(x.nbytes for x in ins),
+                      bytes_written=sum(x.nbytes for x in outs), formula=op, attrs=attrs)
+
+    def mm(m, k, n, phase):
+        return node("aten.mm.default", Category.MATMUL, [t(m, k), t(k, n)], [t(m, n)],
+                    2 * m * n * k, phase)
+
+    def bmm(batch, m, k, n, phase):
+        return node("aten.bmm.default", Category.MATMUL, [t(batch, m, k), t(batch, k, n)],
+                    [t(batch, m, n)], 2 * batch * m * n * k, phase)
+
+    act, scores, mask = t(tokens, h), t(b * hp, s, s), t(b * hp, s, s, dtype="bool")
+    all_reduce = {"collective": "all_reduce", "group": "tp", "group_size": tp, "span": tp,
+                  "bytes": act.nbytes}
+    fwd_phase, bwd_phase = "train_forward", "train_backward"
+    fwd = [
+        node("aten.layer_norm", Category.NORM, [act], [act], 8 * tokens * h, fwd_phase),
+        mm(tokens, h, 3 * h // tp, fwd_phase),
+        bmm(b * hp, s, d, s, fwd_phase),                                      # QK^T
+        node("fused.scale_mask_softmax", Category.SOFTMAX, [scores], [scores],
+             5 * b * hp * s * s, fwd_phase),
+        node("aten.dropout", Category.ELEMENTWISE, [scores], [scores, mask], 0, fwd_phase),
+        bmm(b * hp, s, s, d, fwd_phase),                                      # PV
+        mm(tokens, h // tp, h, fwd_phase),
+        node("comm.all_reduce", Category.COLLECTIVE, [act], [act], 0, fwd_phase, **all_reduce),
+        node("fused.bias_dropout_add", Category.ELEMENTWISE, [act, act],
+             [act, t(tokens, h, dtype="bool")], 0, fwd_phase),
+        node("aten.layer_norm", Category.NORM, [act], [act], 8 * tokens * h, fwd_phase),
+        mm(tokens, h, fp, fwd_phase),
+        node("fused.bias_gelu", Category.ELEMENTWISE, [t(tokens, fp)], [t(tokens, fp)],
+             8 * tokens * fp, fwd_phase),
+        mm(tokens, fp, h, fwd_phase),
+        node("comm.all_reduce", Category.COLLECTIVE, [act], [act], 0, fwd_phase, **all_reduce),
+        node("fused.bias_dropout_add", Category.ELEMENTWISE, [act, act],
+             [act, t(tokens, h, dtype="bool")], 0, fwd_phase),
+    ]
+    bwd = [
+        node("fused.bias_dropout_add_bwd", Category.ELEMENTWISE,
+             [act, t(tokens, h, dtype="bool")], [act], 0, bwd_phase),
+        mm(tokens, h, fp, bwd_phase), mm(fp, tokens, h, bwd_phase),          # fc2 dgrad, wgrad
+        node("fused.bias_gelu_bwd", Category.ELEMENTWISE, [t(tokens, fp), t(tokens, fp)],
+             [t(tokens, fp)], 16 * tokens * fp, bwd_phase),
+        mm(tokens, fp, h, bwd_phase), mm(h, tokens, fp, bwd_phase),          # fc1 dgrad, wgrad
+        node("comm.all_reduce", Category.COLLECTIVE, [act], [act], 0, bwd_phase, **all_reduce),
+        node("aten.layer_norm_backward", Category.NORM, [act, act], [act], 16 * tokens * h,
+             bwd_phase),
+        node("fused.bias_dropout_add_bwd", Category.ELEMENTWISE,
+             [act, t(tokens, h, dtype="bool")], [act], 0, bwd_phase),
+        mm(tokens, h, h // tp, bwd_phase), mm(h, tokens, h // tp, bwd_phase),  # proj
+        bmm(b * hp, s, d, s, bwd_phase), bmm(b * hp, s, s, d, bwd_phase),    # dP, dV
+        node("aten.dropout_backward", Category.ELEMENTWISE, [scores, mask], [scores], 0,
+             bwd_phase),
+        node("fused.scale_mask_softmax_bwd", Category.SOFTMAX, [scores, scores], [scores],
+             4 * b * hp * s * s, bwd_phase),
+        bmm(b * hp, s, s, d, bwd_phase), bmm(b * hp, s, s, d, bwd_phase),    # dQ, dK
+        mm(tokens, 3 * h // tp, h, bwd_phase), mm(h, tokens, 3 * h // tp, bwd_phase),  # qkv
+        node("comm.all_reduce", Category.COLLECTIVE, [act], [act], 0, bwd_phase, **all_reduce),
+        node("aten.layer_norm_backward", Category.NORM, [act, act], [act], 16 * tokens * h,
+             bwd_phase),
+    ]
+    return fwd, bwd
+
+
+def test_gpt22b_layer_on_a100_lands_near_korthikanti(host):
+    a100 = host.hardware_spec("nvidia_a100_sxm_80g")
+    fwd, bwd = _gpt_layer()
+    fwd_s = price_graph(OpGraph(phase="train_forward", nodes=fwd), a100, host).total_time_s
+    bwd_s = price_graph(OpGraph(phase="train_backward", nodes=bwd), a100, host).total_time_s
+    # measured 7.7 ms forward, 11.9 ms backward per layer (no recompute, no sequence
+    # parallelism); the roofline gives 6.9 and 10.9: the hand-built graph lacks Megatron's
+    # small copies and the kernel gaps of a real step
+    assert fwd_s == pytest.approx(7.7e-3, rel=0.15)
+    assert bwd_s == pytest.approx(11.9e-3, rel=0.15)
