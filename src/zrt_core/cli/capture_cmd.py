@@ -57,7 +57,7 @@ def register(sub) -> None:
         "capture", help="capture each phase's operator graph from a model config",
         description="Build the model from its config on fake tensors (no weights, no GPU), "
         "record every operator of each phase, and compare the FLOPs with the analytic "
-        "count (a gap over 10%% is flagged).")
+        "count (a gap over 10% is flagged).")
     p.add_argument("model", metavar="MODEL",
                    help="bundled name (zrt models), config.json or its directory, or a "
                         "HuggingFace id in the local cache")
@@ -172,8 +172,12 @@ def _print(result, summaries, exported, timings) -> None:
         rows, justify=("left", "right", "right", "right", "right", "right", "right", "left"),
     ))
     p = result.params
-    out.print(f"params {_si(p.total)} total, {_si(p.active)} active · "
-              f"built in {timings.get('build', 0.0):.2f}s · {result.source}")
+    analytic = _analytic_params(result.config)
+    differs = analytic is not None and abs(p.total - analytic["total"]) > 0.005 * p.total
+    out.print(f"params {_count(p.total)} total, {_count(p.active)} active"
+              + (f" (analytic {_count(analytic['total'])} total, "
+                 f"{_count(analytic['active'])} active)" if differs else "")
+              + f" · built in {timings.get('build', 0.0):.2f}s · {result.source}")
     if any(s.gap_flagged for s in summaries):
         out.print(f"[bold red]![/] gap over {GAP_THRESHOLD:.0%} between captured and "
                   "analytic FLOPs: the graph follows HF's reference code, not a production "
@@ -192,3 +196,11 @@ def _si(value: float, unit: str = "") -> str:
         if abs(value) >= factor:
             return f"{value / factor:,.3g}{prefix}{unit}"
     return f"{value:,.0f}{unit}"
+
+
+def _count(value: float) -> str:
+    """Parameter counts the way model cards write them: ``30.5B``, ``124M``."""
+    for factor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= factor:
+            return f"{value / factor:,.3g}{suffix}"
+    return f"{value:,.0f}"
