@@ -15,7 +15,7 @@ from zrt_core.cost.backend import PriceSource
 from zrt_core.cost.measured import MAX_DISTANCE, MeasuredBackend, MeasuredTable, load_csv
 from zrt_core.errors import SpecError
 
-from .conftest import mm_node, op_node, tensor
+from .builders import mm_node, op_node, tensor
 
 HEADER = "hardware_id,op,dtype,b,m,n,k,h,h_kv,s_q,s_kv,d,causal,flops,bytes,time_us,source\n"
 # 2048^3 GEMM: F = 17179869184, bytes 3*2048^2*2 = 25165824; peak roofline

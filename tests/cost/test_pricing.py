@@ -13,7 +13,7 @@ from zrt_core.cost.roofline import RooflineBackend
 from zrt_core.ir.graph import LayerTemplate, OpGraph
 from zrt_core.plugins import get_plugin_manager
 
-from .conftest import mm_node, op_node, tensor
+from .builders import mm_node, op_node, tensor
 
 
 class FixedBackend:

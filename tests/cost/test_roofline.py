@@ -14,7 +14,7 @@ from zrt_core.cost.errors import CostError
 from zrt_core.cost.roofline import RooflineBackend
 from zrt_core.hardware import ComputeSpec
 
-from .conftest import make_toy, mm_node, tensor
+from .builders import make_toy, mm_node, tensor
 
 
 @pytest.fixture
