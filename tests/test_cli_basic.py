@@ -156,3 +156,13 @@ def test_the_real_process_exits_2_without_a_traceback(install_distribution):
     assert proc.stdout == ""
     assert proc.stderr.startswith("zrt: error: plugin entry point 'broken'")
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_hw_list_with_no_pack_says_how_to_get_one(capsys, monkeypatch):
+    monkeypatch.setenv("ZRT_DISABLE_PLUGIN_AUTOLOAD", "1")
+    code, out, _err = _run(capsys, "hw", "list")
+    assert code == 0
+    assert out == ("no hardware installed: install a hardware pack, e.g. "
+                   "`pip install -e plugins/zrt_nvidia` (see README.md)\n")
+    code, out, _err = _run(capsys, "hw", "list", "--json")
+    assert json.loads(out) == {"hardware": []}

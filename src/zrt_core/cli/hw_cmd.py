@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from zrt_core.cli._output import add_json_flag, console, print_json, table
 
 
@@ -28,6 +30,10 @@ def run_list(args) -> int:
             {**spec_summary(s), "distribution": host.hardware.distribution_of(s.id)}
             for s in specs
         ]})
+        return 0
+    if not specs:
+        sys.stdout.write("no hardware installed: install a hardware pack, e.g. "
+                         "`pip install -e plugins/zrt_nvidia` (see README.md)\n")
         return 0
     rows = [
         (s.id, s.name, f"{s.compute.bf16_tflops:g}", _opt(s.compute.fp8_tflops),
