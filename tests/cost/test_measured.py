@@ -180,3 +180,8 @@ def test_op_node_helper_counts_bytes_once():
     x = tensor(2, 2)
     n = op_node("aten.add.Tensor", "elementwise", [x, x], [x])
     assert (n.bytes_read, n.bytes_written) == (16, 8)
+
+
+def test_weight_only_quantised_gemm_is_left_to_the_roofline(backend):
+    # bf16 x int4 moves a quarter of the weight bytes of the bf16 row with the same shape
+    assert backend.price(mm_node(2048, 2048, 2048, weight_dtype="int4")) is None

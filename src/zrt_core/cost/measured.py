@@ -54,6 +54,7 @@ from zrt_core.cost.opdims import (
     attention_dims,
     gemm_compute_dtype,
     gemm_dims,
+    gemm_operand_dtypes,
     is_backward,
 )
 from zrt_core.errors import SpecError
@@ -300,6 +301,8 @@ def node_key(node: OpNode) -> NodeKey | None:
         dims = gemm_dims(node)
         if dims is None:
             return None
+        if len(set(gemm_operand_dtypes(node))) > 1:
+            return None  # weight-only quantised: its bytes are not a table row's
         op = "grouped_gemm" if dims.grouped else "gemm"
         dtype = gemm_compute_dtype(node)
         return NodeKey(op, dtype, (dims.batch, dims.m, dims.n, dims.k),

@@ -102,20 +102,24 @@ def _left_operand(node: OpNode, base: str):
     return tensors[0] if tensors else None
 
 
+def gemm_operand_dtypes(node: OpNode) -> tuple[str, ...]:
+    """The dtypes of a GEMM's two operands (a bias or accumulator input skipped)."""
+    operands = [t for t in node.inputs if t.shape and len(t.shape) >= 2]
+    if op_base(node.op) in _ACCUMULATE_FIRST and len(operands) > 2:
+        operands = operands[1:]
+    return tuple(t.dtype for t in operands[:2])
+
+
 def gemm_compute_dtype(node: OpNode) -> str:
     """The dtype whose tensor-core rate a GEMM runs at: the wider of its two operands.
 
     A weight-only quantised GEMM (bf16 activations × int4 weights) runs at the bf16 rate —
     the narrow weights are dequantised in registers — while fp8 × fp8 runs at the fp8 rate.
     """
-    base = op_base(node.op)
-    operands = [t for t in node.inputs if t.shape and len(t.shape) >= 2]
-    if base in _ACCUMULATE_FIRST and len(operands) > 2:
-        operands = operands[1:]
-    operands = operands[:2]
-    if not operands:
+    dtypes = gemm_operand_dtypes(node)
+    if not dtypes:
         return node.outputs[0].dtype if node.outputs else "bfloat16"
-    return max(operands, key=lambda t: DTYPE_BYTES.get(t.dtype, 2)).dtype
+    return max(dtypes, key=lambda d: DTYPE_BYTES.get(d, 2))
 
 
 @frozen
