@@ -144,9 +144,11 @@ def test_out_dir_and_table(tmp_path, capsys):
     assert (out_dir / "prefill.ops.csv").read_text().startswith("id,op,category")
 
 
-def test_mla_decode_gap_is_flagged(tmp_path, capsys):
+def test_mla_decode_gap_is_flagged(tmp_path, capsys, monkeypatch):
     """HF's DeepSeek decode re-expands the whole latent cache through kv_b_proj; the
-    analytic count is the absorbed production kernel, so the gap is reported."""
+    analytic count is the absorbed production kernel, so the gap is reported (with the
+    zrt_deepseek plugin disabled: it rewrites decode into the absorbed kernel)."""
+    monkeypatch.setenv("ZRT_DISABLE_PLUGINS", "zrt_deepseek")
     d = _config_dir(tmp_path, TINY_MLA, name="mla")
     assert main(["capture", str(d), "--seq-len", "64", "--phases", "prefill,decode",
                  "--json"]) == 0
