@@ -226,9 +226,14 @@ def test_mla_decode_uses_absorbed_dims():
 def test_dsa_sparse_attention_and_indexer():
     cfg = FAMILIES["deepseek_v32"]  # top-4 keys; indexer 2 heads × 8
     f = prefill_flops(cfg, batch=1, seq_len=6)
-    # main: keys min(i, 4) for i = 1..6 → 1+2+3+4+4+4 = 18; 2·4·18·20 = 2,880 per layer
+    # main, longer than top-k so MLA's absorbed form: keys min(i, 4) for i = 1..6
+    # → 1+2+3+4+4+4 = 18; 2·4·18·((16 + 4) + 16) = 5,184 per layer
     # indexer: all 21 causal keys · 2·2·(8 + 1) = 756 per layer
-    assert f.attention == 2 * (2_880 + 756)
+    assert f.attention == 2 * (5_184 + 756)
+    short = prefill_flops(cfg, batch=1, seq_len=4)
+    # no longer than top-k: dense masked MHA, 10 causal keys · 2·4·(12 + 8) = 1,600;
+    # indexer 10 · 2·2·9 = 360
+    assert short.attention == 2 * (1_600 + 360)
 
 
 def test_llama4_chunked_and_moe_interleave():

@@ -55,9 +55,10 @@ class AttentionSpec:
         attention), or None.
     :param indexer_heads: heads of the lightning indexer that scores every key for the
         top-k selection (0 without one); ``indexer_dim`` their width.
-    :param decode_qk_dim: width of ``QKᵀ`` when decoding with absorbed MLA weights
-        (``kv_lora_rank + qk_rope_head_dim``); 0 for ordinary attention.
-    :param decode_v_dim: width of ``AV`` when decoding with absorbed MLA (``kv_lora_rank``).
+    :param decode_qk_dim: width of ``QKᵀ`` with absorbed MLA weights
+        (``kv_lora_rank + qk_rope_head_dim``): every decode step, and DeepSeek sparse
+        attention over sequences longer than ``sparse_topk``; 0 for ordinary attention.
+    :param decode_v_dim: width of ``AV`` with absorbed MLA (``kv_lora_rank``).
     """
 
     heads: int

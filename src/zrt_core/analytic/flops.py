@@ -22,6 +22,9 @@ Keys per query ``n`` (query ``i`` = 1..S, causal):
     chunked (Llama 4) chunk C ``n = ((i−1) mod C) + 1``
     DeepSeek sparse attention top-k K ``n = min(i, K)``, plus the lightning indexer that
     scores every earlier key: 2·H_idx·d_idx·i for its ``q·k`` and 2·H_idx·i to weight heads.
+    DSA runs in MLA's absorbed (MQA) form (d_qk = kv_lora_rank + qk_rope_head_dim,
+    d_v = kv_lora_rank: FlashMLA's sparse kernels; DeepSeek-V3.2 report §2) once a
+    sequence is longer than K; shorter prompts are dense either way and run masked MHA.
 
 Phases (what production engines run):
     prefill     B·S tokens, causal, logits for the last position of each sequence only.
@@ -154,7 +157,10 @@ def _attention_prefill(a: AttentionSpec, seq_len: int) -> int:
     """Attention FLOPs of one causal sequence of ``seq_len`` queries in one layer."""
     limit = a.sparse_topk if a.sparse_topk else a.window
     keys = causal_keys(seq_len, window=limit, chunk=a.chunk)
-    flops = 2 * a.heads * keys * (a.qk_dim + a.v_dim)
+    qk, v = a.qk_dim, a.v_dim
+    if a.sparse_topk and a.decode_qk_dim and seq_len > a.sparse_topk:
+        qk, v = a.decode_qk_dim, a.decode_v_dim  # DSA in MLA's MQA form (docstring)
+    flops = 2 * a.heads * keys * (qk + v)
     if a.indexer_heads:
         all_keys = causal_keys(seq_len)
         flops += 2 * a.indexer_heads * all_keys * (a.indexer_dim + 1)
