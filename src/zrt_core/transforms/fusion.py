@@ -893,6 +893,8 @@ class _Engine:
 
     def try_fuse(self, pack: FusionRulePack, rule: FusionRule, path: str, cls: str,
                  units: list[_Unit], scope_set: set[int]) -> bool:
+        if not self.satisfies(rule, units):
+            return False
         members: set[int] = set()
         for u in units:
             members.update(u.positions)
