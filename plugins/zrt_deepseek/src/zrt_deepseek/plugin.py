@@ -3,7 +3,9 @@
 Contributes DeepSeek's production attention to capture: model patches
 (``zrt_model_patches``) that rewrite transformers' reference attention into the kernels
 engines run, the FLOP/byte formulas of those kernels (``zrt_op_formulas``) and DeepSeek
-configs the core does not bundle (``zrt_model_configs``).
+configs the core does not bundle (``zrt_model_configs``). Kernel selection per platform
+(CUDA names at capture, the Ascend DSA kernels for Ascend hardware) is the transform
+:class:`zrt_deepseek.kernels.PlatformKernels`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ def _mla_applies(config: Any) -> bool:
     return applies_to(config)
 
 
+def _v4_context(config: Any, options: Any) -> Any:
+    from zrt_deepseek.v4 import v4_context
+
+    return v4_context(config, options)
+
+
+def _v4_applies(config: Any) -> bool:
+    from zrt_deepseek.v4 import applies_to
+
+    return applies_to(config)
+
+
 @hookimpl
 def zrt_model_patches() -> list[Any]:
     from zrt_core.capture.patches import ModelPatch
@@ -36,6 +50,11 @@ def zrt_model_patches() -> list[Any]:
                         "the 576-wide latent cache (deepseek.mla_attention); prefill and "
                         "training expand K/V; V3.2 adds deepseek.lightning_indexer and "
                         "top-k sparse attention"),
+        ModelPatch(
+            name="deepseek.v4_attention", applies_to=_v4_applies, context=_v4_context,
+            description="DeepSeek-V4 sliding/CSA/HCA attention as one sparse kernel "
+                        "(deepseek.sparse_attention over window + compressed entries; the "
+                        "CSA indexer as deepseek.lightning_indexer); no block masks"),
     ]
 
 
@@ -44,3 +63,13 @@ def zrt_op_formulas() -> list[Any]:
     from zrt_deepseek.formulas import deepseek_formulas
 
     return deepseek_formulas()
+
+
+@hookimpl
+def zrt_model_configs() -> list[Any]:
+    """DeepSeek checkpoints with V3's architecture that the core does not bundle."""
+    from pathlib import Path
+
+    from zrt_core.models import load_bundled
+
+    return load_bundled(Path(__file__).parent / "models.yaml")
