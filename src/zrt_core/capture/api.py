@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from attrs import field, frozen
@@ -74,7 +74,8 @@ class CaptureResult:
     :param flops_checks: captured against analytic FLOPs per phase, where the analytic
         front-end knows the family.
     :param warnings: ops without formulas, FLOPs gaps over 10%, notes on the model.
-    :param config: the config mapping that was captured.
+    :param config: the config mapping that was captured (the user's keys, the family's
+        defaults for what they left out; the language model's part of a multimodal config).
     """
 
     model: str
@@ -146,12 +147,13 @@ def capture(
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
-    name, source, hf_config = _resolve(model, host)
-    return _Capture(name, source, hf_config, options, host).run()
+    with _quiet_libraries():
+        name, source, raw_config, hf_config = _resolve(model, host)
+        return _Capture(name, source, raw_config, hf_config, options, host).run()
 
 
-def _resolve(model: Any, host: PluginHost) -> tuple[str, str, Any]:
-    """``(name, source, transformers config)`` of what the user passed."""
+def _resolve(model: Any, host: PluginHost) -> tuple[str, str, dict[str, Any], Any]:
+    """``(name, source, config mapping, transformers config)`` of what the user passed."""
     from zrt_core.capture.sources import resolve_model, transformers_config
 
     if hasattr(model, "to_dict") and hasattr(model, "model_type"):  # a PretrainedConfig
@@ -163,16 +165,17 @@ def _resolve(model: Any, host: PluginHost) -> tuple[str, str, Any]:
         resolved = resolve_model(model, host)
         source = resolved.source
     config = transformers_config(resolved.config, where=resolved.name)
-    return resolved.name, source, config
+    return resolved.name, source, dict(resolved.config), config
 
 
 class _Capture:
     """One capture run: patches → build → templates → phases → graphs."""
 
-    def __init__(self, name: str, source: str, config: Any, options: CaptureOptions,
-                 host: PluginHost) -> None:
+    def __init__(self, name: str, source: str, raw_config: dict[str, Any], config: Any,
+                 options: CaptureOptions, host: PluginHost) -> None:
         self.name = name
         self.source = source
+        self.raw_config = raw_config
         self.options = options
         self.host = host
         self.outer_config = config
@@ -191,7 +194,12 @@ class _Capture:
         config, note = build.text_config_of(self.outer_config)
         if note:
             self.warnings.append(note)
-        config_dict = dict(build.config_mapping(config))
+        # the user's keys win (transformers renames some, e.g. num_experts →
+        # num_local_experts); the built config's defaults fill in the rest
+        raw = self.raw_config
+        if config is not self.outer_config and isinstance(raw.get("text_config"), Mapping):
+            raw = dict(raw["text_config"])
+        config_dict = {**build.config_mapping(config), **raw}
         model_type = str(getattr(config, "model_type", ""))
         dims = self._dims(config_dict)
         num_experts = dims.experts if dims is not None else 0
@@ -217,7 +225,8 @@ class _Capture:
             else:
                 kinds = templates.group_layers(list(layer_list),
                                                getattr(config, "layer_types", None),
-                                               num_experts)
+                                               num_experts,
+                                               getattr(config, "mlp_layer_types", None))
             graph_templates = self._graph_templates(kinds)
 
             names = {m: (n, type(m).__name__) for n, m in model.named_modules()}
@@ -321,3 +330,23 @@ class _Capture:
                     f"{check.analytic:.4g} by {gap:+.1%} (the graph follows HF's reference "
                     "code; a model patch may be needed to match production kernels)")
         return checks
+
+
+@contextlib.contextmanager
+def _quiet_libraries() -> Iterator[None]:
+    """Silence library logging while capturing: FakeTensorMode logs a traceback for every
+    failed meta kernel, transformers warns about config fields; zrt reports one line."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    verbosity = hf_logging.get_verbosity()
+    fake_log.setLevel(logging.CRITICAL)
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        fake_log.setLevel(level)
+        hf_logging.set_verbosity(verbosity)

@@ -89,3 +89,36 @@ def _sub_configs(config: Any) -> list[Any]:
         if sub is not None and hasattr(sub, "_attn_implementation_internal"):
             out.append(sub)
     return out
+
+
+# Families whose model code reads the attention mask itself (DeepSeek V3.2's lightning
+# indexer masks its scores with it), so a mask must exist under the zrt implementation.
+MASKED_TYPES = ("deepseek_v32", "glm_moe_dsa")
+
+
+def _materialised_mask(*args: Any, **kwargs: Any) -> Any:
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def zrt_mask_context(_config: Any, _options: Any) -> Iterator[None]:
+    """Have transformers build boolean causal masks for :data:`ATTN_NAME` while open.
+
+    ``zrt.attention`` does not read them (its structure is explicit); model code that
+    does (the V3.2 indexer) gets the mask HF's SDPA path would build.
+    """
+    from transformers.masking_utils import AttentionMaskInterface
+
+    mapping = AttentionMaskInterface._global_mapping
+    previous = mapping.get(ATTN_NAME)
+    mapping[ATTN_NAME] = _materialised_mask
+    try:
+        yield
+    finally:
+        if previous is None:
+            mapping.pop(ATTN_NAME, None)
+        else:
+            mapping[ATTN_NAME] = previous

@@ -40,6 +40,18 @@ def _has_experts(config: Any) -> bool:
     return uses_experts_interface(config)
 
 
+def _needs_mask(config: Any) -> bool:
+    from zrt_core.capture.attention import MASKED_TYPES
+
+    return getattr(config, "model_type", "") in MASKED_TYPES
+
+
+def _mask_context(config: Any, options: Any) -> AbstractContextManager[Any]:
+    from zrt_core.capture.attention import zrt_mask_context
+
+    return zrt_mask_context(config, options)
+
+
 def _attention_context(config: Any, options: Any) -> AbstractContextManager[Any]:
     from zrt_core.capture.attention import zrt_attention_context
 
@@ -65,6 +77,10 @@ def core_patches() -> list[ModelPatch]:
             name="zrt.attention", applies_to=_always, context=_attention_context,
             description="every attention call becomes one zrt.attention node (causal, "
                         "window, chunk, sinks, sparse indices as arguments; no mask tensors)"),
+        ModelPatch(
+            name="zrt.attention_mask", applies_to=_needs_mask, context=_mask_context,
+            description="materialise causal masks for model code that reads them (the "
+                        "DeepSeek V3.2 indexer); zrt.attention itself ignores them"),
         ModelPatch(
             name="zrt.balanced_experts", applies_to=_has_experts, context=_experts_context,
             description="MoE experts through dispatch → grouped GEMMs → combine under "

@@ -23,6 +23,8 @@ from zrt_core.capture.build import is_routed_experts
 
 _INDEX_ATTR = re.compile(r"(^|_)(layer_?idx|layer_?id|layer_?number|layer_?index|idx|index)$")
 _SCALARS = (bool, int, float, str, type(None))
+# config mlp_layer_types spellings → kind names (DeepSeek V3.2 says "sparse" for MoE)
+_MLP_TYPE_NAMES = {"sparse": "moe"}
 _FFN_CLASS = re.compile(r"(MLP|Mlp|FeedForward|FFN|Ffn)")
 _MOE_CLASS = re.compile(r"(Experts$|SparseMoe|MoeBlock|MoEBlock|MoELayer|MoeLayer|Moe$|MoE$)")
 
@@ -85,9 +87,16 @@ def layer_signature(layer: Any, layer_type: Any = None) -> tuple:
 
 
 def _attention_part(layer: Any, layer_type: Any) -> str | None:
+    """The mixer kind: ``mamba`` for a Mamba mixer, the layer's own ``block_type``
+    (Nemotron-H), else the config's ``layer_types`` entry."""
+    if any("Mamba" in type(m).__name__ for m in layer.modules()):
+        return "mamba"  # transformers 5 calls Nemotron-H's Mamba blocks linear_attention
+    block = getattr(layer, "block_type", None)
+    if isinstance(block, str):
+        return block
     if isinstance(layer_type, str):
         return layer_type
-    for attr in ("block_type", "attention_type", "layer_type"):
+    for attr in ("attention_type", "layer_type"):
         v = getattr(layer, attr, None)
         if isinstance(v, str):
             return v
@@ -106,22 +115,28 @@ def _ffn_part(layer: Any, num_experts: int) -> str | None:
 
 
 def group_layers(layers: Sequence[Any], layer_types: Sequence[Any] | None,
-                 num_experts: int) -> list[LayerKind]:
+                 num_experts: int, mlp_layer_types: Sequence[Any] | None = None
+                 ) -> list[LayerKind]:
     """Kinds of decoder layers in order of first appearance, with readable names.
 
     Names come from the config's ``layer_types`` or the layer's ``block_type`` /
-    ``attention_type`` (when those vary across layers) and from the FFN (``dense`` /
-    ``moe``, when that varies): ``"dense"``, ``"moe"``, ``"sliding_attention"``,
-    ``"mamba"``, ``"full_attention+moe"``. Two signatures with one name get ``_2``, ``_3``.
+    ``attention_type`` (when those vary across layers) and from the FFN (the config's
+    ``mlp_layer_types`` entry, else ``dense`` / ``moe``, when that varies): ``"dense"``,
+    ``"moe"``, ``"sliding_attention"``, ``"mamba"``, ``"full_attention+moe"``. Two
+    signatures with one name get ``_2``, ``_3``.
     """
     signatures: dict[tuple, list[int]] = {}
     info: dict[tuple, tuple[str | None, str | None]] = {}
     for i, layer in enumerate(layers):
         lt = layer_types[i] if layer_types is not None and i < len(layer_types) else None
-        sig = layer_signature(layer, lt)
+        mlp_type = (mlp_layer_types[i] if mlp_layer_types is not None
+                    and i < len(mlp_layer_types) else None)
+        sig = (layer_signature(layer, lt), str(mlp_type))
         signatures.setdefault(sig, []).append(i)
         if sig not in info:
-            info[sig] = (_attention_part(layer, lt), _ffn_part(layer, num_experts))
+            ffn = (_MLP_TYPE_NAMES.get(mlp_type, mlp_type) if isinstance(mlp_type, str)
+                   else _ffn_part(layer, num_experts))
+            info[sig] = (_attention_part(layer, lt), ffn)
     att_vary = len({a for a, _ in info.values()}) > 1
     ffn_vary = len({f for _, f in info.values()}) > 1
     kinds: list[LayerKind] = []
@@ -129,12 +144,12 @@ def group_layers(layers: Sequence[Any], layer_types: Sequence[Any] | None,
     for sig, indices in signatures.items():
         att, ffn = info[sig]
         if len(signatures) == 1:
-            name = ffn or att or "layer"
+            name = ffn or "dense"
         else:
             parts = []
             if att_vary and att:
                 parts.append(att)
-            if ffn_vary and ffn and ffn not in parts:
+            if ffn_vary and ffn and ffn not in parts and att not in ("mlp", "moe"):
                 parts.append(ffn)
             name = "+".join(parts) or "layer"
         used[name] = used.get(name, 0) + 1

@@ -144,37 +144,40 @@ def scaled_mm_flop(call: OpCall) -> int:
     return 2 * a[0] * a[1] * b[1]
 
 
-def _conv_flop(x: Sequence[int], w: Sequence[int], out: Sequence[int], transposed: bool) -> int:
-    """torch's ``conv_flop_count``: ``2 · batch · prod(spatial) · C_out · C_in/g · prod(k)``."""
-    batch = x[0]
-    spatial = out[2:] if not transposed else x[2:]
-    c_out, c_in, *filt = w
-    return 2 * batch * _prod(spatial) * c_out * c_in * _prod(filt)
+def _conv_macs_per_output(w: Sequence[int]) -> int:
+    """Multiply-adds per output element: ``C_in/groups · prod(kernel)`` = ``w.numel / w[0]``.
+
+    The weight is ``[C_out, C_in/groups, *k]`` (``[C_in, C_out/groups, *k]`` transposed),
+    so this holds for grouped and depthwise convolutions too.
+    """
+    return _prod(w[1:])
 
 
 def convolution_flop(call: OpCall) -> int:
+    """``2 · out.numel · C_in/groups · prod(k)`` (torch's count when groups == 1).
+
+    A transposed convolution is the gradient of a convolution: it costs ``2 · in.numel ·
+    C_out/groups · prod(k)``.
+    """
     x, w = call.inputs[0].shape, call.inputs[1].shape
-    return _conv_flop(x, w, call.outputs[0].shape, bool(call.attrs.get("transposed", False)))
+    if call.attrs.get("transposed", False):
+        return 2 * _prod(x) * _conv_macs_per_output(w)
+    return 2 * call.outputs[0].numel * _conv_macs_per_output(w)
 
 
 def convolution_backward_flop(call: OpCall) -> int:
-    """As torch's ``conv_backward_flop``: grad input plus grad weight, per ``output_mask``."""
+    """Input gradient and weight gradient (per ``output_mask``), each as costly as forward.
+
+    ``grad_input`` is a transposed convolution of ``grad_out`` with the weight and
+    ``grad_weight`` correlates input and ``grad_out``: both perform the forward's
+    ``out.numel · C_in/groups · prod(k)`` multiply-adds. (torch's flop counter ignores
+    ``groups`` in the weight gradient, over-counting depthwise convolutions C-fold.)
+    """
     grad_out, x, w = (t.shape for t in call.inputs[:3])
     mask = call.attrs.get("output_mask", (True, True, True))
     transposed = bool(call.attrs.get("transposed", False))
-
-    def t(shape: Sequence[int]) -> list[int]:
-        return [shape[1], shape[0], *shape[2:]]
-
-    flops = 0
-    if mask[0]:
-        flops += _conv_flop(grad_out, w, x, not transposed)
-    if mask[1]:
-        if transposed:
-            flops += _conv_flop(t(grad_out), t(x), t(w), False)
-        else:
-            flops += _conv_flop(t(x), t(grad_out), t(w), False)
-    return flops
+    forward = 2 * _prod(x if transposed else grad_out) * _conv_macs_per_output(w)
+    return forward * (int(bool(mask[0])) + int(bool(mask[1])))
 
 
 # -- attention --------------------------------------------------------------------------
@@ -382,7 +385,7 @@ POINTWISE_OPS = (
     "logical_not", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_not", "bitwise_xor",
     "bitwise_left_shift", "bitwise_right_shift", "floor", "ceil", "round", "trunc", "frac",
     "isnan", "isinf", "isfinite", "nan_to_num", "tril", "triu", "hypot", "atan2",
-    "copysign", "heaviside", "xlogy",
+    "copysign", "heaviside", "xlogy", "polar", "complex",
     # transcendental and activations
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
     "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh",
