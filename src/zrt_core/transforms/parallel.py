@@ -154,6 +154,10 @@ _SOFTMAX = frozenset({"_softmax", "_log_softmax", "softmax", "log_softmax"})
 _PARTIAL_SAFE = frozenset({"view", "_unsafe_view", "reshape", "alias", "detach", "t",
                            "transpose", "permute", "unsqueeze", "squeeze", "expand",
                            "lift_fresh", "flatten", "unflatten", "_reshape_alias"})
+#: Ops that read only their input's shape (a dropout mask's ``empty_like``): the output is
+#: a fresh tensor, never a partial sum, so the input needs no reduction first.
+_SHAPE_ONLY = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+                         "randn_like"})
 
 
 @frozen
@@ -523,7 +527,14 @@ def rule_for(node: OpNode) -> Rule:
         return _rule_moe
     if base in _REDUCE or base in ("topk", "sort", "cumsum", "nll_loss_forward"):
         return _rule_reduce
+    if base in _SHAPE_ONLY:
+        return _rule_fresh
     return _rule_broadcast
+
+
+def _rule_fresh(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """``*_like``: the input's per-rank shape, never its partial sums."""
+    return [Layout(o.shape, o.axes) for o in _rule_broadcast(node, metas, ins)]
 
 
 def _rule_same(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
@@ -1175,7 +1186,7 @@ class _ParallelPass(ShapePass):
         base = op_base(node.op)
         metas = [self._current_meta(t) for t in node.inputs]
         # 1. partial sums reach something that is not linear in them: reduce first
-        safe = base in _PARTIAL_SAFE or node.zero_cost
+        safe = base in _PARTIAL_SAFE or base in _SHAPE_ONLY or node.zero_cost
         if base == "add" or base == "sub":
             shaped = [lay for m, lay in zip(metas, ins, strict=True) if m.shape]
             safe = bool(shaped) and all(lay.partial and lay.partial == shaped[0].partial
