@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from tiny_configs import TINY
 
 from zrt_core.capture.api import capture
 from zrt_core.errors import ModelError
@@ -24,45 +23,45 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
     ({"dtype": "int8"}, "unsupported dtype 'int8'"),
     ({"moe_imbalance": 0.5}, "moe_imbalance must be a number >= 1.0"),
 ])
-def test_bad_options(host, kwargs, needle):
+def test_bad_options(host, tiny, kwargs, needle):
     with pytest.raises(ModelError) as exc:
-        capture(TINY["llama"], host=host, **kwargs)
+        capture(tiny["llama"], host=host, **kwargs)
     assert needle in _one_line(exc)
 
 
-def test_unknown_model_name(host):
+def test_unknown_model_name(host, tiny):
     with pytest.raises(ModelError) as exc:
         capture("no-such-model-xyz", host=host)
     assert "not found" in _one_line(exc)
 
 
-def test_unknown_model_type(host):
+def test_unknown_model_type(host, tiny):
     with pytest.raises(ModelError) as exc:
         capture({"model_type": "llamma", "hidden_size": 64}, host=host)
     assert "unknown model_type 'llamma'" in _one_line(exc)
 
 
-def test_missing_model_type(host):
+def test_missing_model_type(host, tiny):
     with pytest.raises(ModelError) as exc:
         capture({"hidden_size": 64}, host=host)
     assert "model_type" in _one_line(exc)
 
 
-def test_field_of_the_wrong_type(host):
+def test_field_of_the_wrong_type(host, tiny):
     with pytest.raises(ModelError) as exc:
-        capture({**TINY["llama"], "hidden_size": "wide"}, host=host)
+        capture({**tiny["llama"], "hidden_size": "wide"}, host=host)
     assert "rejects the config" in _one_line(exc)
 
 
-def test_config_that_cannot_build(host):
+def test_config_that_cannot_build(host, tiny):
     # 4 heads of a 130-wide hidden state: transformers cannot split it
     with pytest.raises(ModelError) as exc:
-        capture({**TINY["llama"], "hidden_size": 130, "num_key_value_heads": 4}, host=host,
+        capture({**tiny["llama"], "hidden_size": 130, "num_key_value_heads": 4}, host=host,
                 phases=("prefill",))
     assert "not a multiple of the number of attention heads" in _one_line(exc)
 
 
-def test_malformed_json_file(host, tmp_path):
+def test_malformed_json_file(host, tiny, tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text('{"model_type": "llama", "hidden_size": 64,,}')
     with pytest.raises(ModelError) as exc:
@@ -70,14 +69,14 @@ def test_malformed_json_file(host, tmp_path):
     assert "malformed JSON" in _one_line(exc)
 
 
-def test_encoder_decoder_model_has_no_causal_lm(host):
+def test_encoder_decoder_model_has_no_causal_lm(host, tiny):
     with pytest.raises(ModelError) as exc:
         capture({"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 4,
                  "d_ff": 128, "d_kv": 16, "vocab_size": 100}, host=host)
     assert "no causal language model" in _one_line(exc)
 
 
-def test_model_code_failure_is_one_line_and_quiet(host, capfd):
+def test_model_code_failure_is_one_line_and_quiet(host, tiny, capfd):
     # BERT has a causal-LM head, but 2048 positions exceed its 64 position embeddings
     with pytest.raises(ModelError) as exc:
         capture({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2,

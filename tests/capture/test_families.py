@@ -4,7 +4,6 @@ full-depth capture exactly (ops, FLOPs and bytes per phase)."""
 from __future__ import annotations
 
 import pytest
-from tiny_configs import TINY
 
 from zrt_core.ir.graph import Phase
 
@@ -39,8 +38,8 @@ EXPECTED_KINDS = {
 DECODE_GAP_EXPECTED = {"deepseek_v2", "deepseek_v3", "deepseek_v32"}
 
 
-def test_every_tiny_family_has_expected_kinds():
-    assert set(EXPECTED_KINDS) == set(TINY)
+def test_every_tiny_family_has_expected_kinds(tiny):
+    assert set(EXPECTED_KINDS) == set(tiny)
 
 
 # DeepSeek-V4's reference code runs thousands of small ops (hyper-connection Sinkhorn
@@ -49,7 +48,7 @@ _SLOW = {"deepseek_v4"}
 
 
 @pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f in _SLOW
-                                    else f for f in TINY])
+                                    else f for f in EXPECTED_KINDS])
 def test_family_captures_every_phase_and_templates_add_up(captured, family):
     templated = captured(family)
     full = captured(family, full_depth=True)

@@ -4,7 +4,6 @@ torch.utils.flop_counter on real runs of tiny models, and the training ≈ 3x fo
 from __future__ import annotations
 
 import pytest
-from tiny_configs import TINY
 
 from zrt_core.ir.graph import Category, Phase
 
@@ -125,9 +124,9 @@ def _real_run_flops(config: dict, batch: int, seq: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe", "deepseek_v3", "gpt2"])
-def test_matmul_flops_equal_torch_flop_counter_on_a_real_run(captured, family):
+def test_matmul_flops_equal_torch_flop_counter_on_a_real_run(captured, tiny, family):
     r = captured(family, phases=(Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD),
                  dtype="float32")
-    fwd, bwd = _real_run_flops(TINY[family], 2, 16)
+    fwd, bwd = _real_run_flops(tiny[family], 2, 16)
     assert _category_flops(r.graphs[Phase.TRAIN_FORWARD], Category.MATMUL) == fwd
     assert _category_flops(r.graphs[Phase.TRAIN_BACKWARD], Category.MATMUL) == bwd

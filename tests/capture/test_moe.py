@@ -52,14 +52,12 @@ def test_backward_has_the_mirror_ops_and_keeps_the_routing(captured):
     assert all(list(n.attrs["group_rows"]) == [8] * 8 for n in grouped)
 
 
-def test_op_count_does_not_grow_with_the_number_of_experts(host):
-    from tiny_configs import TINY
-
+def test_op_count_does_not_grow_with_the_number_of_experts(host, tiny):
     from zrt_core.capture.api import capture
 
     counts = []
     for experts in (8, 64):
-        cfg = {**TINY["qwen3_moe"], "num_experts": experts}
+        cfg = {**tiny["qwen3_moe"], "num_experts": experts}
         r = capture(cfg, phases=(Phase.PREFILL,), batch=2, seq_len=16, host=host)
         counts.append(len(r.graphs[Phase.PREFILL].nodes))
     assert counts[0] == counts[1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from tiny_configs import TINY
 
 from zrt_core import hookimpl
 from zrt_core.capture.api import capture
@@ -79,11 +78,11 @@ def plugin_host():
     return host
 
 
-def test_a_plugin_patch_and_formula_shape_the_graph(plugin_host, host):
+def test_a_plugin_patch_and_formula_shape_the_graph(plugin_host, host, tiny):
     from transformers.models.llama import modeling_llama
 
     original = modeling_llama.LlamaMLP.forward
-    r = capture(TINY["llama"], phases=(Phase.PREFILL,), batch=2, seq_len=16,
+    r = capture(tiny["llama"], phases=(Phase.PREFILL,), batch=2, seq_len=16,
                 host=plugin_host)
     g = r.graphs[Phase.PREFILL]
     (fused,) = [n for n in g.nodes if n.op == "zrt_test.fused_mlp.default"]
@@ -95,13 +94,13 @@ def test_a_plugin_patch_and_formula_shape_the_graph(plugin_host, host):
     # the patch was scoped: the class is back as it was, and a host without the plugin
     # captures HF's MLP again
     assert modeling_llama.LlamaMLP.forward is original
-    plain = capture(TINY["llama"], phases=(Phase.PREFILL,), batch=2, seq_len=16, host=host)
+    plain = capture(tiny["llama"], phases=(Phase.PREFILL,), batch=2, seq_len=16, host=host)
     assert not [n for n in plain.graphs[Phase.PREFILL].nodes if n.op.startswith("zrt_test")]
     # same matmul work either way
     assert g.totals().flops < plain.graphs[Phase.PREFILL].totals().flops
 
 
-def test_an_op_without_formula_is_listed_not_guessed(host):
+def test_an_op_without_formula_is_listed_not_guessed(host, tiny):
     from zrt_core.plugins import get_plugin_manager
 
     class PatchOnly(FusedMlpPlugin):
@@ -109,7 +108,7 @@ def test_an_op_without_formula_is_listed_not_guessed(host):
 
     bare = get_plugin_manager(autoload=False)
     bare.register(PatchOnly(), name="patch-only-test")
-    r = capture(TINY["llama"], phases=(Phase.PREFILL,), batch=2, seq_len=16, host=bare)
+    r = capture(tiny["llama"], phases=(Phase.PREFILL,), batch=2, seq_len=16, host=bare)
     g = r.graphs[Phase.PREFILL]
     assert g.missing_formulas == ("zrt_test.fused_mlp.default",)
     (fused,) = [n for n in g.nodes if n.op == "zrt_test.fused_mlp.default"]
