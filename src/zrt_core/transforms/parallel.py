@@ -40,12 +40,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
 from zrt_core.errors import LayoutError
-from zrt_core.ir.graph import Category, OpGraph, OpNode, Phase, TensorMeta, dtype_bytes
+from zrt_core.ir.graph import (
+    Category,
+    OpGraph,
+    OpNode,
+    Phase,
+    TensorMeta,
+    _frozen_mapping,
+    dtype_bytes,
+)
 
 if TYPE_CHECKING:
     from zrt_core.formulas.registry import FormulaRegistry
@@ -155,7 +164,7 @@ _PARTIAL_SAFE = frozenset({"view", "_unsafe_view", "reshape", "alias", "detach",
                            "transpose", "permute", "unsqueeze", "squeeze", "expand",
                            "lift_fresh", "flatten", "unflatten", "_reshape_alias"})
 #: Ops that read only their input's shape (a dropout mask's ``empty_like``): the output is
-#: a fresh tensor, never a partial sum, so the input needs no reduction first.
+#: a fresh tensor shaped like the reduced input, never a partial sum itself.
 _SHAPE_ONLY = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
                          "randn_like"})
 
@@ -234,7 +243,7 @@ class ShapePass:
         reference = TensorMeta(shape=like.shape, dtype=dtype or like.dtype, tensor_id=tid)
         self.state[tid] = layout
         self.metas[tid] = reference
-        return evolve(reference, shape=layout.shape)
+        return with_shape(reference, layout.shape)
 
     def captured(self, meta: TensorMeta) -> TensorMeta:
         """The captured (reference-shape) meta of a tensor id, for one a rebuilt node holds."""
@@ -289,7 +298,8 @@ class ShapePass:
         self._pending = []
         self.finish()
         out_nodes = list(_flatten(self._slots))
-        return self.graph.with_nodes(out_nodes, _rewire(self.graph, out_nodes))
+        return replace_graph(self.graph, nodes=out_nodes,
+                             edges=_rewire(self.graph, out_nodes))
 
     def emitted(self) -> list[OpNode]:
         """The nodes emitted so far, in order (for :meth:`finish`)."""
@@ -349,10 +359,10 @@ class ShapePass:
             return node
         attrs = _updated_attrs(node, new_in, new_out)
         if node.zero_cost:
-            return evolve(node, inputs=new_in, outputs=new_out, attrs=attrs)
+            return replace_node(node, inputs=new_in, outputs=new_out, attrs=attrs)
         flops, read, written, formula = reprice(node, new_in, new_out, attrs, self.registry)
-        return evolve(node, inputs=new_in, outputs=new_out, attrs=attrs, flops=flops,
-                      bytes_read=read, bytes_written=written, formula=formula)
+        return replace_node(node, inputs=new_in, outputs=new_out, attrs=attrs, flops=flops,
+                            bytes_read=read, bytes_written=written, formula=formula)
 
 
 class _Slot:
@@ -372,7 +382,54 @@ def _flatten(slots: Iterable[_Slot]) -> Iterable[OpNode]:
 def _retensor(meta: TensorMeta, layout: Layout) -> TensorMeta:
     if meta.shape == layout.shape:
         return meta
-    return evolve(meta, shape=layout.shape)
+    return with_shape(meta, layout.shape)
+
+
+_set = object.__setattr__
+
+
+def with_shape(meta: TensorMeta, shape: tuple[int, ...]) -> TensorMeta:
+    """``evolve(meta, shape=shape)`` without re-running attrs converters (hot path: a
+    layout change rebuilds every tensor; the shape is already a tuple of ints)."""
+    out = TensorMeta.__new__(TensorMeta)
+    _set(out, "shape", tuple(shape))
+    _set(out, "dtype", meta.dtype)
+    _set(out, "is_view", meta.is_view)
+    _set(out, "tensor_id", meta.tensor_id)
+    _set(out, "param", meta.param)
+    return out
+
+
+def replace_node(node: OpNode, **changes: Any) -> OpNode:
+    """``evolve(node, ...)`` for the hot path: fields are copied as they are (already
+    frozen), ``attrs`` given as a plain dict is frozen the way the constructor does."""
+    out = OpNode.__new__(OpNode)
+    for name in _NODE_FIELDS:
+        _set(out, name, changes[name] if name in changes else getattr(node, name))
+    if "attrs" in changes and not isinstance(changes["attrs"], MappingProxyType):
+        _set(out, "attrs", _frozen_mapping(changes["attrs"]))
+    for name in ("inputs", "outputs", "fused_from"):
+        if name in changes and not isinstance(changes[name], tuple):
+            _set(out, name, tuple(changes[name]))
+    return out
+
+
+def replace_graph(graph: OpGraph, **changes: Any) -> OpGraph:
+    """``evolve(graph, ...)`` for the hot path: ``nodes`` and ``edges`` as lists of nodes
+    and ``(int, int)`` pairs, ``meta`` as a mapping; templates are kept."""
+    out = OpGraph.__new__(OpGraph)
+    _set(out, "phase", graph.phase)
+    _set(out, "nodes", tuple(changes.get("nodes", graph.nodes)))
+    _set(out, "edges", tuple(changes["edges"]) if "edges" in changes else graph.edges)
+    _set(out, "templates", graph.templates)
+    meta = changes.get("meta")
+    _set(out, "meta", graph.meta if meta is None else _frozen_mapping(meta))
+    return out
+
+
+_NODE_FIELDS = ("id", "op", "category", "phase", "inputs", "outputs", "module_path",
+                "module_class", "layer_index", "layer_kind", "flops", "bytes_read",
+                "bytes_written", "formula", "zero_cost", "attrs", "fused_from")
 
 
 def reprice(node: OpNode, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...],
@@ -427,7 +484,7 @@ def _updated_attrs(node: OpNode, inputs: tuple[TensorMeta, ...],
             changes["group_rows"] = rows
     if not changes:
         return attrs
-    return {**attrs, **changes}
+    return MappingProxyType({**attrs, **changes})
 
 
 def _group_rows(node: OpNode, inputs: tuple[TensorMeta, ...],
@@ -1097,8 +1154,12 @@ class _ParallelPass(ShapePass):
 
     def __init__(self, graph: OpGraph, ctx_parallel: Parallel, dims: ModelDims | None,
                  plan: TPPlan, registry: FormulaRegistry | None, *, training: bool,
-                 state: dict[int, Layout] | None = None) -> None:
+                 state: dict[int, Layout] | None = None,
+                 extra: Callable[[TensorMeta, OpNode],
+                                 Mapping[int, tuple[str, Fraction]] | None] | None = None
+                 ) -> None:
         super().__init__(graph, registry, state=state)
+        self.extra = extra
         p = ctx_parallel
         self.p = p
         self.dims = dims
@@ -1129,6 +1190,16 @@ class _ParallelPass(ShapePass):
     # -- seeds ---------------------------------------------------------------------------
 
     def seed(self, meta: TensorMeta, node: OpNode) -> Layout | None:
+        lay = self._seed(meta, node)
+        extra = self.extra(meta, node) if self.extra is not None else None
+        if not extra:
+            return lay
+        axes = list(lay.axes) if lay is not None else [()] * len(meta.shape)
+        for axis, pair in extra.items():
+            axes[axis] = (pair, *axes[axis])
+        return _layout(meta.shape, axes)
+
+    def _seed(self, meta: TensorMeta, node: OpNode) -> Layout | None:
         if meta.param is not None:
             return self._param_seed(meta, node)
         if meta.tensor_id in self.produced:
@@ -1186,7 +1257,7 @@ class _ParallelPass(ShapePass):
         base = op_base(node.op)
         metas = [self._current_meta(t) for t in node.inputs]
         # 1. partial sums reach something that is not linear in them: reduce first
-        safe = base in _PARTIAL_SAFE or base in _SHAPE_ONLY or node.zero_cost
+        safe = base in _PARTIAL_SAFE or node.zero_cost
         if base == "add" or base == "sub":
             shaped = [lay for m, lay in zip(metas, ins, strict=True) if m.shape]
             safe = bool(shaped) and all(lay.partial and lay.partial == shaped[0].partial
@@ -1660,24 +1731,34 @@ class ParallelTransform:
     name = "parallel"
 
     def __init__(self, plan: TPPlan | None = None, *,
-                 state: dict[int, Layout] | None = None) -> None:
+                 state: dict[int, Layout] | None = None,
+                 extra_seeds: ExtraSeeds | None = None) -> None:
         self.plan = plan or TPPlan()
         self.state = state
+        self.extra_seeds = extra_seeds
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
         p = ctx.parallel
-        if p.tp == 1 and p.cp == 1 and p.ep == 1 and p.expert_tp == 1:
+        extra = self.extra_seeds(graph) if self.extra_seeds is not None else None
+        if p.tp == 1 and p.cp == 1 and p.ep == 1 and p.expert_tp == 1 and extra is None:
             return _with_layout_meta(graph, p, ctx.training)
         out = _ParallelPass(graph, p, ctx.dims, self.plan, ctx.host.formulas
                             if ctx.host is not None else None, training=ctx.training,
-                            state=self.state).run()
+                            state=self.state, extra=extra).run()
         return _with_layout_meta(out, p, ctx.training)
+
+
+#: Given a graph, a function of (tensor, reading node) giving ``{axis: (group, factor)}``
+#: to apply to tensors no node produced, besides the parallel layout's own (a rescaled
+#: batch or cache length, see :class:`zrt_core.estimate.serving.Rescale`); None for none.
+ExtraSeeds = Callable[[OpGraph], Callable[[TensorMeta, OpNode],
+                                          Mapping[int, tuple[str, Fraction]] | None] | None]
 
 
 def _with_layout_meta(graph: OpGraph, p: Parallel, training: bool) -> OpGraph:
     meta = {**graph.meta, "parallel": p.to_json(),
             "sequence_parallel": p.sequence_parallel(training)}
-    return evolve(graph, meta=meta)
+    return replace_graph(graph, meta=meta)
 
 
 class TensorParallel(ParallelTransform):
@@ -1875,4 +1956,4 @@ class DataParallelReplicas:
     name = "dp"
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
-        return evolve(graph, meta={**graph.meta, "dp": ctx.parallel.dp})
+        return replace_graph(graph, meta={**graph.meta, "dp": ctx.parallel.dp})
