@@ -1,0 +1,133 @@
+"""Serving-engine profiles: how much memory the KV cache gets and how large a batch the
+engine runs, as each engine decides it (docs/inference-model.md cites the sources).
+
+``trtllm`` follows ``trtllm-bench`` (TensorRT-LLM ``bench/build/tuning.py``,
+``calc_engine_setting`` / ``finetune_setting``): the max batch size and max number of
+tokens per iteration come from a KV-capacity estimate (parameters × bytes per element,
+2 × layers × max(tp, kv heads) × head size × KV bytes per token, the GPU memory fraction),
+rounded up "optimistically"; at run time the KV cache takes
+``kv_cache_free_gpu_mem_fraction`` of the memory left after weights and warm-up
+activations, and the capacity scheduler (GUARANTEED_NO_EVICT) admits a request only with
+room for its whole input + output.
+
+``vllm`` follows vLLM's V1 defaults for a large GPU: ``max_num_seqs`` 1024,
+``max_num_batched_tokens`` 16384 (offline ``LLM`` class), ``gpu_memory_utilization`` 0.9
+of the whole device for weights, activations and cache together.
+"""
+
+from __future__ import annotations
+
+import math
+
+from attrs import frozen
+
+from zrt_core.errors import UnknownNameError
+
+GIB = 1024**3
+
+
+@frozen
+class EngineSettings:
+    """What the engine runs with: at most ``max_batch`` sequences and ``max_num_tokens``
+    tokens (prompt chunks plus one per generating sequence) per iteration."""
+
+    max_batch: int
+    max_num_tokens: int
+
+
+@frozen
+class EngineProfile:
+    """One serving engine's memory and batching rules.
+
+    :param kv_fraction: the KV cache's share of the memory left after weights, warm-up
+        activations and the runtime reserve (trtllm); of the whole device minus weights and
+        activations (vllm, ``memory_of_device`` True).
+    :param runtime_reserve_gib: CUDA context, communication and library workspaces.
+    :param kv_block_tokens: tokens per KV-cache block (a sequence holds whole blocks).
+    :param chunked_prefill: prompts longer than the free token budget are split over
+        iterations (vLLM always; TensorRT-LLM when the prompt exceeds max_num_tokens).
+    """
+
+    name: str
+    kv_fraction: float
+    runtime_reserve_gib: float
+    kv_block_tokens: int
+    memory_of_device: bool = False
+    fixed_max_batch: int = 0
+    fixed_max_tokens: int = 0
+    chunked_prefill: bool = True
+    description: str = ""
+
+    def settings(self, *, total_params: int, weight_bytes_per_param: float,
+                 kv_bytes_per_token_model: float, device_gib: float, tp: int, pp: int,
+                 input_len: int, output_len: int) -> EngineSettings:
+        """Max batch and max tokens per iteration (per pipeline stage for trtllm)."""
+        if self.fixed_max_batch:
+            return EngineSettings(self.fixed_max_batch, self.fixed_max_tokens)
+        return trtllm_bench_settings(
+            total_params=total_params, weight_bytes_per_param=weight_bytes_per_param,
+            kv_bytes_per_token_model=kv_bytes_per_token_model, device_gib=device_gib,
+            gpus=tp * pp, pp=pp, input_len=input_len, output_len=output_len,
+            kv_fraction=self.kv_fraction)
+
+    def kv_budget_bytes(self, capacity_bytes: float, weights: float, activations: float
+                        ) -> float:
+        """Bytes the KV cache gets on one device (negative: the model does not fit)."""
+        reserve = self.runtime_reserve_gib * GIB
+        if self.memory_of_device:
+            return self.kv_fraction * capacity_bytes - weights - activations - reserve
+        free = capacity_bytes - weights - activations - reserve
+        return self.kv_fraction * free if free > 0 else free
+
+
+def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
+                          kv_bytes_per_token_model: float, device_gib: float, gpus: int,
+                          pp: int, input_len: int, output_len: int, kv_fraction: float
+                          ) -> EngineSettings:
+    """``trtllm-bench``'s ``calc_engine_setting`` + ``finetune_setting`` (see the module
+    docstring): all in GiB as it computes them.
+
+    :param kv_bytes_per_token_model: 2 × layers × max(tp, kv heads) × head size × KV
+        bytes — the whole model's KV bytes per token, as trtllm-bench counts them.
+    """
+    engine_gib = total_params * weight_bytes_per_param / GIB
+    available = device_gib * gpus - engine_gib
+    cache = available * kv_fraction
+    per_request = kv_bytes_per_token_model / GIB * (input_len + output_len)
+    kv_requests = cache / per_request if per_request > 0 else 0.0
+    raw_bs = min(kv_requests, 4096) / pp
+    raw_tokens = min(raw_bs * (1 + input_len / output_len), 32768)
+    if raw_bs < 256:
+        max_bs = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        max_bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        max_bs = 256 * math.ceil(raw_bs / 256)
+    if raw_tokens < 4096:
+        max_tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+    elif raw_tokens < 8192:
+        max_tokens = 512 * math.ceil(raw_tokens / 512)
+    else:
+        max_tokens = 1024 * math.ceil(raw_tokens / 1024)
+    return EngineSettings(max_batch=int(max_bs), max_num_tokens=int(max_tokens))
+
+
+ENGINES: dict[str, EngineProfile] = {
+    "trtllm": EngineProfile(
+        name="trtllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=32,
+        description="TensorRT-LLM as trtllm-bench runs it (kv_cache_free_gpu_mem_fraction "
+                    "0.90, tokens_per_block 32, GUARANTEED_NO_EVICT)"),
+    "vllm": EngineProfile(
+        name="vllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=16,
+        memory_of_device=True, fixed_max_batch=1024, fixed_max_tokens=16384,
+        description="vLLM V1 offline defaults (gpu_memory_utilization 0.9, max_num_seqs "
+                    "1024, max_num_batched_tokens 16384, block size 16)"),
+}
+
+
+def engine_profile(name: str) -> EngineProfile:
+    try:
+        return ENGINES[name.lower()]
+    except KeyError:
+        raise UnknownNameError(f"unknown serving engine {name!r}",
+                               f"use one of {', '.join(ENGINES)}") from None

@@ -1,0 +1,562 @@
+"""``estimate_inference``: TTFT, TPOT, throughput and memory of serving a model on a machine
+and a parallel layout (the model is documented in docs/inference-model.md).
+
+Pipeline per priced step: the captured phase (batch 1) → :class:`Rescale` (batch, cached
+tokens) → :class:`ParallelTransform` (TP/SP/CP/EP per-rank shapes and collectives) →
+:class:`Quantize` → :class:`Fusion` (the platform's kernels) → :class:`PagedKVCache` →
+``price_graph`` → the serving scheduler (every collective on the critical path). The
+captures are reused for every layout, batch and output length; only their prompt length
+needs its own capture.
+
+Two modes:
+
+``latency`` (a batch is given): the batch's prompts are prefilled together (TTFT), then
+    decode steps run at the mean context ``input_len + output_len / 2`` (TPOT);
+    throughput = batch × output_len / (TTFT + (output_len − 1) × TPOT).
+``max_throughput`` (batch None): offline in-flight batching as ``trtllm-bench`` runs it.
+    Concurrency C = min(sequences whose KV cache fits, the engine's max batch, the token
+    budget's steady state); every iteration decodes one token for each running sequence and
+    fills the rest of the engine's token budget with new prompts. Over ``output_len``
+    iterations a slot prefills one prompt and emits ``output_len`` tokens, so
+    throughput = C × output_len / (n_mixed × t_mixed + (output_len − n_mixed) × t_decode).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from attrs import evolve
+
+from zrt_core.cost.pricing import (
+    OUTSIDE_LAYERS,
+    CostedGraph,
+    build_backends,
+    node_price_key,
+    price_graph,
+)
+from zrt_core.errors import SpecError, ZrtError
+from zrt_core.estimate.captures import CapturedModel, load_or_capture
+from zrt_core.estimate.engine import GIB, engine_profile
+from zrt_core.estimate.memory import (
+    activation_peak_bytes,
+    kv_cache_size,
+    weights_bytes,
+)
+from zrt_core.estimate.serving import PagedKVCache, Rescale
+from zrt_core.hardware import HardwareSpec
+from zrt_core.ir.graph import Category, OpGraph, Phase, dtype_bytes
+from zrt_core.reports.inference import InferenceReport, MemoryReport, PhaseBreakdown
+from zrt_core.strategy import InferSpec, Parallel, check_layout
+from zrt_core.transforms.base import TransformContext
+from zrt_core.transforms.parallel import (
+    DataParallelReplicas,
+    ParallelTransform,
+    PipelinePlan,
+    cache_inputs,
+    op_base,
+    replace_graph,
+    stage_graph,
+)
+from zrt_core.transforms.quant import Quantize, kv_dtype_name
+
+if TYPE_CHECKING:
+    from zrt_core.plugins import PluginHost
+    from zrt_core.schedule.timeline import Timeline
+
+
+def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Parallel,
+                       infer: InferSpec, *, host: PluginHost | None = None,
+                       captured: Any = None, engine: str = "trtllm",
+                       use_cache: bool | None = None) -> InferenceReport:
+    """Predict serving ``model`` on ``hardware`` with ``parallel`` for ``infer``.
+
+    :param model: a bundled name, a config path or mapping (ignored when ``captured``).
+    :param captured: a :class:`CapturedModel` or a ``CaptureResult`` with prefill and decode
+        captured at batch 1 and ``infer.input_len`` — reuse it across layouts.
+    :param engine: ``trtllm`` (trtllm-bench's batching rules) or ``vllm``.
+    :raises LayoutError: the layout does not divide the model (a one-line message naming
+        the dimension).
+    """
+    start = time.perf_counter()
+    if host is None:
+        from zrt_core.plugins import get_plugin_manager
+
+        host = get_plugin_manager()
+    hw = hardware if isinstance(hardware, HardwareSpec) else host.hardware_spec(hardware)
+    if captured is not None and not isinstance(captured, CapturedModel):
+        captured = CapturedModel.from_capture(captured)
+    if captured is None:
+        captured = load_or_capture(model, infer.input_len, host=host, dtype=infer.dtype,
+                                   use_cache=use_cache)
+    if captured.seq_len != infer.input_len:
+        raise SpecError(
+            f"the capture has prompts of {captured.seq_len} tokens, the workload "
+            f"{infer.input_len}", "capture at the workload's input length")
+    captured_s = time.perf_counter() - start
+    dims = captured.dims
+    layout = check_layout(parallel, dims)
+    report = _Estimator(captured, hw, layout, infer, host, engine).run()
+    timings = {**report.timings_s, "capture_s": captured_s,
+               "total_s": time.perf_counter() - start}
+    return evolve(report, timings_s=timings)
+
+
+# -- one step's graph and price -----------------------------------------------------------
+
+
+class _Estimator:
+    def __init__(self, captured: CapturedModel, hw: HardwareSpec, parallel: Parallel,
+                 infer: InferSpec, host: PluginHost, engine: str) -> None:
+        self.cap = captured
+        self.hw = hw
+        self.p = parallel
+        self.infer = infer
+        self.host = host
+        self.engine = engine_profile(engine)
+        self.dims = captured.dims
+        self.ctx = TransformContext(dims=self.dims, hardware=hw, parallel=parallel, host=host,
+                                    infer=infer)
+        self.kv_dtype = kv_dtype_name(infer.kv_dtype) if infer.kv_dtype else None
+        self.transforms = self._transforms()
+        self.backends = _CachedBackends(hw, build_backends(hw, host))
+        self.plan = PipelinePlan.build(self.dims.layers, parallel.pp, parallel.vp)
+        self._graphs: dict[tuple[str, int, int, bool], OpGraph] = {}
+        self._priced: dict[tuple[str, int, int], list[CostedGraph]] = {}
+        self.notes: list[str] = []
+        self.cache_ids = cache_inputs(captured.graph(Phase.DECODE))
+
+    def _transforms(self) -> list[Any]:
+        out: list[Any] = []
+        if self.infer.quant != "none" or self.kv_dtype is not None:
+            out.append(Quantize(self.infer.quant, kv_dtype=self.kv_dtype))
+        fusion = _fusion_transform()
+        if fusion is not None:
+            out.append(fusion)
+        out.extend([PagedKVCache(), DataParallelReplicas()])
+        return out
+
+    def graph(self, phase: str, batch: int, cache_len: int = 0, *, kernels: bool = True
+              ) -> OpGraph:
+        """The transformed graph of one step (pipeline stages are cut by :meth:`priced`).
+
+        :param kernels: run fusion and the paged-cache rewrite too (what pricing needs;
+            memory accounting needs only the per-rank shapes and dtypes).
+        """
+        key = (phase, batch, cache_len, kernels)
+        g = self._graphs.get(key)
+        if g is None:
+            raw = self.cap.graph(phase)
+            rescale = Rescale(batch, cache_len or None)
+            # rescaling and sharding in one walk over the graph
+            names = ["rescale", "parallel"]
+            g = ParallelTransform(self.cap.tp_plan, extra_seeds=rescale.seeds).apply(
+                raw, self.ctx)
+            g = rescale.updated_meta(raw, g)
+            for t in self.transforms:
+                if not kernels and t.name in ("fusion", "paged_kv_cache"):
+                    continue
+                g = t.apply(g, self.ctx)
+                names.append(t.name)
+            g = replace_graph(g, meta={**g.meta, "transforms": tuple(names)})
+            self._graphs[key] = g
+        return g
+
+    def priced(self, phase: str, batch: int, cache_len: int = 0) -> list[CostedGraph]:
+        """One costed graph per pipeline stage (one for pp = 1)."""
+        key = (phase, batch, cache_len)
+        out = self._priced.get(key)
+        if out is None:
+            g = self.graph(phase, batch, cache_len)
+            stages = [g] if self.p.pp == 1 else [
+                stage_graph(g, self.plan, s, self.p) for s in range(len(self.plan.stages))]
+            out = [price_graph(s, self.hw, self.host, backends=[self.backends])
+                   for s in stages]
+            self._priced[key] = out
+        return out
+
+    # -- the model ---------------------------------------------------------------------
+
+    def run(self) -> InferenceReport:
+        t0 = time.perf_counter()
+        infer = self.infer
+        isl, osl = infer.input_len, infer.output_len
+        mean_cache = isl + osl // 2
+        memory = self._memory_model()
+        timings: dict[str, float] = {"memory_s": time.perf_counter() - t0}
+        if infer.batch is not None:
+            report = self._latency(infer.batch, mean_cache, memory)
+        else:
+            report = self._max_throughput(mean_cache, memory)
+        timings["model_s"] = time.perf_counter() - t0
+        return evolve(report, timings_s=timings)
+
+    def _memory_model(self) -> dict[str, Any]:
+        """Weights, KV per token and activations per device (the largest pipeline stage)."""
+        prefill = self.graph(Phase.PREFILL, 1)
+        decode = self.graph(Phase.DECODE, 1, self.infer.input_len, kernels=False)
+        stages = [set(s.layers) for s in self.plan.stages]
+        weights = 0.0
+        kv_token = 0.0
+        kv_fixed = 0.0
+        per_rank_stages: dict[int, list[set[int]]] = {}
+        for st, layers in zip(self.plan.stages, stages, strict=True):
+            per_rank_stages.setdefault(st.rank, []).append(layers)
+        for rank_layers in per_rank_stages.values():
+            all_layers = set().union(*rank_layers)
+            w = _stage_weights([prefill, decode], all_layers, self.plan, rank_layers)
+            kv = kv_cache_size(decode, all_layers, caches=self.cache_ids)
+            if w > weights:
+                weights = w
+            if kv.per_token > kv_token:
+                kv_token, kv_fixed = kv.per_token, kv.per_sequence_fixed
+        act_per_token = activation_peak_bytes(prefill) / max(self.infer.input_len, 1)
+        return {"weights": weights, "kv_token": kv_token, "kv_fixed": kv_fixed,
+                "act_per_token": act_per_token}
+
+    def _kv_per_sequence(self, memory: Mapping[str, Any]) -> float:
+        block = self.engine.kv_block_tokens
+        tokens = math.ceil((self.infer.input_len + self.infer.output_len) / block) * block
+        return memory["kv_token"] * tokens + memory["kv_fixed"]
+
+    def _memory_report(self, memory: Mapping[str, Any], activation_tokens: int, batch: int
+                       ) -> tuple[MemoryReport, int]:
+        capacity = self.hw.memory.capacity_gb * GIB
+        weights = memory["weights"]
+        activations = memory["act_per_token"] * activation_tokens
+        reserve = self.engine.runtime_reserve_gib * GIB
+        budget = self.engine.kv_budget_bytes(capacity, weights, activations)
+        per_seq = self._kv_per_sequence(memory)
+        max_batch = int(budget // per_seq) if per_seq > 0 and budget > 0 else 0
+        in_use = per_seq * batch
+        fits = budget > 0 and batch <= max_batch
+        message = ""
+        gb = 1e9
+        if budget <= 0:
+            message = (f"weights {weights / gb:.1f} GB + activations {activations / gb:.1f} "
+                       f"GB + runtime {reserve / gb:.1f} GB exceed the "
+                       f"{capacity / gb:.1f} GB of one device; add tensor/pipeline stages "
+                       "or quantise")
+        elif batch > max_batch:
+            message = (f"{batch} sequences need {in_use / gb:.1f} GB of KV cache per "
+                       f"device but {budget / gb:.1f} GB is left ({max_batch} fit)")
+        report = MemoryReport(capacity=capacity, weights=weights, activations=activations,
+                              reserve=reserve, kv_budget=max(budget, 0.0),
+                              kv_per_token=memory["kv_token"], kv_per_sequence=per_seq,
+                              kv_in_use=min(in_use, max(budget, 0.0)) if fits else in_use,
+                              fits=fits, message=message)
+        return report, max_batch
+
+    def _step_time(self, phase: str, batch: int, cache_len: int = 0) -> float:
+        """One step's time: the stages one after another (a batch passes every stage)."""
+        return sum(c.total_time_s for c in self.priced(phase, batch, cache_len))
+
+    def _latency(self, batch: int, mean_cache: int, memory: Mapping[str, Any]
+                 ) -> InferenceReport:
+        isl, osl = self.infer.input_len, self.infer.output_len
+        mem, max_batch = self._memory_report(memory, batch * isl, batch)
+        ttft = self._step_time(Phase.PREFILL, batch)
+        tpot = self._step_time(Phase.DECODE, batch, mean_cache)
+        total = ttft + max(osl - 1, 0) * tpot
+        per_replica = batch * osl / total if total > 0 else 0.0
+        throughput = {"model": "static batch: prefill together, then decode steps",
+                      "decode_step_ms": tpot * 1e3, "prefill_ms": ttft * 1e3,
+                      "mean_context": mean_cache}
+        if not mem.fits:
+            self.notes.append(f"does not fit: {mem.message}")
+        return self._report("latency", batch, ttft, tpot, per_replica, max_batch, mem,
+                            (Phase.PREFILL, batch, 0), (Phase.DECODE, batch, mean_cache),
+                            throughput)
+
+    def _max_throughput(self, mean_cache: int, memory: Mapping[str, Any]
+                        ) -> InferenceReport:
+        isl, osl = self.infer.input_len, self.infer.output_len
+        p, pp = self.p, self.p.pp
+        settings = self.engine.settings(
+            total_params=self.cap.total_params,
+            weight_bytes_per_param=_engine_bytes_per_param(self.infer),
+            kv_bytes_per_token_model=self._kv_bytes_model(),
+            device_gib=self.hw.memory.capacity_gb, tp=p.tp, pp=pp,
+            input_len=isl, output_len=osl)
+        budget_tokens = settings.max_num_tokens
+        mem, fit = self._memory_report(memory, budget_tokens, 0)
+        if fit < 1:
+            mem = evolve(mem, fits=False, message=mem.message or "no sequence fits")
+            self.notes.append(f"does not fit: {mem.message}")
+            report = self._latency(1, mean_cache, memory)
+            return evolve(report, mode="max_throughput", output_tokens_per_s=0.0,
+                          output_tokens_per_s_per_gpu=0.0, requests_per_s=0.0,
+                          memory=mem, max_batch=0, batch=0)
+        concurrency = min(fit, settings.max_batch * pp)
+        micro = concurrency / pp  # sequences per in-flight micro-batch
+        # steady state: each iteration decodes `micro` tokens and prefills micro·isl/osl
+        token_limited = micro * (1 + isl / osl) > budget_tokens
+        if token_limited:
+            micro = budget_tokens / (1 + isl / osl)
+            concurrency = micro * pp
+        c = max(1, math.floor(micro))
+        prefill_budget = max(budget_tokens - c, 1)
+        n_mixed = min(osl, c * isl / prefill_budget)
+        chunk = min(prefill_budget, c * isl)  # prompt tokens in a mixed iteration
+        t_gen = self._stage_max(Phase.DECODE, c, mean_cache)
+        mix_stages = self._mixed_iteration(c, chunk, mean_cache)
+        t_mix = max(mix_stages) if pp > 1 else sum(mix_stages)
+        period = pp * (n_mixed * t_mix + (osl - n_mixed) * t_gen)
+        per_replica = c * pp * osl / period if period > 0 else 0.0
+        tpot = period / osl
+        # a prompt is done after its chunks' iterations; the first token then has passed
+        # every pipeline stage once
+        ttft = t_mix * max(0, math.ceil(isl / prefill_budget) - 1) + sum(mix_stages)
+        mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * c * pp)
+        throughput = {
+            "model": "in-flight batching, steady state (docs/inference-model.md)",
+            "engine_max_batch": settings.max_batch,
+            "engine_max_num_tokens": settings.max_num_tokens,
+            "sequences_fit_in_kv": fit,
+            "concurrency": c * pp,
+            "token_budget_limited": token_limited,
+            "prompt_tokens_per_mixed_iteration": chunk,
+            "mixed_iterations_per_period": n_mixed,
+            "decode_iteration_ms": t_gen * 1e3,
+            "mixed_iteration_ms": t_mix * 1e3,
+            "period_ms": period * 1e3,
+            "mean_context": mean_cache,
+        }
+        return self._report("max_throughput", c * pp, ttft, tpot, per_replica, fit, mem,
+                            (Phase.PREFILL, 1, 0), (Phase.DECODE, c, mean_cache),
+                            throughput)
+
+    def _stage_list(self, phase: str, batch: int, cache_len: int = 0) -> list[float]:
+        return [c.total_time_s for c in self.priced(phase, batch, cache_len)]
+
+    def _stage_max(self, phase: str, batch: int, cache_len: int = 0) -> float:
+        times = self._stage_list(phase, batch, cache_len)
+        return max(times) if self.p.pp > 1 else sum(times)
+
+    def _mixed_iteration(self, gen: int, prompt_tokens: int, cache_len: int
+                         ) -> list[float]:
+        """An iteration that decodes ``gen`` sequences and prefills ``prompt_tokens``
+        prompt tokens: the layers' GEMMs and elementwise work on gen + prompt tokens at
+        once, decode attention for the gen sequences, prefill attention for the prompts,
+        the LM head only for the gen sequences and the prompts it completes."""
+        isl = self.infer.input_len
+        prompts = prompt_tokens / isl
+        body = _roles(self.priced(Phase.DECODE, gen + prompt_tokens, cache_len), self.p.pp)
+        gen_roles = _roles(self.priced(Phase.DECODE, gen, cache_len), self.p.pp)
+        prompt = _roles(self.priced(Phase.PREFILL, 1), self.p.pp)
+        # the head runs on gen + (completed prompts) rows: interpolated between the two
+        # priced batches (a GEMM's time is piecewise linear in its rows)
+        head_rows = gen + max(1.0, prompts)
+        share = (head_rows - gen) / prompt_tokens if prompt_tokens else 0.0
+        per_stage = []
+        for s in range(len(body)):
+            head = gen_roles[s]["head"] + share * (body[s]["head"] - gen_roles[s]["head"])
+            per_stage.append(body[s]["body"] + gen_roles[s]["attention"] +
+                             prompts * prompt[s]["attention"] + head)
+        return per_stage
+
+    def _kv_bytes_model(self) -> float:
+        """trtllm-bench's KV bytes per token of the whole model: 2 × layers × max(tp, kv
+        heads) × head size × KV bytes."""
+        d = self.dims
+        kv_bytes = dtype_bytes(self.kv_dtype or self.infer.dtype)
+        return 2 * d.layers * max(self.p.tp, d.kv_heads) * d.head_dim * kv_bytes
+
+    # -- the report --------------------------------------------------------------------
+
+    def _report(self, mode: str, batch: int, ttft: float, tpot: float, per_replica: float,
+                max_batch: int, mem: MemoryReport, prefill_key: tuple[str, int, int],
+                decode_key: tuple[str, int, int], throughput: Mapping[str, Any]
+                ) -> InferenceReport:
+        p = self.p
+        world = p.world_size
+        total = per_replica * p.dp
+        prefill = self._breakdown(*prefill_key)
+        decode = self._breakdown(*decode_key)
+        timelines = {"prefill": self._timeline(*prefill_key),
+                     "decode": self._timeline(*decode_key)}
+        g = self.graph(*decode_key)
+        infer = self.infer
+        return InferenceReport(
+            model=self.cap.name, model_type=self.cap.model_type, hardware_id=self.hw.id,
+            hardware_name=self.hw.name,
+            parallel={**p.to_json(), "describe": p.describe(), "world_size": world},
+            workload={**infer.to_json(), "kv_dtype": self.kv_dtype or infer.dtype},
+            engine=self.engine.name, mode=mode, world_size=world, batch=int(batch),
+            ttft_s=ttft, tpot_s=tpot, output_tokens_per_s=total,
+            output_tokens_per_s_per_gpu=total / world,
+            requests_per_s=total / infer.output_len, max_batch=int(max_batch), memory=mem,
+            prefill=prefill, decode=decode, throughput=throughput,
+            params={"total": self.cap.total_params, "active": self.cap.active_params,
+                    "tp_plan": self.cap.tp_plan.source},
+            notes=tuple(self.notes) + tuple(self.cap.warnings[:5]),
+            transforms=tuple(g.meta.get("transforms", ())), timelines=timelines)
+
+    def _breakdown(self, phase: str, batch: int, cache_len: int) -> PhaseBreakdown:
+        costed = self.priced(phase, batch, cache_len)
+        g = self.graph(phase, batch, cache_len)
+        by_cat: dict[str, float] = {}
+        by_kind: dict[str, float] = {}
+        coverage: dict[str, float] = {}
+        total = 0.0
+        flops = nbytes = 0
+        collectives: dict[str, dict[str, float]] = {}
+        for c in costed:
+            total += c.total_time_s
+            for k, v in c.time_by_category.items():
+                by_cat[k] = by_cat.get(k, 0.0) + v
+            for k, v in c.time_by_layer_kind.items():
+                by_kind[k] = by_kind.get(k, 0.0) + v
+            for k, v in c.coverage.time.items():
+                coverage[k] = coverage.get(k, 0.0) + v * c.total_time_s
+            for n in c.graph.nodes:
+                m = c.graph.multiplicity(n)
+                flops += n.flops * m
+                nbytes += n.bytes * m
+                if n.category == Category.COLLECTIVE:
+                    key = f"{n.attrs.get('group')}/{n.attrs.get('collective')}"
+                    entry = collectives.setdefault(key, {"count": 0, "bytes": 0,
+                                                         "time_s": 0.0})
+                    entry["count"] += m
+                    entry["bytes"] += int(n.attrs.get("bytes", 0)) * m
+                    entry["time_s"] += c.cost(n).time_s * m
+        counts = {t.kind: t.count for t in g.templates.values()}
+        per_layer = {k: by_kind.get(k, 0.0) / n for k, n in counts.items() if n}
+        tokens = batch * (self.infer.input_len if phase == Phase.PREFILL else 1)
+        return PhaseBreakdown(
+            phase=phase, batch=batch, tokens=tokens, time_s=total, flops=flops,
+            bytes=nbytes, by_category_s=by_cat, by_layer_kind_s=by_kind,
+            per_layer_s=per_layer, layer_counts=counts, collectives=collectives,
+            coverage={k: v / total for k, v in coverage.items()} if total else {})
+
+    def _timeline(self, phase: str, batch: int, cache_len: int) -> Timeline | None:
+        from zrt_core.schedule.scheduler import OverlapRules, schedule_phase
+
+        costed = self.priced(phase, batch, cache_len)[0]
+        try:
+            return schedule_phase(costed.graph, costed.costs, OverlapRules.serving())
+        except ZrtError:
+            return None
+
+
+class _CachedBackends:
+    """The contributed backends behind one price cache: a node priced for one step is not
+    priced again for another (the key is ``node_price_key``: op, FLOPs, bytes, shapes,
+    attrs — never ids). The cache lives per hardware spec across estimates, so
+    re-estimating another layout reuses every node price the layouts share."""
+
+    name = "cached"
+
+    def __init__(self, hw: HardwareSpec, backends: list[Any]) -> None:
+        self.backends = backends
+        key = (hw, tuple(b.name for b in backends))
+        cache = _PRICE_CACHES.get(key)
+        if cache is None:
+            if len(_PRICE_CACHES) > 8:
+                _PRICE_CACHES.clear()
+            cache = _PRICE_CACHES[key] = {}
+        self.cache: dict[Any, Any] = cache
+
+    def price(self, node: Any) -> Any:
+        key = node_price_key(node)
+        try:
+            hit = self.cache.get(key)
+        except TypeError:
+            key = repr(key)
+            hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        for b in self.backends:
+            cost = b.price(node)
+            if cost is not None:
+                if len(self.cache) > 200_000:
+                    self.cache.clear()
+                self.cache[key] = cost
+                return cost
+        return None
+
+
+_PRICE_CACHES: dict[Any, dict[Any, Any]] = {}
+
+
+def _roles(costed: list[CostedGraph], pp: int) -> list[dict[str, float]]:
+    """Per stage, time split into attention (and the cache writes feeding it), the head
+    (what runs after the last layer) and the body (the rest)."""
+    out = []
+    for c in costed:
+        g = c.graph
+        layer_pos = [i for i, n in enumerate(g.nodes) if n.layer_index is not None]
+        last = layer_pos[-1] if layer_pos else -1
+        attn = head = rest = 0.0
+        for i, n in enumerate(g.nodes):
+            t = c.cost(n).time_s * g.multiplicity(n)
+            if n.category == Category.ATTENTION or op_base(n.op) == "kv_cache_write":
+                attn += t
+            elif n.layer_index is None and i > last and not (
+                    n.category == Category.COLLECTIVE and n.attrs.get("group") == "pp"):
+                head += t
+            else:
+                rest += t
+        out.append({"attention": attn, "head": head, "body": rest})
+    del pp
+    return out
+
+
+def _stage_weights(graphs: list[OpGraph], layers: set[int], plan: PipelinePlan,
+                   rank_layers: list[set[int]]) -> float:
+    """Weights one pipeline rank holds: its stages' layers, plus the embedding and head
+    parameters when it runs the first or last stage."""
+    first = plan.stages[0].layers
+    last = plan.stages[-1].layers
+    holds_embedding = any(first[0] in s for s in rank_layers)
+    holds_head = any(last[-1] in s for s in rank_layers)
+    total = float(weights_bytes(graphs, layers))
+    outside = _outside_weights(graphs)
+    total -= outside["embedding"] + outside["head"]
+    if holds_embedding:
+        total += outside["embedding"]
+    if holds_head:
+        total += outside["head"]
+    return total
+
+
+def _outside_weights(graphs: list[OpGraph]) -> dict[str, float]:
+    """Bytes of parameters read outside the layers, on the embedding side and head side."""
+    from zrt_core.transforms.quant import weight_bytes
+
+    seen: set[str] = set()
+    out = {"embedding": 0.0, "head": 0.0}
+    for g in graphs:
+        pos = [i for i, n in enumerate(g.nodes) if n.layer_index is not None]
+        first, last = (pos[0], pos[-1]) if pos else (len(g.nodes), -1)
+        for i, n in enumerate(g.nodes):
+            if n.layer_index is not None:
+                continue
+            side = "embedding" if i < first else ("head" if i > last else None)
+            if side is None:
+                continue
+            for t in n.inputs:
+                if t.param is not None and t.param not in seen:
+                    seen.add(t.param)
+                    out[side] += weight_bytes(t)
+    return out
+
+
+def _engine_bytes_per_param(infer: InferSpec) -> float:
+    """trtllm-bench's bytes per parameter for its engine-size estimate."""
+    return {"fp8": 1.0, "fp4": 0.5, "int8": 1.0, "int4": 0.5}.get(
+        infer.quant, dtype_bytes(infer.dtype))
+
+
+def _fusion_transform() -> Any:
+    """The fusion transform for the context's platform, when zrt provides one."""
+    try:
+        from zrt_core.transforms.fusion import Fusion
+    except ImportError:
+        return None
+    return Fusion()
+
+
+__all__ = ["OUTSIDE_LAYERS", "estimate_inference"]
