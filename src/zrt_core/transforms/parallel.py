@@ -1257,7 +1257,7 @@ class _ParallelPass(ShapePass):
         base = op_base(node.op)
         metas = [self._current_meta(t) for t in node.inputs]
         # 1. partial sums reach something that is not linear in them: reduce first
-        safe = base in _PARTIAL_SAFE or node.zero_cost
+        safe = (base in _PARTIAL_SAFE or node.zero_cost) and base not in _SHAPE_ONLY
         if base == "add" or base == "sub":
             shaped = [lay for m, lay in zip(metas, ins, strict=True) if m.shape]
             safe = bool(shaped) and all(lay.partial and lay.partial == shaped[0].partial
