@@ -1,0 +1,191 @@
+"""Predict every training record of a validation file and print the step-time errors.
+
+    python benchmarks/bench_train_validation.py [FILE] [--only SUBSTR] [--json OUT]
+        [--cache DIR] [--verbose]
+
+For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
+fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
+micro-batch, sequence and dtype (kept in ``--cache DIR`` between runs when given), the
+estimate, and ``(predicted − measured) / measured`` for the step time (and tokens/s/GPU,
+MFU where the record has them). Prints a row per record, the MAPE of the step time over
+the records that measured it, the worst records, and the estimate's own time (capture
+excluded). A record zrt cannot predict is listed with the reason and the run goes on.
+
+Two records need a layout the source did not print (``LAYOUT_FROM_SOURCE``): the README's
+strong-scaling endpoints, which the same README's 177B weak-scaling row runs as TP8 × PP6;
+they carry only an MFU, so they do not enter the step-time MAPE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copyreg
+import hashlib
+import json
+import pickle
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+DEFAULT_FILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public.yaml"
+
+#: Layouts a record leaves null that its source states elsewhere (see the module docstring).
+LAYOUT_FROM_SOURCE = {
+    "megatron-readme-h100-strong-177B-96gpu": {"tp": 8, "pp": 6, "dp": 2},
+    "megatron-readme-h100-strong-177B-4608gpu": {"tp": 8, "pp": 6, "dp": 96},
+}
+
+
+def _reduce_mapping(m: types.MappingProxyType) -> tuple[Any, tuple[dict[str, Any]]]:
+    from zrt_core.ir.graph import _frozen_mapping
+
+    return _frozen_mapping, (dict(m),)
+
+
+# captures hold read-only mappings; pickle them through the IR's own constructor
+copyreg.pickle(types.MappingProxyType, _reduce_mapping)
+
+
+def load_records(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    with path.open(encoding="utf-8") as f:
+        return [r for r in yaml.safe_load(f) if r.get("workload") == "train"]
+
+
+def record_case(record: dict[str, Any]):
+    from zrt_core.estimate.training import case_from_record
+
+    layout = LAYOUT_FROM_SOURCE.get(record["id"])
+    if layout:
+        record = {**record, "parallel": {**(record.get("parallel") or {}), **layout}}
+    return case_from_record(record)
+
+
+def captured(case, host, cache: Path | None):
+    from zrt_core.estimate.training import capture_dtype, capture_for_training
+
+    dtype = capture_dtype(case.train.precision)
+    key = hashlib.sha1(json.dumps([dict(case.config), case.train.micro_batch,
+                                   case.train.seq_len, dtype], sort_keys=True,
+                                  default=str).encode()).hexdigest()[:16]
+    path = cache / f"{key}.pkl" if cache else None
+    if path is not None and path.exists():
+        with path.open("rb") as f:
+            return pickle.load(f)
+    result = capture_for_training(dict(case.config), case.train.micro_batch,
+                                  case.train.seq_len, dtype=dtype, host=host)
+    if path is not None:
+        with path.open("wb") as f:
+            pickle.dump(result, f)
+    return result
+
+
+def run(path: Path, only: str | None, cache: Path | None, verbose: bool
+        ) -> list[dict[str, Any]]:
+    from zrt_core.errors import ZrtError
+    from zrt_core.estimate.training import estimate_training
+    from zrt_core.plugins import get_plugin_manager
+
+    host = get_plugin_manager()
+    rows = []
+    for record in load_records(path):
+        rid = record["id"]
+        if only and only not in rid:
+            continue
+        row: dict[str, Any] = {"id": rid, "measured": record.get("measured", {})}
+        try:
+            case = record_case(record)
+            cap = captured(case, host, cache)
+            start = time.perf_counter()
+            report = estimate_training(case.config, case.hardware, case.parallel, case.train,
+                                       host=host, captured=cap, overlap=case.overlap,
+                                       num_gpus=case.num_gpus)
+            row["estimate_s"] = time.perf_counter() - start
+        except ZrtError as exc:
+            row.update(status="error", message=str(exc))
+            rows.append(row)
+            print(f"{rid:62s} error: {exc}", flush=True)
+            continue
+        predicted = {"step_time_s": report.step_time_s,
+                     "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu, "mfu": report.mfu}
+        error = {k: (predicted[k] - v) / v for k, v in row["measured"].items()
+                 if k in predicted and v}
+        row.update(status="ok", predicted=predicted, error=error, report=report,
+                   assumptions=case.assumptions)
+        rows.append(row)
+        e = error.get("step_time_s")
+        mem = report.memory
+        print(f"{rid:62s} {report.step_time_s:9.3f}s vs "
+              f"{row['measured'].get('step_time_s', float('nan')):9.3f}s "
+              f"{'' if e is None else f'{e:+7.1%}'} mfu {report.mfu:5.3f} "
+              f"{'' if report.feasible else 'INFEASIBLE '}"
+              f"{mem.peak_bytes / 2**30 if mem else 0:6.1f}GiB "
+              f"[{row['estimate_s'] * 1e3:.0f} ms]", flush=True)
+        if verbose:
+            print("    " + _breakdown(report), flush=True)
+    return rows
+
+
+def _breakdown(report) -> str:
+    exposed = ", ".join(f"{k} {v:.3g}" for k, v in report.exposed_comm_s.items())
+    return (f"fwd {report.forward_s:.3g} bwd {report.backward_s:.3g} rec "
+            f"{report.recompute_s:.3g} bubble {report.bubble_s:.3g} opt "
+            f"{report.optimizer_s:.3g} optcomm {report.optimizer_comm_exposed_s:.3g} | "
+            f"exposed {exposed} | m={report.microbatches} {report.schedule}")
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = [(r["id"], r["error"]["step_time_s"]) for r in rows
+              if r["status"] == "ok" and "step_time_s" in r.get("error", {})]
+    mape = statistics.fmean(abs(e) for _, e in errors) if errors else None
+    times = [r["estimate_s"] for r in rows if "estimate_s" in r]
+    return {"records": len(rows), "ok": sum(r["status"] == "ok" for r in rows),
+            "with_step_time": len(errors), "mape_step_time": mape,
+            "max_abs_error": max((abs(e) for _, e in errors), default=None),
+            "worst": sorted(errors, key=lambda x: -abs(x[1]))[:8],
+            "estimate_ms_median": statistics.median(times) * 1e3 if times else None,
+            "estimate_ms_max": max(times) * 1e3 if times else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file", nargs="?", type=Path, default=DEFAULT_FILE)
+    parser.add_argument("--only", help="records whose id contains this")
+    parser.add_argument("--json", type=Path, help="write records and summary here")
+    parser.add_argument("--cache", type=Path, help="keep captures here between runs")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    args = parser.parse_args(argv)
+    if args.cache:
+        args.cache.mkdir(parents=True, exist_ok=True)
+    rows = run(args.file, args.only, args.cache, args.verbose)
+    s = summary(rows)
+    print()
+    print(f"records {s['records']}, predicted {s['ok']}, with a measured step time "
+          f"{s['with_step_time']}")
+    if s["mape_step_time"] is not None:
+        print(f"MAPE of step time {s['mape_step_time']:.1%}, worst |error| "
+              f"{s['max_abs_error']:.1%}")
+        for rid, e in s["worst"]:
+            print(f"  {e:+7.1%}  {rid}")
+    if s["estimate_ms_median"] is not None:
+        print(f"estimate time (capture excluded): median {s['estimate_ms_median']:.0f} ms, "
+              f"max {s['estimate_ms_max']:.0f} ms")
+    if args.json:
+        out = {"records": [_row_json(r) for r in rows], "summary": s}
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+def _row_json(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if k != "report"}
+    if "report" in row:
+        out["report"] = row["report"].to_json()
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1259 @@
+"""The training estimator: one step of a model on a machine and a parallel layout.
+
+``estimate_training(model, hardware, parallel, train)`` captures ``train_forward`` and
+``train_backward`` for one micro-batch (once per model, micro-batch and sequence; reused
+across layouts), applies the platform's fusion rules, the parallel transforms (TP/SP/CP/EP),
+the precision recipe, recompute, ZeRO gathers and the data-parallel gradient sync, prices
+every node, schedules each pipeline stage's forward and backward on compute and
+communication streams, composes the stage times with the pipeline schedule, adds the
+gradient-sync tail and the optimizer step, and sizes memory per device.
+
+The report's identities hold exactly (up to float rounding); ``docs/training-model.md``
+derives each term:
+
+    step      = pipeline + optimizer + exposed optimizer communication
+    pipeline  = compute + exposed communication (in the pipeline) + bubble
+    compute   = forward + backward + recompute
+
+all for the critical pipeline rank (the busiest; the one the step waits for).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from attrs import evolve, field, frozen
+
+from zrt_core.errors import ModelError
+from zrt_core.ir.graph import Category, OpGraph, OpNode, Phase, dtype_bytes
+from zrt_core.schedule.pipeline import (
+    SPLIT_BACKWARD,
+    PipelineResult,
+    StageTimes,
+    check_schedule,
+    p2p_times_s,
+    simulate,
+    stage_rank,
+    virtual_stages,
+)
+from zrt_core.schedule.scheduler import OverlapRules, schedule_phase, weight_grad_s
+from zrt_core.strategy import Parallel, TrainSpec, check_layout
+from zrt_core.transforms.base import TransformContext, apply_all
+from zrt_core.transforms.training import (
+    RECOMPUTE_ATTR,
+    STATE_BYTES,
+    GradientSync,
+    ParamGather,
+    ParamInventory,
+    Precision,
+    PrecisionPlan,
+    Recompute,
+    dp_groups,
+    grad_dtype,
+    mark_weight_grads,
+    optimizer_graph,
+    param_inventory,
+    precision_plan,
+    stage_layer_ranges,
+)
+
+if TYPE_CHECKING:
+    from zrt_core.capture.api import CaptureResult
+    from zrt_core.cost.backend import NodeCost
+    from zrt_core.hardware import HardwareSpec
+    from zrt_core.modelinfo import ModelDims
+    from zrt_core.plugins import PluginHost
+    from zrt_core.schedule.timeline import Timeline
+
+#: Fraction of a device's memory a training job may fill: the rest is the CUDA context,
+#: NCCL's buffers and the caching allocator's fragmentation.
+USABLE_MEMORY_FRACTION = 0.95
+#: Pipelines with more operations than this are simulated at two smaller micro-batch counts
+#: in the steady state and extrapolated (exact: the steady state is periodic; tested).
+MAX_SIMULATED_OPS = 6000
+_EXTRAPOLATED = frozenset({"1f1b", "interleaved", "zb-h1"})
+_GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "other")
+
+
+def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+# -- report values ----------------------------------------------------------------------------
+
+
+@frozen
+class StageReport:
+    """One virtual stage, per micro-batch.
+
+    ``forward_s``/``backward_s`` are its timelines' makespans (what the pipeline schedule
+    takes); the ``*_compute_s`` parts are kernels on the compute stream, ``exposed_comm_s``
+    communication during which the stage computes nothing, ``hidden_comm_s`` the rest.
+    """
+
+    stage: int
+    rank: int
+    layers: tuple[int, int]
+    first: bool
+    last: bool
+    forward_s: float
+    backward_s: float
+    weight_s: float
+    forward_compute_s: float
+    backward_compute_s: float
+    recompute_s: float
+    exposed_comm_s: Mapping[str, float] = field(converter=_ro)
+    hidden_comm_s: Mapping[str, float] = field(converter=_ro)
+    activation_bytes: float = 0.0
+    transient_bytes: float = 0.0
+    forward_flops: float = 0.0
+    backward_flops: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "rank": self.rank, "layers": list(self.layers),
+                "first": self.first, "last": self.last, "forward_s": self.forward_s,
+                "backward_s": self.backward_s, "weight_s": self.weight_s,
+                "forward_compute_s": self.forward_compute_s,
+                "backward_compute_s": self.backward_compute_s,
+                "recompute_s": self.recompute_s,
+                "exposed_comm_s": dict(self.exposed_comm_s),
+                "hidden_comm_s": dict(self.hidden_comm_s),
+                "activation_bytes": self.activation_bytes,
+                "transient_bytes": self.transient_bytes}
+
+
+@frozen
+class MemoryReport:
+    """Memory of one device (the pipeline rank that needs the most), in bytes.
+
+    ``peak = weights + gradients + optimizer_states + activations + transient +
+    comm_buffers``; ``activations`` is the most the schedule keeps in flight (1F1B's first
+    rank: ``pp`` micro-batches), ``transient`` the largest working set of one layer's
+    backward (recomputed activations and gradient temporaries).
+    """
+
+    rank: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    comm_buffer_bytes: float
+    capacity_bytes: float
+    usable_bytes: float
+    inflight_microbatches: int
+    activation_bytes_per_microbatch: float
+    host_optimizer_bytes: float = 0.0
+
+    @property
+    def peak_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.transient_bytes + self.comm_buffer_bytes)
+
+    @property
+    def feasible(self) -> bool:
+        return self.peak_bytes <= self.usable_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        gib = 2.0 ** 30
+        return {"rank": self.rank, "weights_gib": self.weights_bytes / gib,
+                "gradients_gib": self.gradients_bytes / gib,
+                "optimizer_gib": self.optimizer_bytes / gib,
+                "activations_gib": self.activations_bytes / gib,
+                "transient_gib": self.transient_bytes / gib,
+                "comm_buffers_gib": self.comm_buffer_bytes / gib,
+                "peak_gib": self.peak_bytes / gib, "capacity_gib": self.capacity_bytes / gib,
+                "usable_gib": self.usable_bytes / gib, "feasible": self.feasible,
+                "inflight_microbatches": self.inflight_microbatches,
+                "activation_gib_per_microbatch": self.activation_bytes_per_microbatch / gib,
+                "host_optimizer_gib": self.host_optimizer_bytes / gib}
+
+
+@frozen(eq=False)
+class TrainingReport:
+    """One training step, broken down (see the module docstring for the identities).
+
+    Times are seconds on the critical pipeline rank; ``exposed_comm_s`` is by group (``tp``,
+    ``cp``, ``ep``, ``pp``, ``dp``...) over the whole step and ``pipeline_exposed_comm_s``
+    the part inside the pipeline. ``mfu`` counts model FLOPs (analytic, 3 × forward, causal
+    attention) and ``hfu`` the FLOPs the device executes (the graph's, with recompute), both
+    against the dense peak of the run's 16-bit dtype (bf16, or fp16) times the GPU count.
+    """
+
+    model: str
+    hardware_id: str
+    parallel: Parallel
+    train: TrainSpec
+    num_gpus: int
+    schedule: str
+    microbatches: int
+    step_time_s: float
+    pipeline_s: float
+    optimizer_s: float
+    optimizer_comm_exposed_s: float
+    compute_s: float
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    bubble_s: float
+    pipeline_exposed_comm_s: Mapping[str, float] = field(converter=_ro)
+    exposed_comm_s: Mapping[str, float] = field(converter=_ro)
+    hidden_comm_s: Mapping[str, float] = field(converter=_ro)
+    tokens_per_s_per_gpu: float = 0.0
+    mfu: float = 0.0
+    hfu: float = 0.0
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    peak_tflops: float = 0.0
+    memory: MemoryReport | None = None
+    stages: tuple[StageReport, ...] = ()
+    critical_rank: int = 0
+    precision: str = ""
+    notes: tuple[str, ...] = ()
+    timings_s: Mapping[str, float] = field(factory=dict, converter=_ro)
+    pipeline: PipelineResult | None = None
+    stage_times: StageTimes | None = None
+    p2p_s: tuple[float, ...] = ()
+    p2p_wrap_s: float = 0.0
+    timelines: Mapping[str, Timeline] = field(factory=dict, converter=_ro)
+
+    @property
+    def exposed_comm_total_s(self) -> float:
+        return sum(self.exposed_comm_s.values())
+
+    @property
+    def pipeline_exposed_comm_total_s(self) -> float:
+        return sum(self.pipeline_exposed_comm_s.values())
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble_s / self.pipeline_s if self.pipeline_s else 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory is None or self.memory.feasible
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model, "hardware": self.hardware_id, "num_gpus": self.num_gpus,
+            "parallel": self.parallel.to_json(), "train": self.train.to_json(),
+            "precision": self.precision, "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "step_time_s": self.step_time_s, "pipeline_s": self.pipeline_s,
+            "optimizer_s": self.optimizer_s,
+            "optimizer_comm_exposed_s": self.optimizer_comm_exposed_s,
+            "compute_s": self.compute_s, "forward_s": self.forward_s,
+            "backward_s": self.backward_s, "recompute_s": self.recompute_s,
+            "bubble_s": self.bubble_s, "bubble_fraction": self.bubble_fraction,
+            "pipeline_exposed_comm_s": dict(self.pipeline_exposed_comm_s),
+            "exposed_comm_s": dict(self.exposed_comm_s),
+            "hidden_comm_s": dict(self.hidden_comm_s),
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
+            "hfu": self.hfu, "model_flops": self.model_flops,
+            "hardware_flops": self.hardware_flops, "peak_tflops": self.peak_tflops,
+            "critical_rank": self.critical_rank, "feasible": self.feasible,
+            "memory": self.memory.to_json() if self.memory else None,
+            "stages": [s.to_json() for s in self.stages],
+            "notes": list(self.notes), "timings_s": dict(self.timings_s),
+        }
+        return out
+
+
+# -- capture cache ------------------------------------------------------------------------------
+
+_CAPTURES: dict[tuple[str, int, int, str], CaptureResult] = {}
+_CAPTURE_CACHE_SIZE = 8
+
+
+def capture_for_training(model: Any, micro_batch: int, seq_len: int, *, dtype: str = "bfloat16",
+                         host: PluginHost | None = None) -> CaptureResult:
+    """``train_forward`` + ``train_backward`` of one micro-batch, cached per model, micro-batch,
+    sequence and dtype (a layout search re-uses one capture)."""
+    from zrt_core.capture.api import capture
+
+    key_model = (json.dumps(dict(model), sort_keys=True, default=str)
+                 if isinstance(model, Mapping) else str(model))
+    key = (key_model, micro_batch, seq_len, dtype)
+    hit = _CAPTURES.get(key)
+    if hit is not None:
+        return hit
+    result = capture(model, phases=(Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD),
+                     batch=micro_batch, seq_len=seq_len, host=host, dtype=dtype)
+    if len(_CAPTURES) >= _CAPTURE_CACHE_SIZE:
+        _CAPTURES.pop(next(iter(_CAPTURES)))
+    _CAPTURES[key] = result
+    return result
+
+
+def capture_dtype(precision: str) -> str:
+    return {"fp16": "float16", "fp32": "float32"}.get(precision, "bfloat16")
+
+
+# -- the estimator ------------------------------------------------------------------------------
+
+
+def estimate_training(
+    model: Any,
+    hardware: HardwareSpec | str,
+    parallel: Parallel,
+    train: TrainSpec,
+    *,
+    host: PluginHost | None = None,
+    captured: CaptureResult | None = None,
+    overlap: OverlapRules | None = None,
+    num_gpus: int | None = None,
+    host_link_gb_per_s: float | None = None,
+    keep_timelines: bool = False,
+) -> TrainingReport:
+    """Estimate one training step (see the module docstring).
+
+    :param model: anything :func:`zrt_core.capture` takes (bundled name, path, config
+        mapping); ignored for the graphs when ``captured`` is given.
+    :param hardware: a :class:`HardwareSpec` or a hardware id / alias.
+    :param parallel: the layout; ``sp=None`` means on when ``tp > 1`` (Megatron).
+    :param train: micro-batch, global batch, sequence, recompute, ZeRO stage, optimizer,
+        precision, pipeline schedule (``1f1b`` becomes ``interleaved`` when ``vp > 1``).
+    :param captured: a :class:`CaptureResult` with both training phases at
+        ``train.micro_batch × train.seq_len``; captured (and cached) when None.
+    :param overlap: communication-overlap rules; default :func:`default_overlap`.
+    :param num_gpus: checked against ``tp × cp × pp × dp`` when given.
+    :param host_link_gb_per_s: device-to-host bandwidth for ``offload_optimizer``.
+    :param keep_timelines: keep the first stage's forward/backward timelines (for traces).
+    :raises LayoutError: a layout rule fails (named, with the numbers).
+    :raises ModelError: the model cannot be captured or the capture does not match.
+    """
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    if host is None:
+        from zrt_core.plugins import get_plugin_manager
+
+        host = get_plugin_manager()
+    hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
+    if captured is None:
+        captured = capture_for_training(model, train.micro_batch, train.seq_len,
+                                        dtype=capture_dtype(train.precision), host=host)
+        timings["capture"] = time.perf_counter() - started
+    t0 = time.perf_counter()
+    dims = captured.dims
+    if dims is None:
+        from zrt_core.modelinfo import ModelDims
+
+        dims = ModelDims.from_config(captured.config)
+    fwd0 = captured.graph(Phase.TRAIN_FORWARD)
+    bwd0 = captured.graph(Phase.TRAIN_BACKWARD)
+    for g in (fwd0, bwd0):
+        if g.meta.get("batch") != train.micro_batch or g.meta.get("seq_len") != train.seq_len:
+            raise ModelError(
+                f"the captured {g.phase} graph is for batch {g.meta.get('batch')} × "
+                f"sequence {g.meta.get('seq_len')}, not the micro-batch "
+                f"{train.micro_batch} × {train.seq_len}",
+                "capture at the training micro-batch and sequence length")
+    num_layers = int(fwd0.meta.get("num_layers") or dims.layers)
+    notes: list[str] = []
+    schedule = _schedule_name(parallel, train)
+    stages = virtual_stages(schedule, parallel.pp,
+                            parallel.vp if schedule == "interleaved" else 1)
+    stage_ranges = stage_layer_ranges(num_layers, stages, extra_first=1,
+                                      extra_last=1 + _mtp_layers(captured.config))
+    if num_layers % stages:
+        notes.append(f"{num_layers} layers over {stages} virtual stages: the embedding and "
+                     "the loss count as one layer each (Megatron's account_for_embedding/"
+                     "loss_in_pipeline_split)")
+    parallel = check_layout(parallel, _dims_for_layout(dims, stages, num_layers),
+                            num_gpus=num_gpus, train=train)
+    m = train.num_microbatches(parallel)
+    check_schedule(schedule, parallel.pp, parallel.vp if schedule == "interleaved" else 1, m)
+    rules = overlap or default_overlap(parallel, train)
+    plan = precision_plan(train.precision, hw)
+    if plan.note:
+        notes.append(plan.note)
+    ctx = TransformContext(dims=dims, hardware=hw, parallel=parallel, host=host, train=train)
+
+    # -- transforms -------------------------------------------------------------------------
+    fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes)
+    fwd = apply_all(fwd, [Precision(plan)], ctx)
+    bwd = mark_weight_grads(fwd, bwd)
+    bwd = apply_all(bwd, [Precision(plan)], ctx)
+    bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
+    inventory = param_inventory(fwd, parallel, dims)
+    sharded_grads = train.zero >= 1 or train.fsdp
+    zero3 = train.zero == 3 or train.fsdp
+    gdtype = grad_dtype(train.precision)
+    if zero3:
+        gather = ParamGather(inventory, plan.activation_dtype)
+        fwd = apply_all(fwd, [gather], ctx)
+        bwd = apply_all(bwd, [gather], ctx)
+    sync = GradientSync(inventory, gdtype, sharded=sharded_grads)
+    per_microbatch_sync = train.zero >= 2 or train.fsdp
+    bwd_sync = apply_all(bwd, [sync], ctx)
+    if per_microbatch_sync:
+        bwd = bwd_sync
+    timings["transforms"] = time.perf_counter() - t0
+
+    # -- prices -----------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    from zrt_core.cost.pricing import build_backends, price_nodes
+
+    backends = build_backends(hw, host)
+    costs: dict[str, dict[int, NodeCost]] = {}
+    for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
+        costs[label] = price_nodes(g.nodes, backends)
+    timings["price"] = time.perf_counter() - t0
+
+    # -- stages -----------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    saved = saved_activation_bytes(fwd, bwd)
+    transient = transient_bytes(bwd)
+    stage_reports, stage_times, dp_tails, timelines = _stages(
+        fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
+        keep_timelines=keep_timelines)
+    timings["schedule"] = time.perf_counter() - t0
+
+    # -- pipeline ---------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    message = _p2p_message_bytes(fwd, parallel, train, dims, plan)
+    p2p, wrap = p2p_times_s(hw, parallel, message) if parallel.pp > 1 else ((0.0,), 0.0)
+    vp = parallel.vp if schedule == "interleaved" else 1
+    summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap,
+                        full=keep_timelines)
+    timings["pipeline"] = time.perf_counter() - t0
+
+    # -- step -------------------------------------------------------------------------------
+    opt = _optimizer(inventory, fwd.templates, stage_reports, parallel, train, plan, hw,
+                     backends, rules, host_link_gb_per_s, notes)
+    report = _compose(
+        captured=captured, hw=hw, parallel=parallel, train=train, schedule=schedule,
+        microbatches=m, stage_reports=stage_reports, summary=summary, dp_tails=dp_tails,
+        optimizer=opt, inventory=inventory, plan=plan, p2p=p2p, wrap=wrap,
+        notes=notes, applied=applied, timelines=timelines, stage_times=stage_times,
+        fwd=fwd, bwd=bwd, dims=dims)
+    timings["total"] = time.perf_counter() - started
+    return evolve(report, timings_s=timings)
+
+
+def default_overlap(parallel: Parallel, train: TrainSpec) -> OverlapRules:
+    """Megatron-Core's overlap flags as NeMo / Megatron-Bridge recipes enable them.
+
+    ``--overlap-grad-reduce`` and ``--overlap-param-gather`` on; with TP > 1 and sequence
+    parallelism, TransformerEngine's userbuffer overlap (``--tp-comm-overlap``) chunks each
+    all-gather / reduce-scatter with its GEMM over the ``tp`` ranks, hiding all but one
+    chunk: ``(tp − 1)/tp`` of the collective; backward TP collectives run beside the
+    weight-gradient GEMMs; ring attention's KV exchange hides under the attention blocks.
+    """
+    sp = parallel.sequence_parallel(training=True)
+    hidden = (parallel.tp - 1) / parallel.tp if parallel.tp > 1 and sp else 0.0
+    return OverlapRules(tp_comm_overlap=hidden)
+
+
+def legacy_overlap() -> OverlapRules:
+    """Megatron-LM as in 2021-22 (Narayanan et al., Korthikanti et al.): no grad-reduce or
+    param-gather overlap, no TP userbuffer overlap; the backward TP all-reduce already ran
+    asynchronously beside the weight-gradient GEMM (``--async-tensor-model-parallel-
+    allreduce``)."""
+    return OverlapRules(tp_comm_overlap=0.0, overlap_grad_reduce=False,
+                        overlap_param_gather=False)
+
+
+def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
+    schedule = train.pp_schedule
+    if parallel.vp > 1 and schedule == "1f1b":
+        return "interleaved"
+    if parallel.pp == 1 and schedule in ("interleaved",):
+        return "1f1b"
+    return schedule
+
+
+def _mtp_layers(config: Mapping[str, Any]) -> int:
+    return int(config.get("num_nextn_predict_layers") or config.get("mtp_num_layers") or 0)
+
+
+def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims:
+    """``check_layout`` requires pp × vp to divide the layers; an uneven split that Megatron
+    accepts (embedding and loss counted as layers, :func:`stage_layer_ranges`) was already
+    checked, so the layer rule is checked against a count it divides."""
+    if num_layers % stages == 0:
+        return dims
+    return evolve(dims, layers=stages * max(1, num_layers // stages))
+
+
+def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
+                           notes: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+    """The TP/SP/CP/EP transforms (:mod:`zrt_core.transforms.parallel`, forward then backward
+    with shared tensor layouts, so saved activations keep their forward shapes), then the
+    platform's fusion rules on the per-rank graphs."""
+    from zrt_core.transforms.fusion import Fusion
+    from zrt_core.transforms.parallel import apply_phases
+
+    graphs = apply_phases({Phase.TRAIN_FORWARD: fwd, Phase.TRAIN_BACKWARD: bwd}, ctx)
+    fwd, bwd = graphs[Phase.TRAIN_FORWARD], graphs[Phase.TRAIN_BACKWARD]
+    fusion = Fusion()
+    fwd = apply_all(fwd, [fusion], ctx)
+    bwd = apply_all(bwd, [fusion], ctx)
+    return fwd, bwd, ("parallel", fusion.name)
+
+
+# -- activations and transient memory --------------------------------------------------------
+
+
+def _members(node: OpNode) -> list[OpNode]:
+    """A node, or the ops a fused node replaced (recursively)."""
+    if not node.fused_from:
+        return [node]
+    out: list[OpNode] = []
+    for m in node.fused_from:
+        out.extend(_members(m))
+    return out
+
+
+_RANDOM_OPS = ("bernoulli", "rand", "dropout", "normal", "uniform")
+
+
+def _forward_tensors(forward: OpGraph) -> tuple[dict[int, int], dict[int, Any], set[int]]:
+    """What the forward graph says about its tensors: view → the storage it views (views of
+    views followed, inside fused nodes too), storage id → its metadata, and the tensors a
+    fused kernel recomputes in its backward instead of keeping.
+
+    Recomputed: what a fused kernel produces internally (neither a view nor one of its
+    outputs), and the outputs of a fused elementwise kernel that no other forward node
+    reads (kept only for its backward: a fused bias-GeLU's backward recomputes tanh from
+    the GEMM output, Megatron's ``bias_gelu``) — unless the kernel draws random numbers (a
+    dropout mask must be kept).
+    """
+    base: dict[int, int] = {}
+    meta: dict[int, Any] = {}
+    internal: set[int] = set()
+    read: set[int] = set()
+    for n in forward.nodes:
+        for t in n.inputs:
+            if t.tensor_id is not None:
+                read.add(t.tensor_id)
+    for n in forward.nodes:
+        boundary = {t.tensor_id for t in n.outputs}
+        members = _members(n)
+        fused = bool(n.fused_from)
+        random = fused and any(any(r in m.op for r in _RANDOM_OPS) for m in members)
+        for m in members:
+            view = m.category == Category.VIEW
+            src = m.inputs[0].tensor_id if m.inputs else None
+            for t in m.outputs:
+                tid = t.tensor_id
+                if tid is None:
+                    continue
+                if view and src is not None:
+                    base[tid] = base.get(src, src)
+                elif tid not in meta:
+                    meta[tid] = t
+                    if fused and not random and tid not in boundary:
+                        internal.add(tid)
+        if fused and not random and n.category == Category.ELEMENTWISE:
+            for t in n.outputs:
+                if t.tensor_id is not None and t.tensor_id not in read:
+                    internal.add(t.tensor_id)
+    # a view of a recomputed tensor is recomputed with it
+    for tid, root in base.items():
+        if root in internal:
+            internal.add(tid)
+    return base, meta, internal
+
+
+def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | str, float]:
+    """Bytes one micro-batch keeps from forward to backward, per layer template (key: its
+    representative, one layer's worth) and outside the layers (``"embedding"`` and
+    ``"head"`` sides).
+
+    A saved activation is a tensor a backward node reads that no backward node produced
+    and that is not a weight: capture shares tensor ids between the two phases
+    (docs/architecture.md). Views count once, as the storage they view; a tensor saved in
+    two dtypes (the bf16 original and an fp8 copy for a weight-gradient GEMM) counts both.
+    A tensor a fused forward kernel produces internally is not kept: the fused backward
+    kernel recomputes it from the fused kernel's inputs (Megatron's fused bias-GeLU keeps
+    the GEMM output only). Under recompute the backward reads re-computed tensors, so only
+    the checkpoints remain.
+    """
+    base, meta, internal = _forward_tensors(forward)
+    produced = {t.tensor_id for n in backward.nodes for t in n.outputs
+                if t.tensor_id is not None}
+    first_layer = next((i for i, n in enumerate(backward.nodes)
+                        if n.layer_index is not None), len(backward.nodes))
+    seen: dict[int, tuple[int | str, set[str], int]] = {}
+    for pos, n in enumerate(backward.nodes):
+        key: int | str
+        if n.layer_index is not None:
+            key = n.layer_index
+        else:
+            key = "head" if pos < first_layer else "embedding"
+        for t in n.inputs:
+            tid = t.tensor_id
+            if tid is None or t.param is not None or tid in produced:
+                continue
+            root = base.get(tid, tid)
+            if root in internal:
+                continue
+            entry = seen.get(root)
+            if entry is None:
+                stored = meta.get(root)
+                numel = stored.numel if stored is not None else t.numel
+                seen[root] = (key, {stored.dtype if stored is not None and t.dtype ==
+                                    stored.dtype else t.dtype}, numel)
+            else:
+                entry[1].add(t.dtype)
+    out: dict[int | str, float] = {}
+    for key, dtypes, numel in seen.values():
+        out[key] = out.get(key, 0.0) + sum(numel * dtype_bytes(d) for d in dtypes)
+    return out
+
+
+def transient_bytes(backward: OpGraph) -> dict[int | str, float]:
+    """Peak bytes of tensors a backward segment creates and frees while it runs (liveness
+    over the segment's nodes in order: outputs allocated, freed after their last reader),
+    per layer template and for the outer head / embedding segments."""
+    segments: dict[int | str, list[OpNode]] = {}
+    first_layer = next((i for i, n in enumerate(backward.nodes)
+                        if n.layer_index is not None), len(backward.nodes))
+    for pos, n in enumerate(backward.nodes):
+        key: int | str = n.layer_index if n.layer_index is not None else (
+            "head" if pos < first_layer else "embedding")
+        segments.setdefault(key, []).append(n)
+    out: dict[int | str, float] = {}
+    for key, nodes in segments.items():
+        last_use: dict[int, int] = {}
+        for i, n in enumerate(nodes):
+            for t in n.inputs:
+                if t.tensor_id is not None:
+                    last_use[t.tensor_id] = i
+        live = 0.0
+        peak = 0.0
+        sizes: dict[int, float] = {}
+        for i, n in enumerate(nodes):
+            if not (n.zero_cost or n.category in (Category.VIEW, Category.COLLECTIVE)):
+                for t in n.outputs:
+                    if t.tensor_id is not None and not t.is_view and t.tensor_id not in sizes:
+                        sizes[t.tensor_id] = t.nbytes
+                        live += t.nbytes
+            peak = max(peak, live)
+            for t in (*n.inputs, *n.outputs):
+                tid = t.tensor_id
+                if tid in sizes and last_use.get(tid, -1) <= i:
+                    live -= sizes.pop(tid)
+        out[key] = peak
+    return out
+
+
+# -- per-stage schedules --------------------------------------------------------------------
+
+
+def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, Mapping[int,
+            NodeCost]], rules: OverlapRules, schedule: str, parallel: Parallel,
+            ranges: Sequence[range], saved: Mapping[int | str, float],
+            transient: Mapping[int | str, float], *, keep_timelines: bool
+            ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
+                       dict[str, Timeline]]:
+    kind_of: dict[int, int] = {}
+    for rep, t in fwd.templates.items():
+        for i in t.indices:
+            kind_of[i] = rep
+    recompute_nodes = [n for n in bwd.nodes if n.attrs.get(RECOMPUTE_ATTR)
+                       and n.category != Category.COLLECTIVE]
+    fwd_flops = {}
+    bwd_flops = {}
+    for g, acc in ((fwd, fwd_flops), (bwd, bwd_flops)):
+        for n in g.nodes:
+            acc[n.layer_index] = acc.get(n.layer_index, 0) + n.flops
+    first_layer_pos_bwd = next((i for i, n in enumerate(bwd.nodes) if n.layer_index is not None),
+                               len(bwd.nodes))
+    outer_bwd_flops = {"head": 0.0, "embedding": 0.0}
+    for pos, n in enumerate(bwd.nodes):
+        if n.layer_index is None:
+            outer_bwd_flops["head" if pos < first_layer_pos_bwd else "embedding"] += n.flops
+    first_layer_pos_fwd = next((i for i, n in enumerate(fwd.nodes) if n.layer_index is not None),
+                               len(fwd.nodes))
+    outer_fwd_flops = {"head": 0.0, "embedding": 0.0}
+    for pos, n in enumerate(fwd.nodes):
+        if n.layer_index is None:
+            outer_fwd_flops["embedding" if pos < first_layer_pos_fwd else "head"] += n.flops
+
+    cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    reports: list[StageReport] = []
+    dp_tails: list[tuple[float, float]] = []
+    timelines: dict[str, Timeline] = {}
+    n_stages = len(ranges)
+    for v, layers in enumerate(ranges):
+        first, last = v == 0, v == n_stages - 1
+        signature = (tuple(kind_of.get(i, i) for i in layers), first, last)
+        hit = cache.get(signature)
+        if hit is None:
+            lay = list(layers)
+            ft = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
+                                head_side=last)
+            bt = schedule_phase(bwd, costs["bwd"], rules, layers=lay, embedding_side=first,
+                                head_side=last)
+            st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
+                                embedding_side=first, head_side=last) \
+                if bwd_sync is not bwd else bt
+            counts: dict[int, int] = {}
+            for i in lay:
+                counts[kind_of.get(i, i)] = counts.get(kind_of.get(i, i), 0) + 1
+            recompute = sum(costs["bwd"][n.id].time_s * counts.get(n.layer_index, 0)
+                            for n in recompute_nodes if n.layer_index is not None)
+            wgrad = weight_grad_s(bwd, costs["bwd"], layers=lay) \
+                if schedule in SPLIT_BACKWARD else 0.0
+            act = sum(saved.get(rep, 0.0) * c for rep, c in counts.items())
+            act += (saved.get("embedding", 0.0) if first else 0.0) + \
+                (saved.get("head", 0.0) if last else 0.0)
+            trans = max([transient.get(rep, 0.0) for rep in counts]
+                        + ([transient.get("head", 0.0)] if last else [])
+                        + ([transient.get("embedding", 0.0)] if first else []) + [0.0])
+            ff = sum(fwd_flops.get(rep, 0) * c for rep, c in counts.items()) + \
+                (outer_fwd_flops["embedding"] if first else 0) + \
+                (outer_fwd_flops["head"] if last else 0)
+            bf = sum(bwd_flops.get(rep, 0) * c for rep, c in counts.items()) + \
+                (outer_bwd_flops["embedding"] if first else 0) + \
+                (outer_bwd_flops["head"] if last else 0)
+            dp_busy = sum(v for k, v in st.stream_busy_s.items()
+                          if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
+            hit = (ft, bt, st, recompute, min(wgrad, bt.makespan_s), act, trans, ff, bf,
+                   dp_busy)
+            cache[signature] = hit
+        ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy = hit
+        exposed: dict[str, float] = {}
+        hidden: dict[str, float] = {}
+        for tl in (ft, bt):
+            for k, val in tl.exposed_comm_s.items():
+                exposed[k] = exposed.get(k, 0.0) + val
+            for k, val in tl.hidden_comm_s.items():
+                hidden[k] = hidden.get(k, 0.0) + val
+            idle = tl.idle_s
+            if idle > 1e-12:
+                exposed["other"] = exposed.get("other", 0.0) + idle
+        reports.append(StageReport(
+            stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
+            if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
+            last=last, forward_s=ft.makespan_s, backward_s=bt.makespan_s, weight_s=wgrad,
+            forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
+            recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
+            activation_bytes=act, transient_bytes=trans, forward_flops=ff, backward_flops=bf))
+        # the last micro-batch's backward with the gradient reduction: how much longer it
+        # runs, and how long the DP streams are busy
+        dp_tails.append((max(0.0, st.makespan_s - bt.makespan_s), dp_busy))
+        if keep_timelines and v == 0:
+            timelines = {"forward": ft, "backward": bt, "backward_last": st}
+    times = StageTimes(
+        forward_s=[r.forward_s for r in reports], backward_s=[r.backward_s for r in reports],
+        weight_s=[r.weight_s for r in reports] if schedule in SPLIT_BACKWARD else None,
+        activation_bytes=[r.activation_bytes for r in reports])
+    return reports, times, dp_tails, timelines
+
+
+def _p2p_message_bytes(fwd: OpGraph, parallel: Parallel, train: TrainSpec, dims: ModelDims,
+                       plan: PrecisionPlan) -> float:
+    """One micro-batch's activation between stages, per rank: ``b·s·h`` 16-bit values split
+    over TP (sequence parallel, or Megatron's scatter-gather optimisation without it) and
+    CP."""
+    elements = train.micro_batch * train.seq_len * dims.hidden
+    return elements * dtype_bytes(plan.activation_dtype) / (parallel.tp * parallel.cp)
+
+
+# -- pipeline ---------------------------------------------------------------------------------
+
+
+@frozen
+class _PipelineSummary:
+    total_s: float
+    critical_rank: int
+    busy_s: tuple[float, ...]
+    p2p_exposed_s: tuple[float, ...]
+    bubble_s: tuple[float, ...]
+    peak_inflight: tuple[int, ...]
+    peak_activation_bytes: tuple[float, ...]
+    # per rank: seconds from its last operation's end to the step's end, and per virtual
+    # stage on the rank, seconds from its last backward's start to the step's end
+    end_before_total_s: tuple[float, ...]
+    last_backward_before_total_s: Mapping[int, float]
+    result: PipelineResult | None
+    extrapolated: bool = False
+
+
+def _pipeline(schedule: str, times: StageTimes, pp: int, vp: int, m: int,
+              p2p: Sequence[float], wrap: float, *, full: bool = False) -> _PipelineSummary:
+    """Simulate the schedule; past :data:`MAX_SIMULATED_OPS` operations, simulate two
+    micro-batch counts in the steady state and extrapolate linearly (busy time, P2P waits
+    and bubble of every rank grow by a fixed amount per ``pp`` micro-batches once the
+    pipeline is full; in-flight peaks stay)."""
+    stages = virtual_stages(schedule, pp, vp)
+    ops = 2 * m * stages * (1.5 if schedule in SPLIT_BACKWARD else 1)
+    step = pp
+    m1 = step * max(2, math.ceil(2 * (pp + vp) / step))
+    m2 = m1 + step
+    if full or ops <= MAX_SIMULATED_OPS or schedule not in _EXTRAPOLATED or m <= m2:
+        r = simulate(schedule, times, pp=pp, vp=vp, microbatches=m, p2p_s=p2p,
+                     p2p_wrap_s=wrap)
+        return _summarise(r, schedule, pp, vp)
+    a = _summarise(simulate(schedule, times, pp=pp, vp=vp, microbatches=m1, p2p_s=p2p,
+                            p2p_wrap_s=wrap), schedule, pp, vp)
+    b = _summarise(simulate(schedule, times, pp=pp, vp=vp, microbatches=m2, p2p_s=p2p,
+                            p2p_wrap_s=wrap), schedule, pp, vp)
+    k = (m - m1) / step
+
+    def lin(x: float, y: float) -> float:
+        return x + k * (y - x)
+
+    busy = tuple(lin(x, y) for x, y in zip(a.busy_s, b.busy_s, strict=True))
+    p2p_exp = tuple(lin(x, y) for x, y in zip(a.p2p_exposed_s, b.p2p_exposed_s, strict=True))
+    total = lin(a.total_s, b.total_s)
+    bubble = tuple(total - x - y for x, y in zip(busy, p2p_exp, strict=True))
+    critical = max(range(pp), key=lambda r: (busy[r], -r))
+    return _PipelineSummary(
+        total_s=total, critical_rank=critical, busy_s=busy, p2p_exposed_s=p2p_exp,
+        bubble_s=bubble, peak_inflight=b.peak_inflight,
+        peak_activation_bytes=b.peak_activation_bytes,
+        end_before_total_s=b.end_before_total_s,
+        last_backward_before_total_s=b.last_backward_before_total_s, result=None,
+        extrapolated=True)
+
+
+def _summarise(r: PipelineResult, schedule: str, pp: int, vp: int) -> _PipelineSummary:
+    table = r._table  # the per-operation arrays; read once, vectorised
+    import numpy as np
+
+    end = table.start + table.duration
+    end_before = []
+    last_bwd: dict[int, float] = {}
+    is_bwd = (table.kind == 1) | (table.kind == 3) | (table.kind == 4)
+    bwd_stage = np.where(table.kind == 4, table.stage2, table.stage)
+    for rank in range(pp):
+        mask = table.rank == rank
+        end_before.append(r.total_s - float(end[mask].max()) if mask.any() else 0.0)
+    for v in np.unique(bwd_stage[is_bwd]).tolist():
+        mask = is_bwd & (bwd_stage == v)
+        last_bwd[int(v)] = r.total_s - float(table.start[mask].max())
+    return _PipelineSummary(
+        total_s=r.total_s, critical_rank=r.critical_rank,
+        busy_s=tuple(s.busy_s for s in r.ranks),
+        p2p_exposed_s=tuple(s.exposed_p2p_s for s in r.ranks),
+        bubble_s=tuple(s.bubble_s for s in r.ranks),
+        peak_inflight=tuple(s.peak_inflight for s in r.ranks),
+        peak_activation_bytes=tuple(s.peak_activation_bytes or 0.0 for s in r.ranks),
+        end_before_total_s=tuple(end_before), last_backward_before_total_s=last_bwd,
+        result=r)
+
+
+def _rank_stages(schedule: str, pp: int, vp: int, m: int, n_stages: int
+                 ) -> list[list[tuple[int, float]]]:
+    """Per rank: (stage-report index, micro-batches it runs) for every stage it holds."""
+    out: list[list[tuple[int, float]]] = [[] for _ in range(pp)]
+    if schedule == "dualpipe":
+        for r in range(pp):
+            out[r] = [(r, m / 2), (pp - 1 - r, m / 2)]
+        return out
+    for v in range(n_stages):
+        out[stage_rank(schedule, pp, vp, v)].append((v, float(m)))
+    return out
+
+
+# -- optimizer ---------------------------------------------------------------------------------
+
+
+@frozen
+class _OptimizerStep:
+    compute_s: float
+    comm_s: float
+    comm_exposed_s: float
+    comm_group: str
+    per_rank_s: tuple[float, ...]
+    weights_bytes: tuple[float, ...]
+    gradients_bytes: tuple[float, ...]
+    states_bytes: tuple[float, ...]
+    host_states_bytes: tuple[float, ...]
+    gather_buffer_bytes: tuple[float, ...]
+    graphs: tuple[OpGraph, ...]
+
+
+def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
+               stages: Sequence[StageReport], parallel: Parallel, train: TrainSpec,
+               plan: PrecisionPlan, hw: HardwareSpec, backends: Sequence[Any],
+               rules: OverlapRules, host_link_gb_per_s: float | None, notes: list[str]
+               ) -> _OptimizerStep:
+    from zrt_core.cost.pricing import price_nodes
+
+    pp = parallel.pp
+    dense_group, expert_group = dp_groups(parallel)
+    dense_dp = parallel.span(dense_group)[0]
+    expert_dp = parallel.span(expert_group)[0]
+    shard_states = train.zero >= 1 or train.fsdp
+    shard_grads = train.zero >= 2 or train.fsdp
+    shard_params = train.zero == 3 or train.fsdp
+    pbytes = dtype_bytes(plan.activation_dtype)
+    gbytes = dtype_bytes(grad_dtype(train.precision))
+    state = STATE_BYTES.get(train.optimizer, 12)
+    link = host_link_gb_per_s or getattr(hw, "host_link_gb_per_s", None)
+    per_rank: list[float] = []
+    comm: list[float] = []
+    weights: list[float] = []
+    grads: list[float] = []
+    states: list[float] = []
+    host_states: list[float] = []
+    buffers: list[float] = []
+    graphs: list[OpGraph] = []
+    group = dense_group
+    for rank in range(pp):
+        mine = [s for s in stages if s.rank == rank]
+        layers = [i for s in mine for i in range(*s.layers)]
+        first = any(s.first for s in mine)
+        last = any(s.last for s in mine)
+        dense, expert = inventory.stage(layers, templates, first=first, last=last, pp=pp)
+        g = optimizer_graph(inventory, templates, layers, parallel, train, first=first,
+                            last=last, plan=plan, host_link_gb_per_s=link)
+        graphs.append(g)
+        priced = price_nodes(g.nodes, backends)
+        compute = comm_s = 0.0
+        for n in g.nodes:
+            mult = g.multiplicity(n)
+            host_s = n.attrs.get("host_link_s")
+            t = float(host_s) if host_s is not None else priced[n.id].time_s
+            if n.category == Category.COLLECTIVE:
+                comm_s += t * mult
+                group = str(n.attrs.get("group", group))
+            else:
+                compute += t * mult
+        per_rank.append(compute)
+        comm.append(comm_s)
+        dense_shard = dense_dp if shard_states else 1
+        expert_shard = expert_dp if shard_states else 1
+        opt_elements = dense / dense_shard + expert / expert_shard
+        if train.offload_optimizer:
+            states.append(0.0)
+            host_states.append(opt_elements * state)
+        else:
+            states.append(opt_elements * state)
+            host_states.append(0.0)
+        grad_elements = (dense / dense_dp + expert / expert_dp) if shard_grads \
+            else dense + expert
+        grads.append(grad_elements * gbytes)
+        param_elements = (dense / dense_dp + expert / expert_dp) if shard_params \
+            else dense + expert
+        w = param_elements * pbytes
+        if plan.low_precision:
+            # TransformerEngine keeps row- and column-wise low-precision weight copies
+            w += 2 * plan.quantized_bytes(int(dense + expert), plan.gemm_dtype or "")
+        weights.append(w)
+        if shard_params:
+            largest = max([inventory.layers[k].total for k in inventory.layers
+                           if any(i in templates.get(k).indices for i in layers)
+                           and templates.get(k) is not None] + [0])
+            buffers.append(2 * largest * pbytes)  # the layer in use and the one prefetched
+        else:
+            buffers.append(0.0)
+    worst = max(range(pp), key=lambda r: per_rank[r] + comm[r])
+    exposed = 0.0 if rules.overlap_param_gather else comm[worst]
+    if train.offload_optimizer:
+        notes.append("optimizer states offloaded: the step moves gradients and weights over "
+                     f"the host link at {link} GB/s; the host's own Adam time is not modelled")
+    return _OptimizerStep(
+        compute_s=per_rank[worst], comm_s=comm[worst], comm_exposed_s=exposed,
+        comm_group=group, per_rank_s=tuple(per_rank), weights_bytes=tuple(weights),
+        gradients_bytes=tuple(grads), states_bytes=tuple(states),
+        host_states_bytes=tuple(host_states), gather_buffer_bytes=tuple(buffers),
+        graphs=tuple(graphs))
+
+
+# -- composing the step -------------------------------------------------------------------------
+
+
+def _compose(*, captured: CaptureResult, hw: HardwareSpec, parallel: Parallel, train: TrainSpec,
+             schedule: str, microbatches: int, stage_reports: Sequence[StageReport],
+             summary: _PipelineSummary, dp_tails: Sequence[tuple[float, float]],
+             optimizer: _OptimizerStep, inventory: ParamInventory, plan: PrecisionPlan,
+             p2p: Sequence[float], wrap: float, notes: list[str], applied: Sequence[str],
+             timelines: Mapping[str, Timeline], stage_times: StageTimes, fwd: OpGraph,
+             bwd: OpGraph, dims: ModelDims) -> TrainingReport:
+    pp = parallel.pp
+    vp = parallel.vp if schedule == "interleaved" else 1
+    m = microbatches
+    per_rank = _rank_stages(schedule, pp, vp, m, len(stage_reports))
+    r_star = summary.critical_rank
+
+    # the critical rank's busy time, split into compute and in-stage exposed communication
+    fwd_c = bwd_c = rec_c = 0.0
+    exposed: dict[str, float] = {}
+    hidden: dict[str, float] = {}
+    for v, count in per_rank[r_star]:
+        s = stage_reports[v]
+        fwd_c += count * s.forward_compute_s
+        bwd_c += count * s.backward_compute_s
+        rec_c += count * s.recompute_s
+        for k, val in s.exposed_comm_s.items():
+            exposed[k] = exposed.get(k, 0.0) + count * val
+        for k, val in s.hidden_comm_s.items():
+            hidden[k] = hidden.get(k, 0.0) + count * val
+    compute = fwd_c + bwd_c + rec_c
+    busy = summary.busy_s[r_star]
+    serial = compute + sum(exposed.values())
+    saving = serial - busy  # DualPipe's overlapped pairs hide communication; ~0 otherwise
+    if abs(saving) > 1e-9 * max(busy, 1.0) and sum(exposed.values()) > 0:
+        scale = max(0.0, 1.0 - saving / sum(exposed.values()))
+        for k in list(exposed):
+            moved = exposed[k] * (1.0 - scale)
+            exposed[k] -= moved
+            hidden[k] = hidden.get(k, 0.0) + moved
+    elif abs(saving) > 1e-9 * max(busy, 1.0):
+        compute = busy - sum(exposed.values())
+    p2p_exposed = summary.p2p_exposed_s[r_star]
+    if p2p_exposed:
+        exposed["pp"] = exposed.get("pp", 0.0) + p2p_exposed
+    if pp > 1:
+        receives = sum(2 * count for _, count in per_rank[r_star])
+        p2p_total = receives * (max(p2p) if p2p else 0.0)
+        hidden["pp"] = hidden.get("pp", 0.0) + max(0.0, p2p_total - p2p_exposed)
+    bubble = summary.bubble_s[r_star]
+    pipeline = summary.total_s
+    # force the identity to hold exactly: pipeline = compute + exposed + bubble
+    bubble = pipeline - compute - sum(exposed.values())
+
+    # the gradient reduction's tail after each rank's last backward
+    step_end = pipeline
+    dp_busy_total = 0.0
+    for rank in range(pp):
+        end = pipeline - summary.end_before_total_s[rank]
+        finish = end
+        serial_start = None
+        busy_sum = 0.0
+        for v, _ in per_rank[rank]:
+            tail, dp_busy = dp_tails[v]
+            start = pipeline - summary.last_backward_before_total_s.get(v, 0.0)
+            finish = max(finish, start + stage_reports[v].backward_s + tail)
+            serial_start = start if serial_start is None else min(serial_start, start)
+            busy_sum += dp_busy
+        if serial_start is not None:
+            finish = max(finish, serial_start + busy_sum)
+        if rank == r_star:
+            dp_busy_total = busy_sum
+        step_end = max(step_end, finish)
+    grad_tail = step_end - pipeline
+    optimizer_comm_exposed = grad_tail + optimizer.comm_exposed_s
+    all_exposed = dict(exposed)
+    all_hidden = dict(hidden)
+    if grad_tail > 0:
+        all_exposed["dp"] = all_exposed.get("dp", 0.0) + grad_tail
+    if dp_busy_total > grad_tail:
+        all_hidden["dp"] = all_hidden.get("dp", 0.0) + dp_busy_total - grad_tail
+    if optimizer.comm_exposed_s:
+        all_exposed["dp"] = all_exposed.get("dp", 0.0) + optimizer.comm_exposed_s
+    elif optimizer.comm_s:
+        all_hidden["dp"] = all_hidden.get("dp", 0.0) + optimizer.comm_s
+    step = pipeline + optimizer.compute_s + optimizer_comm_exposed
+
+    # throughput and utilisation
+    world = parallel.world_size
+    tokens = train.global_batch * train.seq_len
+    peak = hw.compute.fp16_tflops if train.precision == "fp16" else hw.compute.bf16_tflops
+    model_flops = _model_flops(captured, train, notes)
+    per_stage_replicas = world // pp
+    hardware_flops = sum((s.forward_flops + s.backward_flops) * m for s in stage_reports) \
+        * per_stage_replicas
+    if schedule == "dualpipe":
+        hardware_flops = sum((s.forward_flops + s.backward_flops) * m
+                             for s in stage_reports) * per_stage_replicas
+    mfu = model_flops / (step * world * peak * 1e12) if step else 0.0
+    hfu = hardware_flops / (step * world * peak * 1e12) if step else 0.0
+
+    memory = _memory(hw, stage_reports, summary, optimizer, per_rank, pp)
+    if not memory.feasible:
+        notes.append(
+            f"does not fit: rank {memory.rank} needs {memory.peak_bytes / 2**30:.1f} GiB of "
+            f"{memory.usable_bytes / 2**30:.1f} GiB usable "
+            f"({hw.memory.capacity_gb:g} GB × {USABLE_MEMORY_FRACTION})")
+    if summary.extrapolated:
+        notes.append(f"pipeline of {microbatches} micro-batches extrapolated from two "
+                     "simulated steady-state counts")
+    if applied:
+        notes.append("graph transforms: " + ", ".join(applied))
+    return TrainingReport(
+        model=captured.model, hardware_id=hw.id, parallel=parallel, train=train,
+        num_gpus=world, schedule=schedule, microbatches=m, step_time_s=step,
+        pipeline_s=pipeline, optimizer_s=optimizer.compute_s,
+        optimizer_comm_exposed_s=optimizer_comm_exposed, compute_s=compute, forward_s=fwd_c,
+        backward_s=bwd_c, recompute_s=rec_c, bubble_s=bubble,
+        pipeline_exposed_comm_s=_ordered(exposed), exposed_comm_s=_ordered(all_exposed),
+        hidden_comm_s=_ordered(all_hidden), tokens_per_s_per_gpu=tokens / (step * world),
+        mfu=mfu, hfu=hfu, model_flops=model_flops, hardware_flops=hardware_flops,
+        peak_tflops=peak, memory=memory, stages=tuple(stage_reports), critical_rank=r_star,
+        precision=plan.recipe, notes=tuple(notes), pipeline=summary.result,
+        stage_times=stage_times, p2p_s=tuple(p2p), p2p_wrap_s=wrap, timelines=timelines)
+
+
+def _ordered(values: Mapping[str, float]) -> dict[str, float]:
+    keys = sorted(values, key=lambda k: (_GROUP_ORDER.index(k) if k in _GROUP_ORDER else 99, k))
+    return {k: values[k] for k in keys}
+
+
+def _model_flops(captured: CaptureResult, train: TrainSpec, notes: list[str]) -> float:
+    """3 × the analytic training forward of the global batch (causal attention, logits of
+    every position); the captured forward where the analytic front-end lacks the family."""
+    from zrt_core.analytic.flops import train_forward_flops
+
+    try:
+        forward = train_forward_flops(dict(captured.config), train.global_batch,
+                                      train.seq_len).total
+    except ModelError as exc:
+        notes.append(f"MFU from the captured forward FLOPs: {exc}")
+        per_micro = captured.graph(Phase.TRAIN_FORWARD).totals().flops
+        forward = per_micro * train.global_batch / train.micro_batch
+    return 3.0 * forward
+
+
+def _memory(hw: HardwareSpec, stages: Sequence[StageReport], summary: _PipelineSummary,
+            optimizer: _OptimizerStep, per_rank: Sequence[Sequence[tuple[int, float]]],
+            pp: int) -> MemoryReport:
+    capacity = hw.memory.capacity_gb * 2.0 ** 30
+    best: MemoryReport | None = None
+    for rank in range(pp):
+        mine = [stages[v] for v, _ in per_rank[rank]]
+        acts = summary.peak_activation_bytes[rank]
+        per_micro = max((s.activation_bytes for s in mine), default=0.0)
+        report = MemoryReport(
+            rank=rank, weights_bytes=optimizer.weights_bytes[rank],
+            gradients_bytes=optimizer.gradients_bytes[rank],
+            optimizer_bytes=optimizer.states_bytes[rank], activations_bytes=acts,
+            transient_bytes=max((s.transient_bytes for s in mine), default=0.0),
+            comm_buffer_bytes=optimizer.gather_buffer_bytes[rank], capacity_bytes=capacity,
+            usable_bytes=capacity * USABLE_MEMORY_FRACTION,
+            inflight_microbatches=summary.peak_inflight[rank],
+            activation_bytes_per_microbatch=per_micro,
+            host_optimizer_bytes=optimizer.host_states_bytes[rank])
+        if best is None or report.peak_bytes > best.peak_bytes:
+            best = report
+    assert best is not None
+    return best
+
+
+@frozen
+class TrainingCase:
+    """The inputs of one estimate, as read from a validation record (SCHEMA.md) with
+    Megatron-LM / NeMo defaults for what the record leaves null; ``assumptions`` lists each
+    default that was taken."""
+
+    config: Mapping[str, Any] = field(converter=_ro)
+    hardware: str
+    parallel: Parallel
+    train: TrainSpec
+    overlap: OverlapRules
+    num_gpus: int
+    assumptions: tuple[str, ...] = ()
+
+
+#: Sources whose runs used Megatron-LM as of 2021-22, before overlapped gradient reduction,
+#: parameter gathers and TP userbuffers existed.
+LEGACY_MEGATRON_SOURCES = ("Narayanan et al. 2021", "Korthikanti et al. 2022")
+
+
+def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
+    """Read a ``workload: train`` validation record (../shared/validation/SCHEMA.md).
+
+    Null fields take Megatron-LM / NeMo defaults (docs/training-model.md): dp =
+    GPUs / (tp × cp × pp); sequence parallelism on when tp > 1; the distributed optimizer
+    (ZeRO-1); no FSDP; no recompute; micro-batch 1; bf16; expert TP = TP; 1F1B, interleaved
+    when vp > 1; AdamW. Overlap flags: Megatron-Core's (:func:`default_overlap`), except
+    for runs of Megatron-LM as published in 2021-22 (:func:`legacy_overlap`).
+
+    :raises ModelError: the record is not a training record or lacks what cannot default.
+    """
+    if record.get("workload") != "train":
+        raise ModelError(f"record {record.get('id')!r} is not a training record",
+                         "only workload: train records have a training step")
+    rid = record.get("id", "?")
+    try:
+        config = record["model"]["hf_config"]
+        hardware = record["hardware"]
+        num_gpus = int(record["num_gpus"])
+        seq_len = int(record["seq_len"])
+        global_batch = int(record["global_batch"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"record {rid}: missing or bad field {exc}",
+                         "see ../shared/validation/SCHEMA.md") from None
+    raw = dict(record.get("parallel") or {})
+    assumptions: list[str] = []
+
+    def take(key: str, default: Any, why: str) -> Any:
+        value = raw.get(key)
+        if value is None:
+            assumptions.append(f"{key}={default} ({why})")
+            return default
+        return value
+
+    tp = int(take("tp", 1, "not published"))
+    pp = int(take("pp", 1, "not published"))
+    cp = int(take("cp", 1, "not published"))
+    vp = int(take("vp", 1, "no interleaving stated"))
+    ep = int(take("ep", 1, "not published"))
+    if raw.get("dp") is None:
+        dp = max(1, num_gpus // (tp * pp * cp))
+        assumptions.append(f"dp={dp} (GPUs / (tp × cp × pp))")
+    else:
+        dp = int(raw["dp"])
+    etp = raw.get("etp")
+    sp = raw.get("sp")
+    if sp is None and tp > 1:
+        assumptions.append("sp on (Megatron/NeMo default with tp > 1)")
+    zero = raw.get("zero")
+    if zero is None:
+        zero = 1
+        assumptions.append("zero=1 (distributed optimizer)")
+    fsdp = bool(raw.get("fsdp") or False)
+    parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
+                        dp=dp, sp=None if sp is None else bool(sp))
+    recompute = record.get("recompute")
+    if recompute is None:
+        recompute = "none"
+        assumptions.append("recompute=none")
+    micro_batch = record.get("micro_batch")
+    if micro_batch is None:
+        micro_batch = 1
+        assumptions.append("micro_batch=1")
+    precision = record.get("precision")
+    if precision is None:
+        precision = "bf16"
+        assumptions.append("precision=bf16 (16-bit mixed precision)")
+    train = TrainSpec(micro_batch=int(micro_batch), global_batch=global_batch,
+                      seq_len=seq_len, recompute=str(recompute), zero=int(zero), fsdp=fsdp,
+                      optimizer="adamw", precision=str(precision),
+                      pp_schedule="interleaved" if vp > 1 else "1f1b")
+    source = str(record.get("source", ""))
+    if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) != 3:
+        overlap = legacy_overlap()
+        assumptions.append("Megatron-LM of 2021-22: no overlapped grad reduction, param "
+                           "gather or TP userbuffers")
+    else:
+        overlap = default_overlap(parallel, train)
+    return TrainingCase(config=config, hardware=str(hardware), parallel=parallel, train=train,
+                        overlap=overlap, num_gpus=num_gpus, assumptions=tuple(assumptions))
+
+
+def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
+    """A :class:`TrainSpec` with Megatron's defaults for what is not given (vp > 1 →
+    interleaved)."""
+    spec = TrainSpec(**fields)
+    if parallel.vp > 1 and spec.pp_schedule == "1f1b":
+        spec = evolve(spec, pp_schedule="interleaved")
+    return spec
+
+
+__all__ = [
+    "LEGACY_MEGATRON_SOURCES",
+    "MemoryReport",
+    "StageReport",
+    "TrainingCase",
+    "TrainingReport",
+    "capture_for_training",
+    "case_from_record",
+    "default_overlap",
+    "estimate_training",
+    "legacy_overlap",
+    "saved_activation_bytes",
+    "train_spec_defaults",
+    "transient_bytes",
+]

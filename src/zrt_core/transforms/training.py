@@ -1,0 +1,935 @@
+"""Training transforms: recompute, mixed precision, data-parallel gradient sync, ZeRO/FSDP
+parameter gathers, the optimizer step graph and CPU offload of optimizer states.
+
+They run on the ``train_forward`` / ``train_backward`` graphs of one capture (one micro-batch
+on one device, after the parallel transforms have sharded shapes) and follow what
+Megatron-LM / TransformerEngine / DeepSpeed / FSDP execute; ``docs/training-model.md``
+gives each rule and its source. Every node a transform adds is an ordinary :class:`OpNode`
+priced by the cost backends; collectives carry the attrs of ``docs/architecture.md``.
+
+Order (what :mod:`zrt_core.estimate.training` runs): fusion → parallel → :class:`Precision`
+→ :func:`mark_weight_grads` → :class:`Recompute` → :class:`ParamGather` /
+:class:`GradientSync`; :func:`optimizer_graph` builds the ``optimizer`` phase.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from attrs import evolve, field, frozen
+
+from zrt_core.errors import LayoutError, SpecError
+from zrt_core.ir.graph import (
+    Category,
+    LayerTemplate,
+    OpGraph,
+    OpNode,
+    Phase,
+    TensorMeta,
+    dtype_bytes,
+)
+
+if TYPE_CHECKING:
+    from zrt_core.hardware import HardwareSpec
+    from zrt_core.schedule.scheduler import OverlapRules
+    from zrt_core.strategy import Parallel, TrainSpec
+    from zrt_core.transforms.base import TransformContext
+
+#: ``attrs["grad"]`` of a backward GEMM computing a weight gradient (zero-bubble W pass) or
+#: an input gradient (B pass); the scheduler reads the same mark.
+WEIGHT_GRAD, INPUT_GRAD = "weight", "input"
+#: ``attrs["recompute"]`` marks forward nodes re-run inside the backward graph.
+RECOMPUTE_ATTR = "recompute"
+#: ``attrs["quantize"]`` marks the cast (and amax / block-scale) kernels a precision recipe adds.
+QUANTIZE_ATTR = "quantize"
+
+_EXPERT_PARAM = re.compile(r"(^|\.)experts\.")
+_FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def is_expert_param(name: str) -> bool:
+    """A routed expert's weight (``...mlp.experts.gate_up_proj``), not a shared expert's."""
+    return bool(_EXPERT_PARAM.search(name))
+
+
+def _next_id(graph: OpGraph) -> int:
+    return max((n.id for n in graph.nodes), default=-1) + 1
+
+
+def _tensor_ids(graphs: Iterable[OpGraph]) -> int:
+    """One past the largest tensor id in the graphs (new tensors are numbered from it)."""
+    top = -1
+    for g in graphs:
+        for n in g.nodes:
+            for t in (*n.inputs, *n.outputs):
+                if t.tensor_id is not None and t.tensor_id > top:
+                    top = t.tensor_id
+    return top + 1
+
+
+def collective_node(
+    node_id: int,
+    kind: str,
+    group: str,
+    parallel: Parallel,
+    message_bytes: float,
+    *,
+    phase: str,
+    layer_index: int | None = None,
+    layer_kind: str | None = None,
+    module_path: str = "",
+    overlap: str | None = None,
+    dtype: str = "bfloat16",
+    extra: Mapping[str, Any] | None = None,
+) -> OpNode:
+    """A collective node as docs/architecture.md defines it: the group's size and span from
+    ``Parallel.span``; ``message_bytes`` per rank (the full buffer of an all-reduce, the
+    gathered output of an all-gather, the input of a reduce-scatter)."""
+    size, span = parallel.span(group)
+    elements = max(1, int(message_bytes // dtype_bytes(dtype)))
+    attrs: dict[str, Any] = {"collective": kind, "group": group, "group_size": size,
+                             "span": span, "bytes": float(message_bytes)}
+    if overlap is not None:
+        attrs["overlap"] = overlap
+    if extra:
+        attrs.update(extra)
+    buffer = TensorMeta(shape=(elements,), dtype=dtype)
+    return OpNode(id=node_id, op=f"comm.{kind}", category=Category.COLLECTIVE, phase=phase,
+                  inputs=(buffer,), outputs=(buffer,), module_path=module_path,
+                  layer_index=layer_index, layer_kind=layer_kind, formula="collective",
+                  attrs=attrs)
+
+
+# -- weight-gradient marks ----------------------------------------------------------------------
+
+
+def mark_weight_grads(forward: OpGraph, backward: OpGraph) -> OpGraph:
+    """Mark backward GEMMs ``attrs["grad"] = "weight"`` or ``"input"``.
+
+    A backward GEMM that reads a parameter computes an input gradient (``dX = dY·Wᵀ``); one
+    that reads none while its forward GEMM (same autograd sequence number) read a parameter
+    of the shape it writes computes that parameter's gradient (``dW = Xᵀ·dY``; for grouped
+    expert GEMMs ``[E, k, n]``). Zero-bubble schedules move the weight gradients off the
+    critical path; the scheduler reads the same mark.
+    """
+    param_shapes: dict[int, list[tuple[int, ...]]] = {}
+    for n in forward.nodes:
+        if n.category != Category.MATMUL:
+            continue
+        seq = n.attrs.get("seq_nr")
+        shapes = [t.shape for t in n.inputs if t.param is not None]
+        if seq is not None and shapes:
+            param_shapes.setdefault(seq, []).extend(shapes)
+    nodes = []
+    changed = False
+    for n in backward.nodes:
+        if n.category == Category.MATMUL and "grad" not in n.attrs \
+                and not n.attrs.get(RECOMPUTE_ATTR):
+            mark = None
+            if any(t.param is not None for t in n.inputs):
+                mark = INPUT_GRAD
+            else:
+                shapes = param_shapes.get(n.attrs.get("fwd_seq_nr"), ())
+                out = n.outputs[0].shape if n.outputs else ()
+                if any(out == s or out == tuple(reversed(s)) or
+                       (len(s) == 3 and out == (s[0], s[2], s[1])) for s in shapes):
+                    mark = WEIGHT_GRAD
+                elif shapes:
+                    mark = INPUT_GRAD
+            if mark is not None:
+                n = evolve(n, attrs={**n.attrs, "grad": mark})
+                changed = True
+        nodes.append(n)
+    return backward.with_nodes(nodes, backward.edges) if changed else backward
+
+
+# -- recompute ------------------------------------------------------------------------------------
+
+
+@frozen
+class Recompute:
+    """Activation recomputation, as Megatron-LM runs it.
+
+    - ``none``: nothing changes.
+    - ``selective`` (``--recompute-granularity selective``, Korthikanti et al. 2022): the
+      attention core (the fused attention kernel) is re-run in the backward, just before its
+      own backward; its internal outputs (the softmax statistics) are not kept.
+    - ``full`` (``--recompute-granularity full --recompute-method uniform
+      --recompute-num-layers 1``): only each layer's input is kept; the whole layer forward,
+      its TP/SP/EP communication included, re-runs just before that layer's backward.
+
+    Re-run nodes are copies of the forward nodes (phase ``train_backward``,
+    ``attrs["recompute"] = True``, new node and tensor ids); the backward nodes of the layer
+    read the re-computed tensors instead of saved ones, which is how the memory model sees
+    what is no longer kept. A copied collective keeps how the forward runs it (its
+    ``attrs["overlap"]``), since a recomputed forward blocks like a forward.
+
+    :param forward: the ``train_forward`` graph the backward came from.
+    :param rules: overlap rules, to pin how copied collectives run.
+    """
+
+    mode: str
+    forward: OpGraph
+    rules: OverlapRules | None = None
+    name: str = "recompute"
+
+    def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
+        if graph.phase != Phase.TRAIN_BACKWARD:
+            raise SpecError(f"recompute applies to the train_backward graph, not {graph.phase}")
+        if self.mode == "none":
+            return graph
+        if self.mode not in ("selective", "full"):
+            raise SpecError(f"unknown recompute mode {self.mode!r}",
+                            "use none, selective or full")
+        fwd_by_layer: dict[int, list[OpNode]] = {}
+        for n in self.forward.nodes:
+            if n.layer_index is not None:
+                fwd_by_layer.setdefault(n.layer_index, []).append(n)
+        node_offset = _next_id(graph)
+        tensor_offset = _tensor_ids((graph, self.forward))
+        copies: dict[int, list[OpNode]] = {}  # backward node id -> copies inserted before it
+        renamed: dict[int, int] = {}  # forward tensor id -> recomputed tensor id
+        new_edges: list[tuple[int, int]] = []
+        fwd_edges = self.forward.edges
+
+        if self.mode == "full":
+            first_bwd: dict[int, int] = {}
+            for n in graph.nodes:
+                if n.layer_index is not None and n.layer_index not in first_bwd:
+                    first_bwd[n.layer_index] = n.id
+            for layer, nodes in fwd_by_layer.items():
+                if layer not in first_bwd:
+                    continue
+                made = self._copy(nodes, node_offset, tensor_offset, renamed)
+                node_offset += len(made)
+                copies.setdefault(first_bwd[layer], []).extend(made)
+                new_edges.extend(_copied_edges(nodes, made, fwd_edges))
+                new_edges.append((made[-1].id, first_bwd[layer]))
+        else:  # selective: the attention core
+            attn_bwd = {n.attrs.get("fwd_seq_nr"): n for n in graph.nodes
+                        if n.category == Category.ATTENTION and n.layer_index is not None}
+            for nodes in fwd_by_layer.values():
+                for n in nodes:
+                    if n.category != Category.ATTENTION:
+                        continue
+                    target = attn_bwd.get(n.attrs.get("seq_nr"))
+                    if target is None:
+                        continue
+                    made = self._copy([n], node_offset, tensor_offset, renamed)
+                    node_offset += 1
+                    copies.setdefault(target.id, []).extend(made)
+                    new_edges.append((made[0].id, target.id))
+
+        out: list[OpNode] = []
+        recompute_ids = {c.id for cs in copies.values() for c in cs}
+        for n in graph.nodes:
+            out.extend(copies.get(n.id, ()))
+            out.append(_rename_inputs(n, renamed) if n.layer_index is not None else n)
+        edges = [*graph.edges, *new_edges]
+        meta = {**graph.meta, "recompute": self.mode}
+        result = evolve(graph.with_nodes(out, edges), meta=meta)
+        assert len(recompute_ids) == sum(len(c) for c in copies.values())
+        return result
+
+    def _copy(self, nodes: Sequence[OpNode], node_offset: int, tensor_offset: int,
+              renamed: dict[int, int]) -> list[OpNode]:
+        made = []
+        for i, n in enumerate(nodes):
+            for t in n.outputs:
+                if t.tensor_id is not None and t.param is None:
+                    renamed[t.tensor_id] = t.tensor_id + tensor_offset
+            attrs = {k: v for k, v in n.attrs.items() if k != "seq_nr"}
+            attrs[RECOMPUTE_ATTR] = True
+            if "seq_nr" in n.attrs:
+                attrs["fwd_seq_nr"] = n.attrs["seq_nr"]
+            if n.category == Category.COLLECTIVE and "overlap" not in attrs:
+                attrs["overlap"] = _forward_hint(n, self.rules)
+            made.append(evolve(
+                n, id=node_offset + i, phase=Phase.TRAIN_BACKWARD, attrs=attrs,
+                inputs=tuple(_renamed(t, renamed) for t in n.inputs),
+                outputs=tuple(_renamed(t, renamed) for t in n.outputs)))
+        return made
+
+
+def _forward_hint(node: OpNode, rules: OverlapRules | None) -> str:
+    """The ``attrs["overlap"]`` that makes a recomputed collective run as in the forward."""
+    from zrt_core.schedule.scheduler import OverlapRules
+    from zrt_core.schedule.timeline import ASYNC, PIPELINED
+
+    plan = (rules or OverlapRules()).plan(node)
+    if plan.mode == PIPELINED:
+        return plan.side
+    if plan.mode == ASYNC:
+        return "async"
+    return "none"
+
+
+def _renamed(t: TensorMeta, renamed: Mapping[int, int]) -> TensorMeta:
+    new = renamed.get(t.tensor_id) if t.tensor_id is not None else None
+    return evolve(t, tensor_id=new) if new is not None else t
+
+
+def _rename_inputs(n: OpNode, renamed: Mapping[int, int]) -> OpNode:
+    if not renamed or not any(t.tensor_id in renamed for t in n.inputs):
+        return n
+    return evolve(n, inputs=tuple(_renamed(t, renamed) for t in n.inputs))
+
+
+def _copied_edges(originals: Sequence[OpNode], copies: Sequence[OpNode],
+                  edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    mapping = {o.id: c.id for o, c in zip(originals, copies, strict=True)}
+    return [(mapping[a], mapping[b]) for a, b in edges if a in mapping and b in mapping]
+
+
+# -- mixed precision ----------------------------------------------------------------------------
+
+
+@frozen
+class PrecisionPlan:
+    """What a precision recipe runs on a given device.
+
+    :param requested: the recipe asked for (``bf16``, ``fp8``, ``mxfp8``, ``nvfp4``...).
+    :param recipe: the recipe that runs (after falling back where the device lacks units).
+    :param activation_dtype: dtype of captured activations and weights (bf16 or fp16).
+    :param gemm_dtype: dtype of the forward GEMM operands; None keeps ``activation_dtype``.
+    :param grad_dtype: dtype of the output gradients fed to backward GEMMs.
+    :param block: elements per scale (32 for MXFP8, 16 for NVFP4; 0 per-tensor scaling).
+    :param scale_bytes: bytes of one scale.
+    :param amax_pass: the recipe reads each tensor once more to find its amax before casting
+        (per-tensor current scaling); delayed scaling takes it from history.
+    :param note: why the recipe differs from the one asked for, if it does.
+    """
+
+    requested: str
+    recipe: str
+    activation_dtype: str
+    gemm_dtype: str | None = None
+    grad_dtype: str | None = None
+    block: int = 0
+    scale_bytes: int = 0
+    amax_pass: bool = False
+    note: str = ""
+
+    @property
+    def low_precision(self) -> bool:
+        return self.gemm_dtype is not None
+
+    def quantized_bytes(self, elements: int, dtype: str) -> float:
+        """Bytes of ``elements`` values in ``dtype`` with their block scales."""
+        scales = (elements / self.block) * self.scale_bytes if self.block else 0.0
+        return elements * dtype_bytes(dtype) + scales
+
+
+def precision_plan(precision: str, hardware: HardwareSpec) -> PrecisionPlan:
+    """Resolve a training precision on a device (docs/training-model.md, "Precision").
+
+    - ``fp16`` / ``bf16`` / ``fp32``: GEMMs in that dtype (fp32 runs at the TF32 rate).
+    - ``fp8``: TransformerEngine's default ``DelayedScaling`` recipe, hybrid format — E4M3
+      activations and weights, E5M2 gradients; per-tensor scales from the amax history.
+    - ``mxfp8``: ``MXFP8BlockScaling`` — E4M3 everywhere with one E8M0 scale per 32
+      values, row- and column-wise copies. A Blackwell tensor-core feature: on a device
+      without it (taken as one without fp4 units) it falls back to ``fp8`` with a note.
+    - ``nvfp4``: ``NVFP4BlockScaling`` — E2M1 with one E4M3 scale per 16 values (and a
+      per-tensor fp32 scale), random Hadamard transform on weight-gradient inputs; needs
+      fp4 units, else falls back to ``mxfp8`` (and on to ``fp8``) with a note.
+    - a device without fp8 units runs any fp8/fp4 recipe in bf16, with a note.
+    """
+    compute = hardware.compute
+    if precision in ("bf16", "fp32"):
+        return PrecisionPlan(precision, precision, "bfloat16" if precision == "bf16"
+                             else "float32")
+    if precision == "fp16":
+        return PrecisionPlan(precision, precision, "float16")
+    notes = []
+    recipe = precision
+    if recipe == "nvfp4" and not compute.supports("fp4"):
+        notes.append(f"{hardware.id} has no fp4 tensor cores: nvfp4 runs as mxfp8")
+        recipe = "mxfp8"
+    if recipe == "mxfp8" and not compute.supports("fp4"):
+        notes.append(f"{hardware.id} has no MX block-scaled tensor cores (Blackwell): "
+                     "mxfp8 runs as fp8 with per-tensor delayed scaling")
+        recipe = "fp8"
+    if not compute.supports("fp8"):
+        notes.append(f"{hardware.id} has no fp8 tensor cores: {precision} runs in bf16")
+        return PrecisionPlan(precision, "bf16", "bfloat16", note="; ".join(notes))
+    note = "; ".join(notes)
+    if recipe == "fp8":
+        return PrecisionPlan(precision, "fp8", "bfloat16", gemm_dtype="float8_e4m3fn",
+                             grad_dtype="float8_e5m2", note=note)
+    if recipe == "mxfp8":
+        return PrecisionPlan(precision, "mxfp8", "bfloat16", gemm_dtype="mxfp8",
+                             grad_dtype="mxfp8", block=32, scale_bytes=1, note=note)
+    if recipe == "nvfp4":
+        return PrecisionPlan(precision, "nvfp4", "bfloat16", gemm_dtype="nvfp4",
+                             grad_dtype="nvfp4", block=16, scale_bytes=1, note=note)
+    raise SpecError(f"unknown training precision {precision!r}",
+                    "use fp32, bf16, fp16, fp8, mxfp8 or nvfp4")
+
+
+@frozen
+class Precision:
+    """Low-precision GEMMs as TransformerEngine runs them (fp8, mxfp8, nvfp4).
+
+    The linear layers inside decoder layers (TE ``Linear``/``LayerNormLinear``/
+    ``GroupedLinear``: every GEMM that reads a weight, its input- and weight-gradient GEMMs)
+    take the recipe's dtype; attention, the embedding and the LM head stay in bf16 (Megatron's
+    output layer is not a TE module). Each distinct activation or output-gradient tensor
+    feeding such GEMMs gets one cast kernel (``precision.quantize``, category elementwise,
+    ``attrs["quantize"] = True``): it reads the bf16 tensor (twice with an amax pass) and
+    writes the row-wise and column-wise (transposed) low-precision copies with their
+    scales — TE's fused ``cast_transpose``. Weights are cast once per step (TE caches them
+    across micro-batches), in the optimizer graph. Saved GEMM inputs are the low-precision
+    copies, so activation memory shrinks accordingly.
+    """
+
+    plan: PrecisionPlan
+    name: str = "precision"
+
+    def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
+        plan = self.plan
+        if not plan.low_precision:
+            return graph
+        backward = graph.phase == Phase.TRAIN_BACKWARD
+        next_id = _next_id(graph)
+        casts: dict[int, OpNode] = {}  # source tensor id -> its cast node
+        out: list[OpNode] = []
+        edges = list(graph.edges)
+        producers = {t.tensor_id: n.id for n in graph.nodes for t in n.outputs
+                     if t.tensor_id is not None}
+        for n in graph.nodes:
+            if not _is_linear_gemm(n, backward):
+                out.append(n)
+                continue
+            inputs = []
+            extra_read = 0.0
+            for t in n.inputs:
+                if len(t.shape) < 2 or t.dtype not in _FLOAT_DTYPES:
+                    inputs.append(t)
+                    continue
+                grad_side = backward and t.param is None and not _saved(t, producers)
+                dtype = plan.grad_dtype if grad_side else plan.gemm_dtype
+                assert dtype is not None
+                extra_read += plan.quantized_bytes(t.numel, dtype) - t.numel * dtype_bytes(dtype)
+                if t.param is None and t.tensor_id is not None and t.tensor_id not in casts \
+                        and (backward is False or grad_side):
+                    cast = self._cast(next_id, n, t, dtype)
+                    next_id += 1
+                    casts[t.tensor_id] = cast
+                    out.append(cast)
+                    if t.tensor_id in producers:
+                        edges.append((producers[t.tensor_id], cast.id))
+                if t.param is None and t.tensor_id in casts:
+                    edges.append((casts[t.tensor_id].id, n.id))
+                inputs.append(evolve(t, dtype=dtype))
+            read = sum(t.nbytes for t in inputs) + int(extra_read)
+            out.append(evolve(n, inputs=tuple(inputs), bytes_read=read,
+                              attrs={**n.attrs, "precision": plan.recipe}))
+        meta = {**graph.meta, "precision": plan.recipe}
+        return evolve(graph.with_nodes(out, edges), meta=meta)
+
+    def _cast(self, node_id: int, consumer: OpNode, t: TensorMeta, dtype: str) -> OpNode:
+        plan = self.plan
+        elements = t.numel
+        read = elements * dtype_bytes(t.dtype) * (2 if plan.amax_pass else 1)
+        # row-wise and column-wise (transposed) copies, each with its scales
+        written = 2 * plan.quantized_bytes(elements, dtype)
+        flops = 3 * elements  # scale, round, (and amax) per value
+        return OpNode(
+            id=node_id, op="precision.quantize", category=Category.ELEMENTWISE,
+            phase=consumer.phase, inputs=(t,),
+            outputs=(TensorMeta(shape=t.shape, dtype=dtype),),
+            module_path=consumer.module_path, module_class=consumer.module_class,
+            layer_index=consumer.layer_index, layer_kind=consumer.layer_kind, flops=flops,
+            bytes_read=int(read), bytes_written=int(written), formula="precision.quantize",
+            attrs={QUANTIZE_ATTR: True, "recipe": plan.recipe, "dtype": dtype})
+
+
+def _saved(t: TensorMeta, producers: Mapping[int | None, int]) -> bool:
+    """In a backward graph, a tensor no backward node produced is a saved activation."""
+    return t.tensor_id is not None and t.tensor_id not in producers
+
+
+def _is_linear_gemm(n: OpNode, backward: bool) -> bool:
+    if n.category != Category.MATMUL or n.layer_index is None:
+        return False
+    if backward:
+        return n.attrs.get("grad") in (WEIGHT_GRAD, INPUT_GRAD)
+    return any(t.param is not None for t in n.inputs)
+
+
+# -- parameters per layer --------------------------------------------------------------------
+
+
+@frozen
+class ParamGroup:
+    """Parameters of one layer template (or of the embedding / head side) on one device.
+
+    ``dense`` and ``expert`` count elements after tensor/expert sharding; ``matrices`` are the
+    2-D (and 3-D expert) weight shapes, for Muon.
+    """
+
+    key: str
+    layer_index: int | None
+    dense: int
+    expert: int
+    matrices: tuple[tuple[int, ...], ...] = field(default=(), converter=tuple)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.expert
+
+
+@frozen
+class ParamInventory:
+    """Per-device parameter elements by layer template and outer side.
+
+    :param layers: template representative → its :class:`ParamGroup` (one layer's worth).
+    :param embedding: parameters used before the first layer (token/position embeddings).
+    :param head: parameters used after the last layer (final norm, LM head).
+    :param tied_head: the head reuses the embedding (counted once when on one stage).
+    """
+
+    layers: Mapping[int, ParamGroup]
+    embedding: ParamGroup
+    head: ParamGroup
+    tied_head: bool = False
+
+    def stage(self, layers: Iterable[int], templates: Mapping[int, LayerTemplate], *,
+              first: bool, last: bool, pp: int) -> tuple[int, int]:
+        """(dense, expert) elements of a pipeline stage holding ``layers``."""
+        rep_of = {i: rep for rep, t in templates.items() for i in t.indices}
+        dense = expert = 0
+        for i in layers:
+            g = self.layers.get(rep_of.get(i, i))
+            if g is not None:
+                dense += g.dense
+                expert += g.expert
+        if first:
+            dense += self.embedding.dense
+        if last and not (self.tied_head and pp == 1):
+            dense += self.head.dense
+        return dense, expert
+
+
+def param_inventory(forward: OpGraph, parallel: Parallel, dims: Any) -> ParamInventory:
+    """Parameter elements per device from the forward graph's weight tensors.
+
+    When the graph's weights are still the full model's (the parallel transform, which
+    records ``meta["parallel"]``, has not run), Megatron's sharding is
+    applied by rule: routed-expert weights ``/ (ep × expert tp)``; 1-D parameters of the
+    hidden size (norms, row-parallel biases) and router weights replicated; everything else
+    (QKV/output/MLP/SSM projections, vocabulary-parallel embedding and head) ``/ tp``.
+    """
+    sharded = "parallel" in forward.meta
+    hidden = getattr(dims, "hidden", 0)
+    experts = getattr(dims, "experts", 0)
+    first_layer_pos = next((i for i, n in enumerate(forward.nodes)
+                            if n.layer_index is not None), len(forward.nodes))
+    seen: set[str] = set()
+    per_layer: dict[int | None, list[int]] = {}
+    matrices: dict[int | None, list[tuple[int, ...]]] = {}
+    outer_side: dict[str, str] = {}
+    buckets: dict[str, list[int]] = {"embedding": [0, 0], "head": [0, 0]}
+    outer_matrices: dict[str, list[tuple[int, ...]]] = {"embedding": [], "head": []}
+    for pos, n in enumerate(forward.nodes):
+        for t in n.inputs:
+            name = t.param
+            if name is None or name in seen:
+                continue
+            seen.add(name)
+            expert = is_expert_param(name)
+            numel, shape = _local_param(t, expert, sharded, parallel, hidden, experts)
+            if n.layer_index is None:
+                side = "embedding" if pos < first_layer_pos else "head"
+                outer_side[name] = side
+                buckets[side][1 if expert else 0] += numel
+                if len(shape) >= 2:
+                    outer_matrices[side].append(shape)
+            else:
+                acc = per_layer.setdefault(n.layer_index, [0, 0])
+                acc[1 if expert else 0] += numel
+                if len(shape) >= 2:
+                    matrices.setdefault(n.layer_index, []).append(shape)
+    layers = {i: ParamGroup(f"layer{i}", i, d, e, matrices.get(i, ()))
+              for i, (d, e) in per_layer.items() if i is not None}
+    tied = bool(getattr(dims, "tie_word_embeddings", False))
+    return ParamInventory(
+        layers=layers,
+        embedding=ParamGroup("embedding", None, *buckets["embedding"],
+                             outer_matrices["embedding"]),
+        head=ParamGroup("head", None, *buckets["head"], outer_matrices["head"]),
+        tied_head=tied)
+
+
+def _local_param(t: TensorMeta, expert: bool, sharded: bool, parallel: Parallel,
+                 hidden: int, experts: int) -> tuple[int, tuple[int, ...]]:
+    shape = t.shape
+    if sharded:
+        return t.numel, shape
+    if expert:
+        ep, etp = parallel.ep, parallel.expert_tp
+        if len(shape) == 3 and shape[0] % ep == 0:
+            shape = (shape[0] // ep, shape[1], shape[2])
+        else:
+            return t.numel // (ep * etp), shape
+        if etp > 1:
+            shape = (shape[0], shape[1], max(1, shape[2] // etp))
+        return math.prod(shape), shape
+    tp = parallel.tp
+    if tp == 1:
+        return t.numel, shape
+    replicated = (len(shape) == 1 and shape[0] == hidden) or \
+        (len(shape) == 2 and experts and shape[0] == experts)
+    if replicated:
+        return t.numel, shape
+    if len(shape) >= 2:
+        shape = (max(1, shape[0] // tp), *shape[1:])
+        return math.prod(shape), shape
+    return max(1, t.numel // tp), (max(1, t.numel // tp),)
+
+
+# -- data-parallel gradient sync and ZeRO-3 / FSDP gathers ----------------------------------------
+
+
+def grad_dtype(precision: str) -> str:
+    """The gradient buffer's dtype: Megatron accumulates and reduces bf16 (and fp8-recipe)
+    gradients in fp32 (``accumulate_allreduce_grads_in_fp32``, forced for bf16); fp16 runs
+    keep fp16 gradients (ZeRO's 2 + 2 + 12 bytes); fp32 runs fp32."""
+    return "float16" if precision == "fp16" else "float32"
+
+
+def dp_groups(parallel: Parallel) -> tuple[str, str]:
+    """(dense group, expert group) of the gradient reduction: dense weights reduce over
+    DP × CP (Megatron's ``dp_cp`` group), routed experts over the expert-DP replicas."""
+    return ("dp_cp" if parallel.cp > 1 else "dp"), "edp"
+
+
+@frozen
+class GradientSync:
+    """Data-parallel gradient reduction, bucketed per layer and overlapped with backward.
+
+    After the last backward node of each layer (template) the layer's gradients are reduced:
+    an all-reduce without a sharded optimizer (ZeRO 0), a reduce-scatter with Megatron's
+    distributed optimizer / ZeRO ≥ 1 / FSDP. Dense weights reduce over ``dp`` (``dp_cp``
+    with context parallelism), routed experts over ``edp``. ``attrs["overlap"] =
+    "backward"``: with ``overlap_grad_reduce`` the bucket runs during the rest of the
+    backward and only what is left after the last one is exposed (Megatron's
+    ``--overlap-grad-reduce``; DeepSpeed and FSDP alike). Buckets are per layer: Megatron's
+    default bucket (40 M parameters, or 1 M × dp) holds about one layer of a large model.
+
+    :param inventory: parameters per device (:func:`param_inventory`).
+    :param grad_dtype: the dtype gradients are reduced in (:func:`grad_dtype`).
+    """
+
+    inventory: ParamInventory
+    grad_dtype: str
+    sharded: bool
+    name: str = "dp_grad_sync"
+
+    def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
+        p = ctx.parallel
+        dense_group, expert_group = dp_groups(p)
+        dense_size = p.span(dense_group)[0]
+        expert_size = p.span(expert_group)[0]
+        if dense_size == 1 and expert_size == 1:
+            return graph
+        kind = "reduce_scatter" if self.sharded else "all_reduce"
+        nbytes = dtype_bytes(self.grad_dtype)
+        last_of: dict[int, int] = {}
+        for n in graph.nodes:
+            if n.layer_index is not None:
+                last_of[n.layer_index] = n.id
+        first_layer = next((i for i, n in enumerate(graph.nodes)
+                            if n.layer_index is not None), len(graph.nodes))
+        last_layer = max((i for i, n in enumerate(graph.nodes) if n.layer_index is not None),
+                         default=-1)
+        head_anchor = graph.nodes[first_layer - 1].id if first_layer > 0 else None
+        embed_anchor = graph.nodes[-1].id if last_layer < len(graph.nodes) - 1 else None
+        next_id = _next_id(graph)
+        after: dict[int, list[OpNode]] = {}
+
+        def add(anchor: int | None, group: ParamGroup, layer: int | None, kind_name: str | None
+                ) -> None:
+            nonlocal next_id
+            if anchor is None:
+                return
+            for elements, grp, size in ((group.dense, dense_group, dense_size),
+                                        (group.expert, expert_group, expert_size)):
+                if elements <= 0 or size <= 1:
+                    continue
+                node = collective_node(
+                    next_id, kind, grp, p, elements * nbytes, phase=Phase.TRAIN_BACKWARD,
+                    layer_index=layer, layer_kind=kind_name, module_path=f"dp.{group.key}",
+                    overlap="backward", dtype=self.grad_dtype)
+                next_id += 1
+                after.setdefault(anchor, []).append(node)
+
+        for rep, group in self.inventory.layers.items():
+            template = graph.templates.get(rep)
+            add(last_of.get(rep), group, rep, template.kind if template else None)
+        add(head_anchor, self.inventory.head, None, None)
+        add(embed_anchor, self.inventory.embedding, None, None)
+        out: list[OpNode] = []
+        edges = list(graph.edges)
+        for n in graph.nodes:
+            out.append(n)
+            for c in after.get(n.id, ()):
+                out.append(c)
+                edges.append((n.id, c.id))
+        return graph.with_nodes(out, edges)
+
+
+@frozen
+class ParamGather:
+    """ZeRO-3 / FSDP parameter all-gathers: before each layer's forward and again before its
+    backward (and its recompute), each layer's weights are gathered from their ``dp`` shards
+    (``attrs["overlap"] = "prefetch"``: issued one layer ahead, as FSDP's
+    ``forward_prefetch``/``backward_prefetch`` and DeepSpeed's prefetch bucket do)."""
+
+    inventory: ParamInventory
+    param_dtype: str
+    name: str = "zero3_param_gather"
+
+    def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
+        p = ctx.parallel
+        dense_group, expert_group = dp_groups(p)
+        if p.span(dense_group)[0] == 1 and p.span(expert_group)[0] == 1:
+            return graph
+        nbytes = dtype_bytes(self.param_dtype)
+        first_of: dict[int, int] = {}
+        consumers: dict[int, list[int]] = {}
+        for n in graph.nodes:
+            if n.layer_index is None:
+                continue
+            first_of.setdefault(n.layer_index, n.id)
+            if any(t.param is not None for t in n.inputs):
+                consumers.setdefault(n.layer_index, []).append(n.id)
+        next_id = _next_id(graph)
+        before: dict[int, list[OpNode]] = {}
+        edges = list(graph.edges)
+        for rep, group in self.inventory.layers.items():
+            anchor = first_of.get(rep)
+            if anchor is None:
+                continue
+            template = graph.templates.get(rep)
+            for elements, grp in ((group.dense, dense_group), (group.expert, expert_group)):
+                size = p.span(grp)[0]
+                if elements <= 0 or size <= 1:
+                    continue
+                node = collective_node(
+                    next_id, "all_gather", grp, p, elements * nbytes, phase=graph.phase,
+                    layer_index=rep, layer_kind=template.kind if template else None,
+                    module_path=f"zero3.{group.key}", overlap="prefetch",
+                    dtype=self.param_dtype)
+                next_id += 1
+                before.setdefault(anchor, []).append(node)
+                edges.extend((node.id, c) for c in consumers.get(rep, ()))
+        out: list[OpNode] = []
+        for n in graph.nodes:
+            out.extend(before.get(n.id, ()))
+            out.append(n)
+        return graph.with_nodes(out, edges)
+
+
+# -- the optimizer step ------------------------------------------------------------------------
+
+#: Bytes per element an optimizer keeps in fp32 beyond the bf16/fp16 weight: master weights
+#: and moments (Adam/AdamW: master, m, v; Muon and SGD: master, momentum).
+STATE_BYTES = {"adam": 12, "adamw": 12, "muon": 8, "sgd": 8}
+#: FLOPs per element of one fused AdamW update (moments, bias corrections, the update, decay).
+ADAM_FLOPS_PER_ELEMENT = 18
+#: Newton–Schulz iterations of Muon's orthogonalisation (Keller Jordan's reference, Moonlight).
+MUON_NS_STEPS = 5
+
+
+def optimizer_graph(
+    inventory: ParamInventory,
+    templates: Mapping[int, LayerTemplate],
+    stage_layers: Sequence[int],
+    parallel: Parallel,
+    train: TrainSpec,
+    *,
+    first: bool,
+    last: bool,
+    plan: PrecisionPlan,
+    host_link_gb_per_s: float | None = None,
+) -> OpGraph:
+    """The ``optimizer`` phase of one pipeline rank (its stages' parameters).
+
+    Per layer template (nodes carry the template, so they run once per layer of the rank):
+
+    - ``optimizer.grad_norm``: the global-norm pass of gradient clipping over the local
+      gradient shard (``multi_tensor_l2norm``: reads each gradient once).
+    - ``optimizer.adam`` (``adam``/``adamw``): one fused multi-tensor step over the local
+      shard: reads the fp32 master weight, both moments and the gradient, writes the three
+      states and the bf16/fp16 weight: ``4+4+4+g`` read, ``4+4+4+2`` written per element.
+    - ``optimizer.muon`` + Newton–Schulz GEMMs (``muon``): for every 2-D (and expert 3-D)
+      weight, ``MUON_NS_STEPS`` iterations of ``A = X·Xᵀ; B = bA + cA²; X = aX + B·X`` in
+      bf16 (``4m²n + 2m³`` FLOPs per iteration, m ≤ n); other parameters take AdamW. With a
+      sharded optimizer whole matrices are spread over the data-parallel ranks (Moonlight's
+      distributed Muon), so a rank orthogonalises ``⌈layers / dp⌉`` layers' worth.
+    - With ZeRO ≥ 1 / FSDP the step covers ``1/dp`` of the elements; the updated weights are
+      then all-gathered (``comm.all_gather``, ``attrs["overlap"] = "next_step"``: Megatron's
+      ``--overlap-param-gather`` runs it under the next step's forward). ZeRO-3/FSDP
+      gathers per layer in the step itself instead, so no gather here.
+    - fp8-family recipes cast the weights once per step (``precision.weight_cast``).
+    - ``offload_optimizer``: the states live in host memory and the step runs on the host
+      (DeepSpeed ZeRO-Offload / Megatron's ``--optimizer-cpu-offload``); the device sends
+      its gradient shard and receives the updated weights over the host link
+      (``offload.d2h``/``offload.h2d``, priced at ``host_link_gb_per_s``).
+    """
+    rep_of = {i: rep for rep, t in templates.items() for i in t.indices}
+    counts: dict[int, int] = {}
+    for i in stage_layers:
+        rep = rep_of.get(i, i)
+        counts[rep] = counts.get(rep, 0) + 1
+    dense_group, expert_group = dp_groups(parallel)
+    dense_shard = parallel.span(dense_group)[0] if train.zero >= 1 or train.fsdp else 1
+    expert_shard = parallel.span(expert_group)[0] if train.zero >= 1 or train.fsdp else 1
+    gdtype = grad_dtype(train.precision)
+    gbytes = dtype_bytes(gdtype)
+    pbytes = dtype_bytes(plan.activation_dtype)
+    optimizer = train.optimizer
+    nodes: list[OpNode] = []
+    new_templates: dict[int, LayerTemplate] = {}
+
+    def node(op: str, category: str, layer: int | None, kind: str | None, *, flops: float = 0,
+             read: float = 0, written: float = 0, inputs: tuple[TensorMeta, ...] = (),
+             outputs: tuple[TensorMeta, ...] = (), attrs: Mapping[str, Any] | None = None
+             ) -> None:
+        nodes.append(OpNode(
+            id=len(nodes), op=op, category=category, phase=Phase.OPTIMIZER, inputs=inputs,
+            outputs=outputs, module_path=f"optimizer.{kind or 'outer'}", layer_index=layer,
+            layer_kind=kind, flops=int(flops), bytes_read=int(read), bytes_written=int(written),
+            formula=op, attrs=dict(attrs or {})))
+
+    def step(layer: int | None, kind: str | None, group: ParamGroup, count: int) -> None:
+        dense = math.ceil(group.dense / dense_shard) if group.dense else 0
+        expert = math.ceil(group.expert / expert_shard) if group.expert else 0
+        elements = dense + expert
+        if elements == 0:
+            return
+        if train.offload_optimizer:
+            if not host_link_gb_per_s:
+                raise SpecError("offloading optimizer states needs the host link bandwidth",
+                                "pass host_link_gb_per_s (PCIe or C2C GB/s per device)")
+            link = host_link_gb_per_s * 1e9
+            node("offload.d2h", Category.COPY, layer, kind, read=elements * gbytes,
+                 attrs={"host_link_s": elements * gbytes / link})
+            node("offload.h2d", Category.COPY, layer, kind, written=elements * pbytes,
+                 attrs={"host_link_s": elements * pbytes / link})
+            return
+        node("optimizer.grad_norm", Category.REDUCTION, layer, kind, flops=2 * elements,
+             read=elements * gbytes)
+        adam_elements = elements
+        if optimizer == "muon" and group.matrices:
+            muon_elements = 0
+            for shape in group.matrices:
+                experts = shape[0] if len(shape) == 3 else 1
+                m, n = sorted(shape[-2:])
+                muon_elements += experts * m * n
+                # whole matrices are spread over the data-parallel ranks: the busiest rank
+                # orthogonalises ⌈matrices / shard⌉ of them, batched as one bmm per GEMM
+                shard = expert_shard if len(shape) == 3 else dense_shard
+                batch = math.ceil(experts * count / shard)
+                for _ in range(MUON_NS_STEPS):
+                    for rows, cols, inner in ((m, m, n), (m, m, m), (m, n, m)):
+                        node("aten.bmm.default", Category.MATMUL, None, kind,
+                             flops=2 * batch * rows * cols * inner,
+                             read=2 * batch * (rows * inner + inner * cols),
+                             written=2 * batch * rows * cols,
+                             inputs=(TensorMeta((batch, rows, inner), "bfloat16"),
+                                     TensorMeta((batch, inner, cols), "bfloat16")),
+                             outputs=(TensorMeta((batch, rows, cols), "bfloat16"),),
+                             attrs={"optimizer": "muon_newton_schulz"})
+            muon_local = min(elements, math.ceil(muon_elements / max(dense_shard, 1)))
+            # momentum update and the scaled weight update: read master, momentum, grad;
+            # write master, momentum, weight
+            node("optimizer.muon", Category.OPTIMIZER, layer, kind, flops=6 * muon_local,
+                 read=muon_local * (4 + 4 + gbytes), written=muon_local * (4 + 4 + pbytes))
+            adam_elements = max(0, elements - muon_local)
+        if adam_elements:
+            op = "optimizer.sgd" if optimizer == "sgd" else "optimizer.adam"
+            states = STATE_BYTES.get(optimizer, 12) if optimizer != "muon" else 12
+            node(op, Category.OPTIMIZER, layer, kind,
+                 flops=ADAM_FLOPS_PER_ELEMENT * adam_elements,
+                 read=adam_elements * (states + gbytes),
+                 written=adam_elements * (states + pbytes))
+        if plan.low_precision:
+            full = group.dense + group.expert  # every weight of the rank is cast, unsharded
+            node("precision.weight_cast", Category.ELEMENTWISE, layer, kind, flops=3 * full,
+                 read=full * pbytes,
+                 written=2 * plan.quantized_bytes(full, plan.gemm_dtype or "float8_e4m3fn"),
+                 attrs={QUANTIZE_ATTR: True, "recipe": plan.recipe})
+        if (train.zero in (1, 2)) and not train.fsdp:
+            for full_elements, grp, shard in ((group.dense, dense_group, dense_shard),
+                                              (group.expert, expert_group, expert_shard)):
+                if full_elements and shard > 1:
+                    nodes.append(collective_node(
+                        len(nodes), "all_gather", grp, parallel, full_elements * pbytes,
+                        phase=Phase.OPTIMIZER, layer_index=layer, layer_kind=kind,
+                        module_path=f"optimizer.{kind or 'outer'}", overlap="next_step",
+                        dtype=plan.activation_dtype))
+
+    for rep, count in counts.items():
+        group = inventory.layers.get(rep)
+        if group is None:
+            continue
+        template = templates.get(rep)
+        kind = template.kind if template else None
+        indices = [i for i in (template.indices if template else (rep,)) if i in stage_layers]
+        if rep not in indices:
+            indices = [rep, *indices[1:]]
+        new_templates[rep] = LayerTemplate(kind or "layer", rep, tuple(indices[:count]) or (rep,))
+        step(rep, kind, group, count)
+    if first:
+        step(None, None, inventory.embedding, 1)
+    if last and not (inventory.tied_head and parallel.pp == 1):
+        step(None, None, inventory.head, 1)
+    return OpGraph(phase=Phase.OPTIMIZER, nodes=nodes, templates=new_templates,
+                   meta={"optimizer": optimizer, "zero": train.zero, "fsdp": train.fsdp,
+                         "offload_optimizer": train.offload_optimizer})
+
+
+# -- stage layout -----------------------------------------------------------------------------
+
+
+def stage_layer_ranges(num_layers: int, stages: int, *, extra_first: int = 0,
+                       extra_last: int = 0) -> tuple[range, ...]:
+    """Contiguous decoder-layer ranges of ``stages`` virtual stages, model order.
+
+    Even split when ``stages`` divides the layers. Otherwise Megatron's
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``:
+    the embedding counts as ``extra_first`` layers on the first stage and the loss (with
+    any multi-token-prediction layers) as ``extra_last`` on the last, and
+    ``num_layers + extra_first + extra_last`` must split evenly.
+
+    :raises LayoutError: naming the rule when neither split works.
+    """
+    if stages < 1:
+        raise LayoutError(f"{stages} pipeline stages", "pp × vp must be at least 1")
+    if num_layers % stages == 0:
+        per = num_layers // stages
+        return tuple(range(i * per, (i + 1) * per) for i in range(stages))
+    padded = num_layers + extra_first + extra_last
+    if (extra_first or extra_last) and padded % stages == 0:
+        per = padded // stages
+        if per > extra_first and per > extra_last:
+            bounds = []
+            start = 0
+            for i in range(stages):
+                size = per - (extra_first if i == 0 else 0) - (extra_last if i == stages - 1
+                                                                 else 0)
+                bounds.append(range(start, start + size))
+                start += size
+            return tuple(bounds)
+    raise LayoutError(
+        f"pp × vp = {stages} does not divide the {num_layers} layers "
+        f"(nor {padded} with the embedding and loss counted as layers)",
+        "choose pp and vp so that layers split evenly into stages")
