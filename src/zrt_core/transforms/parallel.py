@@ -1374,8 +1374,8 @@ class _ParallelPass(ShapePass):
                                   if g not in _covered(group, self.p))
             shape, axes = list(current_lay.shape), list(current_lay.axes)
             kind = "all_reduce"
-            axis = _token_axis(current_lay) if (group == "tp" and self.sp and not at_end) \
-                else None
+            axis = _token_axis(current_lay, self.tp) \
+                if (group == "tp" and self.sp and not at_end) else None
             if axis is not None and shape[axis] % self.tp == 0:
                 kind = "reduce_scatter"
                 shape[axis] //= self.tp
@@ -1646,10 +1646,15 @@ def _covered(group: str, parallel: Parallel) -> set[str]:
     return {group}
 
 
-def _token_axis(lay: Layout) -> int | None:
-    """The axis a reduce-scatter splits: the first non-feature axis the TP degree
-    divides (Megatron splits the sequence of ``[s, b, h]``; the per-rank sizes match)."""
+def _token_axis(lay: Layout, degree: int = 1) -> int | None:
+    """The axis a reduce-scatter splits: the sequence (Megatron splits ``s`` of
+    ``[s, b, h]``; a captured ``[b, s, h]`` or ``[b·s, h]`` has it innermost), i.e. the
+    innermost non-feature axis, not yet split, that the TP degree divides (the per-rank
+    sizes match Megatron's)."""
     nd = len(lay.shape)
+    for i in reversed(range(nd - 1)):
+        if lay.shape[i] > 1 and not lay.axes[i] and lay.shape[i] % degree == 0:
+            return i
     for i in range(nd - 1):
         if lay.shape[i] > 1 and not lay.axes[i]:
             return i
