@@ -413,6 +413,13 @@ class OpRecorder:
         raw.producers = sorted(producers)
         for meta in outputs:
             producer[meta.tensor_id] = (phase, local_id)
+        if storage_writer and not plan.all_outputs_view:
+            # a fresh output owns a fresh storage: forget writes into a freed storage
+            # whose address it reuses
+            tensors = [r for r in results if isinstance(r, torch.Tensor)]
+            for r, meta in zip(tensors, outputs, strict=True):
+                if not meta.is_view:
+                    storage_writer.pop(_storage_key(r), None)
         for t in written_inputs:
             producer[session.tensor_id(t)] = (phase, local_id)
             storage_writer[_storage_key(t)] = (phase, local_id)
