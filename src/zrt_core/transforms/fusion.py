@@ -434,18 +434,26 @@ class _Engine:
                 continue
             self.succ[pa].append(pb)
             self.pred[pb].append(pa)
-        # tensor id -> positions writing it (in-place ops write an id again) / reading it
-        self.producers: dict[int, list[int]] = {}
+        # tensor id -> positions reading it
         self.consumers: dict[int, list[int]] = {}
         self.path_nodes: dict[str, list[int]] = {}
         self.path_classes: dict[str, dict[str, None]] = {}
+        # per node, per input: the position of the node that last wrote it before, or None
+        self.in_prod: list[tuple[int | None, ...]] = []
+        last: dict[int, int] = {}
         for i, node in enumerate(nodes):
+            sources: list[int | None] = []
+            for t in node.inputs:
+                tid = t.tensor_id
+                if tid is not None:
+                    self.consumers.setdefault(tid, []).append(i)
+                    sources.append(last.get(tid))
+                else:
+                    sources.append(None)
+            self.in_prod.append(tuple(sources))
             for t in node.outputs:
                 if t.tensor_id is not None:
-                    self.producers.setdefault(t.tensor_id, []).append(i)
-            for t in node.inputs:
-                if t.tensor_id is not None:
-                    self.consumers.setdefault(t.tensor_id, []).append(i)
+                    last[t.tensor_id] = i
             self.path_nodes.setdefault(node.module_path, []).append(i)
             self.path_classes.setdefault(node.module_path, {})[node.module_class] = None
         self.sorted_paths = sorted(self.path_nodes)
@@ -490,25 +498,18 @@ class _Engine:
         outside: dict[int, int] = {}
         paths: dict[str, tuple[str, ...]] = {}
         parts: list[Any] = []
-        nodes, pred, succ, producers = self.nodes, self.pred, self.succ, self.producers
+        nodes, pred, succ = self.nodes, self.pred, self.succ
         for p in positions:
             node = nodes[p]
             rel = paths.get(node.module_path)
             if rel is None:
                 rel = paths[node.module_path] = _relative_path(node.module_path, layer)
             inputs: list[Any] = []
-            for t in node.inputs:
+            for t, q in zip(node.inputs, self.in_prod[p], strict=True):
                 tid = t.tensor_id
                 if tid is None:
                     inputs.append(None)
                     continue
-                writers = producers.get(tid)
-                if writers is None:
-                    q = None
-                elif len(writers) == 1:
-                    q = writers[0] if writers[0] < p else None
-                else:
-                    q = self.producer_before(tid, p)
                 k = ordinal.get(q) if q is not None else None
                 if k is not None:
                     inputs.append(k)
@@ -560,14 +561,6 @@ class _Engine:
                 self.groups.append(copy)
 
     # -- helpers ------------------------------------------------------------------------
-
-    def producer_before(self, tensor_id: int, position: int) -> int | None:
-        """The last node before ``position`` that wrote ``tensor_id``."""
-        writers = self.producers.get(tensor_id)
-        if not writers:
-            return None
-        k = bisect.bisect_left(writers, position)
-        return writers[k - 1] if k else None
 
     def nbytes(self, t: TensorMeta) -> int:
         key = (t.shape, t.dtype)
@@ -777,17 +770,15 @@ class _Engine:
         links: list[tuple[int, int]] = []
         readers: dict[int, int] = {}
         nodes = self.nodes
+        in_prod = self.in_prod
         for k, u in enumerate(units):
             for p in u.positions:
-                for t in nodes[p].inputs:
+                for t, source in zip(nodes[p].inputs, in_prod[p], strict=True):
                     tid = t.tensor_id
                     if tid is None or t.param is not None:
                         continue
-                    at = p
-                    while True:
-                        q = self.producer_before(tid, at)
-                        if q is None:
-                            break
+                    q = source
+                    while q is not None:
                         other = unit_of.get(q)
                         if other is not None:
                             if other != k:
@@ -798,7 +789,7 @@ class _Engine:
                         if (self.owner[q] < 0 and q in scope_set and _is_alias(node_q)
                                 and node_q.inputs and node_q.inputs[0].tensor_id is not None
                                 and node_q.inputs[0].param is None):
-                            tid, at = node_q.inputs[0].tensor_id, q
+                            tid, q = node_q.inputs[0].tensor_id, in_prod[q][0]
                             continue
                         break
                     if tid is not None:
@@ -1024,17 +1015,20 @@ class _Engine:
 
     # -- the fused node -------------------------------------------------------------------
 
-    def _resolve(self, tensor_id: int, position: int, members: set[int]) -> tuple[int, bool]:
-        """``(base id, produced inside)`` of a tensor a member reads, through the region's
-        aliases (absorbed views) back to a member that computed it or an outside tensor."""
-        nodes = self.nodes
+    def _resolve(self, position: int, index: int, members: set[int]) -> tuple[int, bool]:
+        """``(base id, produced inside)`` of input ``index`` of the member at ``position``,
+        through the region's aliases (absorbed views) back to a member that computed it or
+        an outside tensor."""
+        nodes, in_prod = self.nodes, self.in_prod
+        tensor_id = nodes[position].inputs[index].tensor_id
+        assert tensor_id is not None
+        q = in_prod[position][index]
         while True:
-            q = self.producer_before(tensor_id, position)
             if q is None or q not in members:
                 return tensor_id, False
             node = nodes[q]
             if _is_alias(node) and node.inputs and node.inputs[0].tensor_id is not None:
-                tensor_id, position = node.inputs[0].tensor_id, q
+                tensor_id, q = node.inputs[0].tensor_id, in_prod[q][0]
                 continue
             return tensor_id, True
 
@@ -1077,16 +1071,16 @@ class _Engine:
             if node.formula is None:
                 formula_ok = False
             inside_read = 0
-            for t in node.inputs:
+            for j, t in enumerate(node.inputs):
                 if t.tensor_id is None:
                     loose_inputs.append(t)
                     continue
-                base, inside = self._resolve(t.tensor_id, p, member_set)
+                base, inside = self._resolve(p, j, member_set)
                 if inside:
                     inside_read += self.nbytes(t)
                     continue
                 if base not in outside_meta:
-                    outside_meta[base] = self._outside_meta(base, t, p, member_set)
+                    outside_meta[base] = self._outside_meta(base, p, j, member_set)
                     outside_reads[base] = {}
                     outside_total[base] = 0
                 outside_reads[base][t.tensor_id] = self.nbytes(t)
@@ -1116,11 +1110,11 @@ class _Engine:
         anchor = nodes[group.anchor] if group.anchor is not None else None
         if anchor is not None:
             listed: set[int] = set()
-            for t in anchor.inputs:
+            for j, t in enumerate(anchor.inputs):
                 if t.tensor_id is None:
                     inputs.append(t)
                     continue
-                base, inside = self._resolve(t.tensor_id, group.anchor, member_set)
+                base, inside = self._resolve(group.anchor, j, member_set)
                 if inside:
                     inputs.append(evolve(t, tensor_id=None))
                 else:
@@ -1158,20 +1152,14 @@ class _Engine:
             fused_from=flattened,
         )
 
-    def _outside_meta(self, base: int, read: TensorMeta, position: int,
+    def _outside_meta(self, base: int, position: int, index: int,
                       members: set[int]) -> TensorMeta:
-        """The tensor at the boundary a member reads (through absorbed views) as ``read``."""
-        if base == read.tensor_id:
-            return read
-        tensor_id, at = read.tensor_id, position
-        while tensor_id is not None:
-            q = self.producer_before(tensor_id, at)
-            if q is None or q not in members:
-                break
-            src = self.nodes[q].inputs[0]
-            if src.tensor_id == base:
-                return src
-            tensor_id, at = src.tensor_id, q
+        """The outside tensor ``base`` that input ``index`` of a member reads (through the
+        region's views)."""
+        read = self.nodes[position].inputs[index]
+        q = self.in_prod[position][index]
+        while read.tensor_id != base and q is not None and q in members:
+            read, q = self.nodes[q].inputs[0], self.in_prod[q][0]
         return read
 
 
