@@ -1,7 +1,8 @@
-"""Estimation: serving predictions from captured graphs (docs/inference-model.md).
+"""Estimators: a model, a machine, a layout and a workload in; a broken-down prediction out.
 
-:func:`estimate_inference` is the entry point; captures are reused across layouts
-(:func:`load_or_capture`, :class:`CapturedModel`).
+``zrt_core.estimate.training.estimate_training`` predicts one training step;
+:func:`estimate_inference` serving (docs/inference-model.md), from captures reused across
+layouts (:func:`load_or_capture`, :class:`CapturedModel`).
 """
 
 from zrt_core.estimate.captures import CapturedModel, load_or_capture

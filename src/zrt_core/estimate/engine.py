@@ -18,10 +18,20 @@ of the whole device for weights, activations and cache together.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from attrs import frozen
+from attrs import evolve, field, frozen
 
 from zrt_core.errors import UnknownNameError
+
+if TYPE_CHECKING:
+    from zrt_core.hardware import HardwareSpec
+
+
+def _ro(value: Mapping[str, float]) -> Mapping[str, float]:
+    return MappingProxyType({str(k): float(v) for k, v in dict(value).items()})
 
 GIB = 1024**3
 
@@ -44,8 +54,13 @@ class EngineProfile:
         activations (vllm, ``memory_of_device`` True).
     :param runtime_reserve_gib: CUDA context, communication and library workspaces.
     :param kv_block_tokens: tokens per KV-cache block (a sequence holds whole blocks).
-    :param chunked_prefill: prompts longer than the free token budget are split over
-        iterations (vLLM always; TensorRT-LLM when the prompt exceeds max_num_tokens).
+    :param gemm_derate: per GEMM precision (``bf16``, ``fp8``, ``fp4``, ``int8``), the
+        fraction of the hardware's calibrated kernel efficiency the engine's GEMMs reach
+        end to end (docs/inference-model.md gives the fit); absent means 1.
+    :param chunked_prefill: prompts are split to fill every iteration's token budget
+        (vLLM's default); without it (trtllm-bench's default) an iteration admits whole
+        prompts only, and a prompt longer than the free budget is still split (the engine
+        enables chunked context when a prompt exceeds ``max_num_tokens``).
     """
 
     name: str
@@ -56,7 +71,24 @@ class EngineProfile:
     fixed_max_batch: int = 0
     fixed_max_tokens: int = 0
     chunked_prefill: bool = True
+    gemm_derate: Mapping[str, float] = field(factory=dict, converter=_ro)
     description: str = ""
+
+    def hardware(self, hw: HardwareSpec) -> HardwareSpec:
+        """``hw`` with this engine's GEMM derates applied to its kernel efficiencies."""
+        if not self.gemm_derate:
+            return hw
+        eff = hw.efficiency
+        fp8 = eff.matmul_fp8 if eff.matmul_fp8 is not None else eff.matmul
+        fp4 = eff.matmul_fp4 if eff.matmul_fp4 is not None else fp8
+        int8 = eff.matmul_int8 if eff.matmul_int8 is not None else fp8
+        values = {"bf16": eff.matmul, "fp8": fp8, "fp4": fp4, "int8": int8}
+        changes = {}
+        for key, field_name in (("bf16", "matmul"), ("fp8", "matmul_fp8"),
+                                ("fp4", "matmul_fp4"), ("int8", "matmul_int8")):
+            if key in self.gemm_derate:
+                changes[field_name] = min(1.0, values[key] * self.gemm_derate[key])
+        return evolve(hw, efficiency=evolve(eff, **changes))
 
     def settings(self, *, total_params: int, weight_bytes_per_param: float,
                  kv_bytes_per_token_model: float, device_gib: float, tp: int, pp: int,
@@ -115,6 +147,10 @@ def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
 ENGINES: dict[str, EngineProfile] = {
     "trtllm": EngineProfile(
         name="trtllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=32,
+        chunked_prefill=False,
+        # end-to-end GEMM rate over the calibrated kernel rate, one value per precision
+        # class fitted over every record of that class (docs/inference-model.md)
+        gemm_derate={"fp8": 0.90, "fp4": 0.58},
         description="TensorRT-LLM as trtllm-bench runs it (kv_cache_free_gpu_mem_fraction "
                     "0.90, tokens_per_block 32, GUARANTEED_NO_EVICT)"),
     "vllm": EngineProfile(
@@ -125,7 +161,9 @@ ENGINES: dict[str, EngineProfile] = {
 }
 
 
-def engine_profile(name: str) -> EngineProfile:
+def engine_profile(name: str | EngineProfile) -> EngineProfile:
+    if isinstance(name, EngineProfile):
+        return name
     try:
         return ENGINES[name.lower()]
     except KeyError:

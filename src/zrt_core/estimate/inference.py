@@ -39,7 +39,7 @@ from zrt_core.cost.pricing import (
 )
 from zrt_core.errors import SpecError, ZrtError
 from zrt_core.estimate.captures import CapturedModel, load_or_capture
-from zrt_core.estimate.engine import GIB, engine_profile
+from zrt_core.estimate.engine import GIB, EngineProfile, engine_profile
 from zrt_core.estimate.memory import (
     activation_peak_bytes,
     kv_cache_size,
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Parallel,
                        infer: InferSpec, *, host: PluginHost | None = None,
-                       captured: Any = None, engine: str = "trtllm",
+                       captured: Any = None, engine: str | EngineProfile = "trtllm",
                        use_cache: bool | None = None) -> InferenceReport:
     """Predict serving ``model`` on ``hardware`` with ``parallel`` for ``infer``.
 
@@ -116,6 +116,8 @@ class _Estimator:
         self.infer = infer
         self.host = host
         self.engine = engine_profile(engine)
+        hw = self.engine.hardware(hw)
+        self.hw = hw
         self.dims = captured.dims
         self.ctx = TransformContext(dims=self.dims, hardware=hw, parallel=parallel, host=host,
                                     infer=infer)
@@ -297,9 +299,13 @@ class _Estimator:
             micro = budget_tokens / (1 + isl / osl)
             concurrency = micro * pp
         c = max(1, math.floor(micro))
-        prefill_budget = max(budget_tokens - c, 1)
-        n_mixed = min(osl, c * isl / prefill_budget)
-        chunk = min(prefill_budget, c * isl)  # prompt tokens in a mixed iteration
+        free = max(budget_tokens - c, 1)
+        if free >= isl and not self.engine.chunked_prefill:
+            chunk = (free // isl) * isl  # whole prompts only: the rest of the budget idles
+        else:
+            chunk = min(free, c * isl)  # prompts split across iterations as needed
+        n_mixed = min(osl, c * isl / chunk)
+        prefill_budget = chunk
         t_gen = self._stage_max(Phase.DECODE, c, mean_cache)
         mix_stages = self._mixed_iteration(c, chunk, mean_cache)
         t_mix = max(mix_stages) if pp > 1 else sum(mix_stages)
@@ -309,6 +315,7 @@ class _Estimator:
         # a prompt is done after its chunks' iterations; the first token then has passed
         # every pipeline stage once
         ttft = t_mix * max(0, math.ceil(isl / prefill_budget) - 1) + sum(mix_stages)
+        del free
         mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * c * pp)
         throughput = {
             "model": "in-flight batching, steady state (docs/inference-model.md)",

@@ -283,6 +283,8 @@ class ShapePass:
             metas_in = [self._current_meta(t) for t in node.inputs]
             ins = [self.layout_of(t, node) for t in metas_in]
             outs = rule_for(node)(node, metas_in, ins)
+            if op_base(node.op) == "cat":
+                ins = self._unify_cat_inputs(node, metas_in, ins, outs)
             outs = self.after(node, ins, outs)
             for t, lay in zip(node.outputs, outs, strict=True):
                 if t.tensor_id is not None:
@@ -300,6 +302,30 @@ class ShapePass:
         out_nodes = list(_flatten(self._slots))
         return replace_graph(self.graph, nodes=out_nodes,
                              edges=_rewire(self.graph, out_nodes))
+
+    def _unify_cat_inputs(self, node: OpNode, metas: list[TensorMeta], ins: list[Layout],
+                          outs: list[Layout]) -> list[Layout]:
+        """A piece of a ``cat`` that no node of this graph produced (the KV cache a decode
+        step extends) takes the split of the pieces it joins on the other axes: a cache
+        holds the heads its rank holds."""
+        if not outs or not node.outputs:
+            return ins
+        out = outs[0]
+        nd = len(out.axes)
+        dim = int(node.attrs.get("dim", 0)) % max(nd, 1)
+        new = list(ins)
+        for k, (m, lay) in enumerate(zip(metas, ins, strict=True)):
+            tid = m.tensor_id
+            if tid is None or tid in self.produced or len(m.shape) != nd or m.numel == 0:
+                continue
+            axes = [lay.axes[i] if i == dim else _merge_factors(lay.axes[i], out.axes[i])
+                    for i in range(nd)]
+            if tuple(axes) == lay.axes:
+                continue
+            merged = _layout(m.shape, axes, lay.partial)
+            self.state[tid] = merged
+            new[k] = merged
+        return new
 
     def emitted(self) -> list[OpNode]:
         """The nodes emitted so far, in order (for :meth:`finish`)."""
