@@ -460,6 +460,7 @@ class _Engine:
         self.owner = [-1] * n
         self.groups: list[_Group] = []
         self._token_cache: dict[tuple[int, str, str, bool], bool] = {}
+        self._any_cache: dict[tuple[int, str, str, bool], bool] = {}
         self._instances: dict[Scope, list[tuple[str, str, list[int]]]] = {}
         self._sizes: dict[tuple[tuple[int, ...], str], int] = {}
         # layer index -> (representative layer, its positions, this layer's positions)
@@ -538,13 +539,16 @@ class _Engine:
         for layer, (rep, _, _) in self.replica_of.items():
             replicas.setdefault(rep, []).append(layer)
         nodes = self.nodes
+        ordinals: dict[int, dict[int, int]] = {}
         for group in [g for g in self.groups if g.alive]:
             rep = nodes[group.members[0]].layer_index
             if rep not in replicas:
                 continue
             for layer in replicas[rep]:
                 _, rep_positions, positions = self.replica_of[layer]
-                index = {p: k for k, p in enumerate(rep_positions)}
+                index = ordinals.get(rep)
+                if index is None:
+                    index = ordinals[rep] = {p: k for k, p in enumerate(rep_positions)}
                 if any(p not in index for p in group.members):
                     break
                 mapped = [positions[index[p]] for p in group.members]
@@ -578,10 +582,10 @@ class _Engine:
 
     def any_token(self, tokens: tuple[OpToken, ...], unit: _Unit) -> bool:
         key = (id(tokens), unit.op, unit.category, unit.fused)
-        hit = self._token_cache.get(key)  # type: ignore[arg-type]
+        hit = self._any_cache.get(key)
         if hit is None:
-            hit = any(t.matches(unit.op, unit.category, unit.fused) for t in tokens)
-            self._token_cache[key] = hit  # type: ignore[index]
+            hit = self._any_cache[key] = any(
+                t.matches(unit.op, unit.category, unit.fused) for t in tokens)
         return hit
 
     def subtree_paths(self, path: str) -> list[str]:
