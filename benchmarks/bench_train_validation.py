@@ -103,7 +103,7 @@ def run(path: Path, only: str | None, cache: Path | None, verbose: bool
             start = time.perf_counter()
             report = estimate_training(case.config, case.hardware, case.parallel, case.train,
                                        host=host, captured=cap, overlap=case.overlap,
-                                       num_gpus=case.num_gpus)
+                                       num_gpus=case.num_gpus, attention=case.attention)
             row["estimate_s"] = time.perf_counter() - start
         except ZrtError as exc:
             row.update(status="error", message=str(exc))

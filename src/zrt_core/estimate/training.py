@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
-from zrt_core.errors import ModelError
+from zrt_core.errors import ModelError, SpecError
 from zrt_core.ir.graph import Category, OpGraph, OpNode, Phase, dtype_bytes
+from zrt_core.reports.training import StageReport, TrainingMemory, TrainingReport
 from zrt_core.schedule.pipeline import (
     SPLIT_BACKWARD,
     PipelineResult,
@@ -53,6 +54,7 @@ from zrt_core.transforms.training import (
     Precision,
     PrecisionPlan,
     Recompute,
+    UnfusedAttention,
     dp_groups,
     grad_dtype,
     mark_weight_grads,
@@ -77,191 +79,12 @@ USABLE_MEMORY_FRACTION = 0.95
 #: in the steady state and extrapolated (exact: the steady state is periodic; tested).
 MAX_SIMULATED_OPS = 6000
 _EXTRAPOLATED = frozenset({"1f1b", "interleaved", "zb-h1"})
+ATTENTION_KERNELS = ("flash", "unfused")
 _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "other")
 
 
 def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
-
-
-# -- report values ----------------------------------------------------------------------------
-
-
-@frozen
-class StageReport:
-    """One virtual stage, per micro-batch.
-
-    ``forward_s``/``backward_s`` are its timelines' makespans (what the pipeline schedule
-    takes); the ``*_compute_s`` parts are kernels on the compute stream, ``exposed_comm_s``
-    communication during which the stage computes nothing, ``hidden_comm_s`` the rest.
-    """
-
-    stage: int
-    rank: int
-    layers: tuple[int, int]
-    first: bool
-    last: bool
-    forward_s: float
-    backward_s: float
-    weight_s: float
-    forward_compute_s: float
-    backward_compute_s: float
-    recompute_s: float
-    exposed_comm_s: Mapping[str, float] = field(converter=_ro)
-    hidden_comm_s: Mapping[str, float] = field(converter=_ro)
-    activation_bytes: float = 0.0
-    transient_bytes: float = 0.0
-    forward_flops: float = 0.0
-    backward_flops: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "rank": self.rank, "layers": list(self.layers),
-                "first": self.first, "last": self.last, "forward_s": self.forward_s,
-                "backward_s": self.backward_s, "weight_s": self.weight_s,
-                "forward_compute_s": self.forward_compute_s,
-                "backward_compute_s": self.backward_compute_s,
-                "recompute_s": self.recompute_s,
-                "exposed_comm_s": dict(self.exposed_comm_s),
-                "hidden_comm_s": dict(self.hidden_comm_s),
-                "activation_bytes": self.activation_bytes,
-                "transient_bytes": self.transient_bytes}
-
-
-@frozen
-class MemoryReport:
-    """Memory of one device (the pipeline rank that needs the most), in bytes.
-
-    ``peak = weights + gradients + optimizer_states + activations + transient +
-    comm_buffers``; ``activations`` is the most the schedule keeps in flight (1F1B's first
-    rank: ``pp`` micro-batches), ``transient`` the largest working set of one layer's
-    backward (recomputed activations and gradient temporaries).
-    """
-
-    rank: int
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    transient_bytes: float
-    comm_buffer_bytes: float
-    capacity_bytes: float
-    usable_bytes: float
-    inflight_microbatches: int
-    activation_bytes_per_microbatch: float
-    host_optimizer_bytes: float = 0.0
-
-    @property
-    def peak_bytes(self) -> float:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.transient_bytes + self.comm_buffer_bytes)
-
-    @property
-    def feasible(self) -> bool:
-        return self.peak_bytes <= self.usable_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        gib = 2.0 ** 30
-        return {"rank": self.rank, "weights_gib": self.weights_bytes / gib,
-                "gradients_gib": self.gradients_bytes / gib,
-                "optimizer_gib": self.optimizer_bytes / gib,
-                "activations_gib": self.activations_bytes / gib,
-                "transient_gib": self.transient_bytes / gib,
-                "comm_buffers_gib": self.comm_buffer_bytes / gib,
-                "peak_gib": self.peak_bytes / gib, "capacity_gib": self.capacity_bytes / gib,
-                "usable_gib": self.usable_bytes / gib, "feasible": self.feasible,
-                "inflight_microbatches": self.inflight_microbatches,
-                "activation_gib_per_microbatch": self.activation_bytes_per_microbatch / gib,
-                "host_optimizer_gib": self.host_optimizer_bytes / gib}
-
-
-@frozen(eq=False)
-class TrainingReport:
-    """One training step, broken down (see the module docstring for the identities).
-
-    Times are seconds on the critical pipeline rank; ``exposed_comm_s`` is by group (``tp``,
-    ``cp``, ``ep``, ``pp``, ``dp``...) over the whole step and ``pipeline_exposed_comm_s``
-    the part inside the pipeline. ``mfu`` counts model FLOPs (analytic, 3 × forward, causal
-    attention) and ``hfu`` the FLOPs the device executes (the graph's, with recompute), both
-    against the dense peak of the run's 16-bit dtype (bf16, or fp16) times the GPU count.
-    """
-
-    model: str
-    hardware_id: str
-    parallel: Parallel
-    train: TrainSpec
-    num_gpus: int
-    schedule: str
-    microbatches: int
-    step_time_s: float
-    pipeline_s: float
-    optimizer_s: float
-    optimizer_comm_exposed_s: float
-    compute_s: float
-    forward_s: float
-    backward_s: float
-    recompute_s: float
-    bubble_s: float
-    pipeline_exposed_comm_s: Mapping[str, float] = field(converter=_ro)
-    exposed_comm_s: Mapping[str, float] = field(converter=_ro)
-    hidden_comm_s: Mapping[str, float] = field(converter=_ro)
-    tokens_per_s_per_gpu: float = 0.0
-    mfu: float = 0.0
-    hfu: float = 0.0
-    model_flops: float = 0.0
-    hardware_flops: float = 0.0
-    peak_tflops: float = 0.0
-    memory: MemoryReport | None = None
-    stages: tuple[StageReport, ...] = ()
-    critical_rank: int = 0
-    precision: str = ""
-    notes: tuple[str, ...] = ()
-    timings_s: Mapping[str, float] = field(factory=dict, converter=_ro)
-    pipeline: PipelineResult | None = None
-    stage_times: StageTimes | None = None
-    p2p_s: tuple[float, ...] = ()
-    p2p_wrap_s: float = 0.0
-    timelines: Mapping[str, Timeline] = field(factory=dict, converter=_ro)
-
-    @property
-    def exposed_comm_total_s(self) -> float:
-        return sum(self.exposed_comm_s.values())
-
-    @property
-    def pipeline_exposed_comm_total_s(self) -> float:
-        return sum(self.pipeline_exposed_comm_s.values())
-
-    @property
-    def bubble_fraction(self) -> float:
-        return self.bubble_s / self.pipeline_s if self.pipeline_s else 0.0
-
-    @property
-    def feasible(self) -> bool:
-        return self.memory is None or self.memory.feasible
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "model": self.model, "hardware": self.hardware_id, "num_gpus": self.num_gpus,
-            "parallel": self.parallel.to_json(), "train": self.train.to_json(),
-            "precision": self.precision, "schedule": self.schedule,
-            "microbatches": self.microbatches,
-            "step_time_s": self.step_time_s, "pipeline_s": self.pipeline_s,
-            "optimizer_s": self.optimizer_s,
-            "optimizer_comm_exposed_s": self.optimizer_comm_exposed_s,
-            "compute_s": self.compute_s, "forward_s": self.forward_s,
-            "backward_s": self.backward_s, "recompute_s": self.recompute_s,
-            "bubble_s": self.bubble_s, "bubble_fraction": self.bubble_fraction,
-            "pipeline_exposed_comm_s": dict(self.pipeline_exposed_comm_s),
-            "exposed_comm_s": dict(self.exposed_comm_s),
-            "hidden_comm_s": dict(self.hidden_comm_s),
-            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
-            "hfu": self.hfu, "model_flops": self.model_flops,
-            "hardware_flops": self.hardware_flops, "peak_tflops": self.peak_tflops,
-            "critical_rank": self.critical_rank, "feasible": self.feasible,
-            "memory": self.memory.to_json() if self.memory else None,
-            "stages": [s.to_json() for s in self.stages],
-            "notes": list(self.notes), "timings_s": dict(self.timings_s),
-        }
-        return out
 
 
 # -- capture cache ------------------------------------------------------------------------------
@@ -308,6 +131,7 @@ def estimate_training(
     overlap: OverlapRules | None = None,
     num_gpus: int | None = None,
     host_link_gb_per_s: float | None = None,
+    attention: str = "flash",
     keep_timelines: bool = False,
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
@@ -323,6 +147,9 @@ def estimate_training(
     :param overlap: communication-overlap rules; default :func:`default_overlap`.
     :param num_gpus: checked against ``tp × cp × pp × dp`` when given.
     :param host_link_gb_per_s: device-to-host bandwidth for ``offload_optimizer``.
+    :param attention: ``flash`` (fused FlashAttention kernels, as captured) or ``unfused``
+        (Megatron-LM's 2021-22 attention core: full-square batched GEMMs, fused softmax and
+        attention dropout over the scores; :class:`UnfusedAttention`).
     :param keep_timelines: keep the first stage's forward/backward timelines (for traces).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
@@ -375,7 +202,11 @@ def estimate_training(
     ctx = TransformContext(dims=dims, hardware=hw, parallel=parallel, host=host, train=train)
 
     # -- transforms -------------------------------------------------------------------------
-    fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes)
+    if attention not in ATTENTION_KERNELS:
+        raise SpecError(f"unknown attention kernel {attention!r}",
+                        f"use one of {', '.join(ATTENTION_KERNELS)}")
+    fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
+                                               config=captured.config)
     fwd = apply_all(fwd, [Precision(plan)], ctx)
     bwd = mark_weight_grads(fwd, bwd)
     bwd = apply_all(bwd, [Precision(plan)], ctx)
@@ -482,19 +313,33 @@ def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims
 
 
 def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
-                           notes: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+                           notes: list[str], *, attention: str = "flash",
+                           config: Mapping[str, Any] | None = None
+                           ) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
     """The TP/SP/CP/EP transforms (:mod:`zrt_core.transforms.parallel`, forward then backward
-    with shared tensor layouts, so saved activations keep their forward shapes), then the
-    platform's fusion rules on the per-rank graphs."""
+    with shared tensor layouts, so saved activations keep their forward shapes), the
+    attention kernels, then the platform's fusion rules on the per-rank graphs."""
+    from zrt_core.estimate.captures import config_tp_plan
     from zrt_core.transforms.fusion import Fusion
     from zrt_core.transforms.parallel import apply_phases
 
-    graphs = apply_phases({Phase.TRAIN_FORWARD: fwd, Phase.TRAIN_BACKWARD: bwd}, ctx)
+    plan = config_tp_plan(str((config or {}).get("model_type", "")))
+    graphs = apply_phases({Phase.TRAIN_FORWARD: fwd, Phase.TRAIN_BACKWARD: bwd}, ctx, plan)
     fwd, bwd = graphs[Phase.TRAIN_FORWARD], graphs[Phase.TRAIN_BACKWARD]
+    applied = ["parallel"]
+    if attention == "unfused":
+        cfg = config or {}
+        dropout = float(cfg.get("attn_pdrop") or cfg.get("attention_dropout") or 0.0)
+        unfused = UnfusedAttention(dropout=dropout)
+        fwd, bwd = unfused.apply_pair(fwd, bwd)
+        applied.append(unfused.name)
+        notes.append("attention as Megatron-LM ran it before FlashAttention: full-square "
+                     f"QK^T and PV GEMMs, fused softmax, dropout {dropout:g} on the scores")
     fusion = Fusion()
     fwd = apply_all(fwd, [fusion], ctx)
     bwd = apply_all(bwd, [fusion], ctx)
-    return fwd, bwd, ("parallel", fusion.name)
+    applied.append(fusion.name)
+    return fwd, bwd, tuple(applied)
 
 
 # -- activations and transient memory --------------------------------------------------------
@@ -1108,14 +953,14 @@ def _model_flops(captured: CaptureResult, train: TrainSpec, notes: list[str]) ->
 
 def _memory(hw: HardwareSpec, stages: Sequence[StageReport], summary: _PipelineSummary,
             optimizer: _OptimizerStep, per_rank: Sequence[Sequence[tuple[int, float]]],
-            pp: int) -> MemoryReport:
+            pp: int) -> TrainingMemory:
     capacity = hw.memory.capacity_gb * 2.0 ** 30
-    best: MemoryReport | None = None
+    best: TrainingMemory | None = None
     for rank in range(pp):
         mine = [stages[v] for v, _ in per_rank[rank]]
         acts = summary.peak_activation_bytes[rank]
         per_micro = max((s.activation_bytes for s in mine), default=0.0)
-        report = MemoryReport(
+        report = TrainingMemory(
             rank=rank, weights_bytes=optimizer.weights_bytes[rank],
             gradients_bytes=optimizer.gradients_bytes[rank],
             optimizer_bytes=optimizer.states_bytes[rank], activations_bytes=acts,
@@ -1143,6 +988,7 @@ class TrainingCase:
     train: TrainSpec
     overlap: OverlapRules
     num_gpus: int
+    attention: str = "flash"
     assumptions: tuple[str, ...] = ()
 
 
@@ -1223,6 +1069,10 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b")
     source = str(record.get("source", ""))
+    attention = "flash"
+    if any(s in source for s in LEGACY_MEGATRON_SOURCES):
+        attention = "unfused"
+        assumptions.append("2021-22 attention kernels (no FlashAttention)")
     if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) != 3:
         overlap = legacy_overlap()
         assumptions.append("Megatron-LM of 2021-22: no overlapped grad reduction, param "
@@ -1230,7 +1080,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     else:
         overlap = default_overlap(parallel, train)
     return TrainingCase(config=config, hardware=str(hardware), parallel=parallel, train=train,
-                        overlap=overlap, num_gpus=num_gpus, assumptions=tuple(assumptions))
+                        overlap=overlap, num_gpus=num_gpus, attention=attention,
+                        assumptions=tuple(assumptions))
 
 
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
@@ -1244,10 +1095,7 @@ def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
 
 __all__ = [
     "LEGACY_MEGATRON_SOURCES",
-    "MemoryReport",
-    "StageReport",
     "TrainingCase",
-    "TrainingReport",
     "capture_for_training",
     "case_from_record",
     "default_overlap",

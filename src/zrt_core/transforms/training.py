@@ -212,19 +212,22 @@ class Recompute:
                 new_edges.extend(_copied_edges(nodes, made, fwd_edges))
                 new_edges.append((made[-1].id, first_bwd[layer]))
         else:  # selective: the attention core
-            attn_bwd = {n.attrs.get("fwd_seq_nr"): n for n in graph.nodes
-                        if n.category == Category.ATTENTION and n.layer_index is not None}
             for nodes in fwd_by_layer.values():
-                for n in nodes:
-                    if n.category != Category.ATTENTION:
-                        continue
-                    target = attn_bwd.get(n.attrs.get("seq_nr"))
+                groups = _attention_cores(nodes)
+                for core in groups:
+                    seq = next((c.attrs.get("seq_nr") for c in reversed(core)
+                                if c.attrs.get("seq_nr") is not None), None)
+                    target = next((n for n in graph.nodes if n.layer_index is not None and
+                                   n.attrs.get("fwd_seq_nr") == seq and
+                                   (n.category == Category.ATTENTION or
+                                    n.attrs.get(CORE_ATTENTION_ATTR))), None)
                     if target is None:
                         continue
-                    made = self._copy([n], node_offset, tensor_offset, renamed)
-                    node_offset += 1
+                    made = self._copy(core, node_offset, tensor_offset, renamed)
+                    node_offset += len(made)
                     copies.setdefault(target.id, []).extend(made)
-                    new_edges.append((made[0].id, target.id))
+                    new_edges.extend(_copied_edges(core, made, fwd_edges))
+                    new_edges.append((made[-1].id, target.id))
 
         out: list[OpNode] = []
         recompute_ids = {c.id for cs in copies.values() for c in cs}
@@ -257,6 +260,25 @@ class Recompute:
         return made
 
 
+def _attention_cores(nodes: Sequence[OpNode]) -> list[list[OpNode]]:
+    """The attention cores among a layer's forward nodes: each fused attention node, or each
+    run of nodes marked ``core_attention`` (:class:`UnfusedAttention`)."""
+    cores: list[list[OpNode]] = []
+    run: list[OpNode] = []
+    for n in nodes:
+        if n.attrs.get(CORE_ATTENTION_ATTR):
+            run.append(n)
+            continue
+        if run:
+            cores.append(run)
+            run = []
+        if n.category == Category.ATTENTION:
+            cores.append([n])
+    if run:
+        cores.append(run)
+    return cores
+
+
 def _forward_hint(node: OpNode, rules: OverlapRules | None) -> str:
     """The ``attrs["overlap"]`` that makes a recomputed collective run as in the forward."""
     from zrt_core.schedule.scheduler import OverlapRules
@@ -285,6 +307,167 @@ def _copied_edges(originals: Sequence[OpNode], copies: Sequence[OpNode],
                   edges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     mapping = {o.id: c.id for o, c in zip(originals, copies, strict=True)}
     return [(mapping[a], mapping[b]) for a, b in edges if a in mapping and b in mapping]
+
+
+# -- attention kernels --------------------------------------------------------------------------
+
+#: ``attrs["core_attention"]`` marks the nodes of an unfused attention core (what selective
+#: recompute re-runs).
+CORE_ATTENTION_ATTR = "core_attention"
+
+
+@frozen
+class UnfusedAttention:
+    """Megatron-LM's attention core before FlashAttention (2021-22, Narayanan et al. and
+    Korthikanti et al.): the fused attention node becomes the kernels that ran then.
+
+    Forward (per rank: ``B = b × heads`` products of ``s_q × s_k``, head dim ``d``):
+    ``baddbmm`` QKᵀ over the full square (the causal mask is applied after, in the
+    softmax: ``2·B·s_q·s_k·d`` FLOPs), the fused scale-mask-softmax (reads and writes the
+    ``s_q × s_k`` scores), attention dropout (writes the probabilities and a one-byte mask)
+    and ``bmm`` PV. Kept for backward: the softmax output, the mask and the dropped-out
+    probabilities — Korthikanti's ``5·a·s²·b`` bytes per layer. Backward: dP = dO·Vᵀ,
+    dV = Pᵀ·dO, the dropout and softmax backwards, dQ = dS·K and dK = dSᵀ·Q.
+
+    All new nodes carry ``attrs["core_attention"] = True``: selective recompute re-runs
+    them. Apply to the forward and backward graphs together (:meth:`apply_pair`) so the
+    backward reads the tensors the forward saved.
+
+    :param dropout: attention dropout probability (``attn_pdrop``); 0 drops the dropout
+        kernels.
+    """
+
+    dropout: float = 0.0
+    name: str = "unfused_attention"
+
+    def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
+        raise SpecError("UnfusedAttention rewrites forward and backward together",
+                        "call apply_pair(forward, backward)")
+
+    def apply_pair(self, forward: OpGraph, backward: OpGraph) -> tuple[OpGraph, OpGraph]:
+        from zrt_core.cost.opdims import attention_dims
+
+        tensor_next = _tensor_ids((forward, backward))
+        saved: dict[Any, tuple[TensorMeta, TensorMeta | None, TensorMeta]] = {}
+        fwd_nodes: list[OpNode] = []
+        next_id = _next_id(forward)
+        for n in forward.nodes:
+            dims = attention_dims(n) if n.category == Category.ATTENTION else None
+            if dims is None or "backward" in n.op:
+                fwd_nodes.append(n)
+                continue
+            B, sq, sk, d, dv = dims.b * dims.h, dims.s_q, dims.s_kv, dims.d, dims.d_v or dims.d
+            dtype = n.inputs[0].dtype
+            scores = TensorMeta((dims.b, dims.h, sq, sk), dtype, tensor_id=tensor_next)
+            probs = TensorMeta((dims.b, dims.h, sq, sk), dtype, tensor_id=tensor_next + 1)
+            mask = TensorMeta((dims.b, dims.h, sq, sk), "bool", tensor_id=tensor_next + 2) \
+                if self.dropout else None
+            dropped = TensorMeta((dims.b, dims.h, sq, sk), dtype, tensor_id=tensor_next + 3) \
+                if self.dropout else probs
+            tensor_next += 4
+            q, k, v = n.inputs[0], n.inputs[1], n.inputs[2]
+            out = n.outputs[0]
+            attrs = {k2: val for k2, val in n.attrs.items() if k2 != "seq_nr"}
+            attrs[CORE_ATTENTION_ATTR] = True
+            e = B * sq * sk
+            made = [
+                self._node(next_id, "aten.baddbmm.default", Category.MATMUL, n, (q, k),
+                           (scores,), flops=2 * B * sq * sk * d, attrs=attrs),
+                self._node(next_id + 1, "fused.scale_mask_softmax", Category.SOFTMAX, n,
+                           (scores,), (probs,), flops=5 * e, attrs=attrs),
+            ]
+            if self.dropout:
+                made.append(self._node(next_id + 2, "aten.native_dropout.default",
+                                       Category.ELEMENTWISE, n, (probs,), (dropped, mask),
+                                       flops=2 * e, attrs=attrs))
+            made.append(self._node(next_id + 3, "aten.bmm.default", Category.MATMUL, n,
+                                   (dropped, v), (out,), flops=2 * B * sq * sk * dv,
+                                   attrs={**attrs, "seq_nr": n.attrs.get("seq_nr")}))
+            next_id += 4
+            fwd_nodes.extend(made)
+            saved[n.attrs.get("seq_nr")] = (probs, mask, dropped)
+        bwd_nodes: list[OpNode] = []
+        next_id = _next_id(backward)
+        for n in backward.nodes:
+            dims = attention_dims(n) if n.category == Category.ATTENTION else None
+            key = n.attrs.get("fwd_seq_nr")
+            if dims is None or key not in saved:
+                bwd_nodes.append(n)
+                continue
+            probs, mask, dropped = saved[key]
+            B, sq, sk, d, dv = dims.b * dims.h, dims.s_q, dims.s_kv, dims.d, dims.d_v or dims.d
+            grad_out, q, k, v = n.inputs[0], n.inputs[1], n.inputs[2], n.inputs[3]
+            dq = n.outputs[0]
+            dk = n.outputs[1] if len(n.outputs) > 1 else dq
+            dvt = n.outputs[2] if len(n.outputs) > 2 else dq
+            dtype = q.dtype
+            shape = (dims.b, dims.h, sq, sk)
+            d_dropped = TensorMeta(shape, dtype, tensor_id=tensor_next)
+            d_probs = TensorMeta(shape, dtype, tensor_id=tensor_next + 1)
+            d_scores = TensorMeta(shape, dtype, tensor_id=tensor_next + 2)
+            tensor_next += 3
+            attrs = dict(n.attrs)
+            attrs[CORE_ATTENTION_ATTR] = True
+            e = B * sq * sk
+            made = [
+                self._node(next_id, "aten.bmm.default", Category.MATMUL, n, (grad_out, v),
+                           (d_dropped,), flops=2 * B * sq * sk * dv, attrs=attrs),
+                self._node(next_id + 1, "aten.bmm.default", Category.MATMUL, n,
+                           (dropped, grad_out), (dvt,), flops=2 * B * sq * sk * dv,
+                           attrs=attrs),
+            ]
+            if self.dropout and mask is not None:
+                made.append(self._node(next_id + 2, "aten.native_dropout_backward.default",
+                                       Category.ELEMENTWISE, n, (d_dropped, mask),
+                                       (d_probs,), flops=e, attrs=attrs))
+            else:
+                d_probs = d_dropped
+            made.extend([
+                self._node(next_id + 3, "fused.scale_mask_softmax_backward",
+                           Category.SOFTMAX, n, (d_probs, probs), (d_scores,), flops=4 * e,
+                           attrs=attrs),
+                self._node(next_id + 4, "aten.bmm.default", Category.MATMUL, n,
+                           (d_scores, k), (dq,), flops=2 * B * sq * sk * d, attrs=attrs),
+                self._node(next_id + 5, "aten.bmm.default", Category.MATMUL, n,
+                           (d_scores, q), (dk,), flops=2 * B * sq * sk * d, attrs=attrs),
+            ])
+            next_id += 6
+            bwd_nodes.extend(made)
+        if not saved:
+            return forward, backward
+        meta = {"attention": "unfused"}
+        return (evolve(forward.with_nodes(fwd_nodes, _rewired(fwd_nodes)),
+                       meta={**forward.meta, **meta}),
+                evolve(backward.with_nodes(bwd_nodes, _rewired(bwd_nodes)),
+                       meta={**backward.meta, **meta}))
+
+    @staticmethod
+    def _node(node_id: int, op: str, category: str, like: OpNode,
+              inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...], *, flops: int,
+              attrs: Mapping[str, Any]) -> OpNode:
+        read = sum(t.nbytes for t in inputs)
+        written = sum(t.nbytes for t in outputs)
+        return OpNode(id=node_id, op=op, category=category, phase=like.phase, inputs=inputs,
+                      outputs=outputs, module_path=like.module_path,
+                      module_class=like.module_class, layer_index=like.layer_index,
+                      layer_kind=like.layer_kind, flops=int(flops), bytes_read=int(read),
+                      bytes_written=int(written), formula=op,
+                      attrs={k: v for k, v in attrs.items() if v is not None})
+
+
+def _rewired(nodes: Sequence[OpNode]) -> list[tuple[int, int]]:
+    """Dataflow edges from tensor ids: each input to the last node that produced it."""
+    producer: dict[int, int] = {}
+    edges: dict[tuple[int, int], None] = {}
+    for n in nodes:
+        for t in n.inputs:
+            p = producer.get(t.tensor_id) if t.tensor_id is not None else None
+            if p is not None and p != n.id:
+                edges[(p, n.id)] = None
+        for t in n.outputs:
+            if t.tensor_id is not None:
+                producer[t.tensor_id] = n.id
+    return list(edges)
 
 
 # -- mixed precision ----------------------------------------------------------------------------

@@ -1,0 +1,307 @@
+"""The training report: what :func:`zrt_core.estimate.training.estimate_training` returns,
+its JSON for machines and its tables for people.
+
+Times are seconds of one step on the critical pipeline rank; the identities
+(docs/training-model.md) hold to rounding::
+
+    step_time_s = pipeline_s + optimizer_s + optimizer_comm_exposed_s
+    pipeline_s  = compute_s + Σ pipeline_exposed_comm_s + bubble_s
+    compute_s   = forward_s + backward_s + recompute_s
+
+``to_json`` puts those fields, ``tokens_per_s_per_gpu``, ``mfu``, ``hfu`` and the memory
+fields at the top (what ``zrt run --train --json`` promises).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from attrs import field, frozen
+
+if TYPE_CHECKING:
+    from zrt_core.schedule.pipeline import PipelineResult, StageTimes
+    from zrt_core.schedule.timeline import Timeline
+    from zrt_core.strategy import Parallel, TrainSpec
+
+GIB = 2.0 ** 30
+
+
+def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+@frozen
+class StageReport:
+    """One virtual stage, per micro-batch.
+
+    ``forward_s``/``backward_s`` are its timelines' makespans (what the pipeline schedule
+    takes); the ``*_compute_s`` parts are kernels on the compute stream, ``exposed_comm_s``
+    communication during which the stage computes nothing, ``hidden_comm_s`` the rest.
+    """
+
+    stage: int
+    rank: int
+    layers: tuple[int, int]
+    first: bool
+    last: bool
+    forward_s: float
+    backward_s: float
+    weight_s: float
+    forward_compute_s: float
+    backward_compute_s: float
+    recompute_s: float
+    exposed_comm_s: Mapping[str, float] = field(converter=_ro)
+    hidden_comm_s: Mapping[str, float] = field(converter=_ro)
+    activation_bytes: float = 0.0
+    transient_bytes: float = 0.0
+    forward_flops: float = 0.0
+    backward_flops: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "rank": self.rank, "layers": list(self.layers),
+                "first": self.first, "last": self.last, "forward_s": self.forward_s,
+                "backward_s": self.backward_s, "weight_s": self.weight_s,
+                "forward_compute_s": self.forward_compute_s,
+                "backward_compute_s": self.backward_compute_s,
+                "recompute_s": self.recompute_s,
+                "exposed_comm_s": dict(self.exposed_comm_s),
+                "hidden_comm_s": dict(self.hidden_comm_s),
+                "activation_bytes": self.activation_bytes,
+                "transient_bytes": self.transient_bytes}
+
+
+@frozen
+class TrainingMemory:
+    """Memory of one device (the pipeline rank that needs the most), in bytes.
+
+    ``peak = weights + gradients + optimizer_states + activations + transient +
+    comm_buffers``; ``activations`` is the most the schedule keeps in flight (1F1B's first
+    rank: ``pp`` micro-batches), ``transient`` the largest working set of one layer's
+    backward (recomputed activations and gradient temporaries).
+    """
+
+    rank: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    comm_buffer_bytes: float
+    capacity_bytes: float
+    usable_bytes: float
+    inflight_microbatches: int
+    activation_bytes_per_microbatch: float
+    host_optimizer_bytes: float = 0.0
+
+    @property
+    def peak_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.transient_bytes + self.comm_buffer_bytes)
+
+    @property
+    def feasible(self) -> bool:
+        return self.peak_bytes <= self.usable_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        gib = 2.0 ** 30
+        return {"rank": self.rank, "weights_gib": self.weights_bytes / gib,
+                "gradients_gib": self.gradients_bytes / gib,
+                "optimizer_gib": self.optimizer_bytes / gib,
+                "activations_gib": self.activations_bytes / gib,
+                "transient_gib": self.transient_bytes / gib,
+                "comm_buffers_gib": self.comm_buffer_bytes / gib,
+                "peak_gib": self.peak_bytes / gib, "capacity_gib": self.capacity_bytes / gib,
+                "usable_gib": self.usable_bytes / gib, "feasible": self.feasible,
+                "inflight_microbatches": self.inflight_microbatches,
+                "activation_gib_per_microbatch": self.activation_bytes_per_microbatch / gib,
+                "host_optimizer_gib": self.host_optimizer_bytes / gib}
+
+
+@frozen(eq=False)
+class TrainingReport:
+    """One training step, broken down (see the module docstring for the identities).
+
+    Times are seconds on the critical pipeline rank; ``exposed_comm_s`` is by group (``tp``,
+    ``cp``, ``ep``, ``pp``, ``dp``...) over the whole step and ``pipeline_exposed_comm_s``
+    the part inside the pipeline. ``mfu`` counts model FLOPs (analytic, 3 × forward, causal
+    attention) and ``hfu`` the FLOPs the device executes (the graph's, with recompute), both
+    against the dense peak of the run's 16-bit dtype (bf16, or fp16) times the GPU count.
+    """
+
+    model: str
+    hardware_id: str
+    parallel: Parallel
+    train: TrainSpec
+    num_gpus: int
+    schedule: str
+    microbatches: int
+    step_time_s: float
+    pipeline_s: float
+    optimizer_s: float
+    optimizer_comm_exposed_s: float
+    compute_s: float
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    bubble_s: float
+    pipeline_exposed_comm_s: Mapping[str, float] = field(converter=_ro)
+    exposed_comm_s: Mapping[str, float] = field(converter=_ro)
+    hidden_comm_s: Mapping[str, float] = field(converter=_ro)
+    tokens_per_s_per_gpu: float = 0.0
+    mfu: float = 0.0
+    hfu: float = 0.0
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    peak_tflops: float = 0.0
+    memory: TrainingMemory | None = None
+    stages: tuple[StageReport, ...] = ()
+    critical_rank: int = 0
+    precision: str = ""
+    notes: tuple[str, ...] = ()
+    timings_s: Mapping[str, float] = field(factory=dict, converter=_ro)
+    pipeline: PipelineResult | None = None
+    stage_times: StageTimes | None = None
+    p2p_s: tuple[float, ...] = ()
+    p2p_wrap_s: float = 0.0
+    timelines: Mapping[str, Timeline] = field(factory=dict, converter=_ro)
+
+    @property
+    def exposed_comm_total_s(self) -> float:
+        return sum(self.exposed_comm_s.values())
+
+    @property
+    def pipeline_exposed_comm_total_s(self) -> float:
+        return sum(self.pipeline_exposed_comm_s.values())
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble_s / self.pipeline_s if self.pipeline_s else 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory is None or self.memory.feasible
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model": self.model, "hardware": self.hardware_id, "num_gpus": self.num_gpus,
+            "parallel": self.parallel.to_json(), "train": self.train.to_json(),
+            "precision": self.precision, "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "step_time_s": self.step_time_s, "pipeline_s": self.pipeline_s,
+            "optimizer_s": self.optimizer_s,
+            "optimizer_comm_exposed_s": self.optimizer_comm_exposed_s,
+            "compute_s": self.compute_s, "forward_s": self.forward_s,
+            "backward_s": self.backward_s, "recompute_s": self.recompute_s,
+            "bubble_s": self.bubble_s, "bubble_fraction": self.bubble_fraction,
+            "pipeline_exposed_comm_s": dict(self.pipeline_exposed_comm_s),
+            "exposed_comm_s": dict(self.exposed_comm_s),
+            "hidden_comm_s": dict(self.hidden_comm_s),
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
+            "hfu": self.hfu, "model_flops": self.model_flops,
+            "hardware_flops": self.hardware_flops, "peak_tflops": self.peak_tflops,
+            "critical_rank": self.critical_rank, "feasible": self.feasible,
+            "memory": self.memory.to_json() if self.memory else None,
+            "stages": [s.to_json() for s in self.stages],
+            "notes": list(self.notes), "timings_s": dict(self.timings_s),
+        }
+        return out
+
+
+def identities(report: TrainingReport) -> dict[str, tuple[float, float]]:
+    """Each identity of the module docstring as ``(left side, right side)``."""
+    return {
+        "step = pipeline + optimizer + exposed optimizer comm": (
+            report.step_time_s,
+            report.pipeline_s + report.optimizer_s + report.optimizer_comm_exposed_s),
+        "pipeline = compute + exposed comm + bubble": (
+            report.pipeline_s,
+            report.compute_s + report.pipeline_exposed_comm_total_s + report.bubble_s),
+        "compute = forward + backward + recompute": (
+            report.compute_s, report.forward_s + report.backward_s + report.recompute_s),
+    }
+
+
+def _s(value: float) -> str:
+    if value >= 1.0:
+        return f"{value:.3f} s"
+    return f"{value * 1e3:.2f} ms"
+
+
+def summary_rows(report: TrainingReport) -> list[tuple[str, str]]:
+    """``(label, value)`` rows for the people's table."""
+    p, t = report.parallel, report.train
+    rows = [
+        ("model", report.model),
+        ("hardware", f"{report.hardware_id} × {report.num_gpus}"),
+        ("layout", f"{p.describe()} (sp {'on' if p.sp else 'off'}, zero {t.zero}"
+                   f"{', fsdp' if t.fsdp else ''}), {report.schedule} schedule, "
+                   f"{report.microbatches} micro-batches of {t.micro_batch} × {t.seq_len}"),
+        ("recipe", f"{report.precision}, recompute {t.recompute}, {t.optimizer}"
+                   f"{', optimizer offloaded' if t.offload_optimizer else ''}"),
+        ("step", _s(report.step_time_s)),
+        ("  pipeline", _s(report.pipeline_s)),
+        ("    compute", f"{_s(report.compute_s)} (forward {_s(report.forward_s)}, backward "
+                        f"{_s(report.backward_s)}, recompute {_s(report.recompute_s)})"),
+        ("    exposed comm", ", ".join(f"{k} {_s(v)}" for k, v in
+                                       report.pipeline_exposed_comm_s.items()) or "none"),
+        ("    bubble", f"{_s(report.bubble_s)} ({report.bubble_fraction:.1%})"),
+        ("  optimizer", _s(report.optimizer_s)),
+        ("  exposed optimizer comm", _s(report.optimizer_comm_exposed_s)),
+        ("hidden comm", ", ".join(f"{k} {_s(v)}" for k, v in report.hidden_comm_s.items())
+         or "none"),
+        ("throughput", f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"),
+        ("MFU / HFU", f"{report.mfu:.1%} / {report.hfu:.1%} of {report.peak_tflops:g} "
+                      "TFLOP/s"),
+    ]
+    mem = report.memory
+    if mem is not None:
+        rows.append(("memory / device", (
+            f"{mem.peak_bytes / GIB:.1f} of {mem.usable_bytes / GIB:.1f} GiB usable "
+            f"(weights {mem.weights_bytes / GIB:.1f}, grads {mem.gradients_bytes / GIB:.1f}, "
+            f"optimizer {mem.optimizer_bytes / GIB:.1f}, activations "
+            f"{mem.activations_bytes / GIB:.1f} = {mem.inflight_microbatches} in flight, "
+            f"transient {mem.transient_bytes / GIB:.1f}, buffers "
+            f"{mem.comm_buffer_bytes / GIB:.1f}) on rank {mem.rank}")))
+        if not mem.feasible:
+            rows.append(("DOES NOT FIT", f"needs {mem.peak_bytes / GIB:.1f} GiB, "
+                                         f"{mem.usable_bytes / GIB:.1f} usable"))
+    for note in report.notes:
+        rows.append(("note", note))
+    return rows
+
+
+def stage_rows(report: TrainingReport) -> list[tuple[Any, ...]]:
+    """One row per virtual stage (per micro-batch times)."""
+    rows = []
+    for s in report.stages:
+        exposed = sum(s.exposed_comm_s.values())
+        rows.append((s.stage, s.rank, f"{s.layers[0]}-{s.layers[1] - 1}",
+                     f"{s.forward_s * 1e3:.2f}", f"{s.backward_s * 1e3:.2f}",
+                     f"{s.recompute_s * 1e3:.2f}", f"{exposed * 1e3:.2f}",
+                     f"{s.activation_bytes / GIB:.2f}"))
+    return rows
+
+
+def render(report: TrainingReport, console: Any) -> None:
+    """Print the summary and the per-stage table with rich."""
+    from rich.table import Table
+
+    summary = Table(title="training step", title_justify="left", show_header=False)
+    summary.add_column("", style="bold")
+    summary.add_column("")
+    for label, value in summary_rows(report):
+        summary.add_row(label, value)
+    console.print(summary)
+    stages = Table(title="stages (one micro-batch)", title_justify="left",
+                   header_style="bold")
+    for c in ("stage", "rank", "layers", "forward ms", "backward ms", "recompute ms",
+              "exposed comm ms", "activations GiB"):
+        stages.add_column(c, justify="right")
+    rows = stage_rows(report)
+    if len(rows) > 12:
+        rows = [*rows[:6], ("…",) * 8, *rows[-6:]]
+    for r in rows:
+        stages.add_row(*(str(v) for v in r))
+    console.print(stages)
