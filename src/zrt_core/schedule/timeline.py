@@ -1,0 +1,398 @@
+"""Timelines: where each costed node ran on one device's streams, and what was exposed.
+
+A :class:`Region` is one scheduled piece of a graph (a layer template's nodes, or the nodes
+before or after the layers), times relative to its own start. A :class:`Timeline` is a
+sequence of regions placed one after another on one device: a layer template's region
+appears once per layer it stands for without copying its events, so a 61-layer model holds
+two layer regions, not 61. Communication that frameworks carry across layers (bucketed
+gradient reduction, prefetched parameter gathers) is re-timed when regions are composed;
+see ``docs/overlap-rules.md``.
+
+Accounting, per timeline: ``makespan_s == compute_s + exposed_comm_total_s + idle_s``.
+Exposed communication is communication time during which the device computes nothing;
+when several groups are exposed at once the time is split evenly among them. The rest of a
+group's stream time is hidden (under compute, or under another group's exposed time).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from attrs import evolve, field, frozen
+
+from zrt_core.errors import SpecError
+
+COMPUTE = "compute"
+COMM_PREFIX = "comm."
+
+# Communication modes (see docs/overlap-rules.md). A region waits for SYNC, ASYNC and
+# PIPELINED collectives through its dependencies; DEFERRED and NEXT_STEP ones are off its
+# critical path; PREFETCH ones are issued during the previous region.
+SYNC, ASYNC, PIPELINED, DEFERRED, PREFETCH, NEXT_STEP = (
+    "sync", "async", "pipelined", "deferred", "prefetch", "next_step")
+MODES = (SYNC, ASYNC, PIPELINED, DEFERRED, PREFETCH, NEXT_STEP)
+CARRIED = frozenset({DEFERRED, PREFETCH, NEXT_STEP})
+
+
+def comm_stream(group: str) -> str:
+    return COMM_PREFIX + group
+
+
+def stream_group(stream: str) -> str | None:
+    """``"comm.tp"`` → ``"tp"``; the compute stream has no group."""
+    return stream[len(COMM_PREFIX):] if stream.startswith(COMM_PREFIX) else None
+
+
+def _shallow_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if isinstance(value, MappingProxyType):
+        return value
+    return MappingProxyType(dict(value or {}))
+
+
+@frozen
+class Event:
+    """One node's execution on one stream.
+
+    :param stream: ``"compute"`` or ``"comm.<group>"``.
+    :param mode: for communication, how it overlaps (one of :data:`MODES`); "" for compute.
+    :param args: what a trace shows beside it (op, flops, bytes, the cost rule...).
+    """
+
+    name: str
+    node_id: int | None
+    stream: str
+    start_s: float
+    end_s: float
+    category: str
+    layer_index: int | None = None
+    phase: str | None = None
+    mode: str = ""
+    args: Mapping[str, Any] = field(factory=dict, converter=_shallow_mapping)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def group(self) -> str | None:
+        return stream_group(self.stream)
+
+    def shifted(self, dt_s: float, layer_index: int | None = None) -> Event:
+        """The event moved by ``dt_s`` (and relabelled to ``layer_index`` when given)."""
+        return evolve(self, start_s=self.start_s + dt_s, end_s=self.end_s + dt_s,
+                      layer_index=self.layer_index if layer_index is None else layer_index)
+
+
+def _merge(intervals: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def exposure(events: Iterable[Event], *, busy_intervals: Sequence[tuple[float, float]] = ()
+             ) -> tuple[dict[str, float], dict[str, float], float]:
+    """Split each group's communication into exposed and hidden time.
+
+    Exposed: the group's stream is busy and no compute runs (nor anything in
+    ``busy_intervals``, used for carried communication under other regions); time exposed
+    for several groups at once is split evenly. Returns ``(exposed, hidden, compute_s)``
+    where ``compute_s`` is the measure of the compute stream's busy time.
+    """
+    points: list[tuple[float, int, str]] = []
+    for e in events:
+        if e.end_s > e.start_s:
+            key = COMPUTE if e.stream == COMPUTE else e.stream
+            points.append((e.start_s, 1, key))
+            points.append((e.end_s, -1, key))
+    for a, b in busy_intervals:
+        if b > a:
+            points.append((a, 1, COMPUTE))
+            points.append((b, -1, COMPUTE))
+    points.sort(key=lambda p: (p[0], p[1]))
+    active: dict[str, int] = defaultdict(int)
+    streams = {key for _, _, key in points if key != COMPUTE}
+    exposed: dict[str, float] = dict.fromkeys(streams, 0.0)
+    hidden: dict[str, float] = dict.fromkeys(streams, 0.0)
+    compute = 0.0
+    previous = points[0][0] if points else 0.0
+    for time, delta, key in points:
+        dt = time - previous
+        if dt > 0:
+            comm = [s for s, n in active.items() if n > 0 and s != COMPUTE]
+            if active[COMPUTE] > 0:
+                compute += dt
+                for s in comm:
+                    hidden[s] += dt
+            elif comm:
+                share = dt / len(comm)
+                for s in comm:
+                    exposed[s] += share
+                    hidden[s] += dt - share
+        active[key] += delta
+        previous = time
+    by_group = {stream_group(s) or s: v for s, v in exposed.items()}
+    hidden_by_group = {stream_group(s) or s: v for s, v in hidden.items()}
+    if busy_intervals:  # the "compute" measured then includes the other regions' time
+        compute = 0.0
+    return by_group, hidden_by_group, compute
+
+
+@frozen(eq=False)
+class Region:
+    """One scheduled region, times relative to its start.
+
+    :param body: events on the region's critical path (compute, and communication it
+        waits for), sorted by start.
+    :param carried: DEFERRED and NEXT_STEP communication, as placed in isolation.
+    :param prefetch: PREFETCH communication as ``(stream, duration)``, in issue order.
+    :param body_s: when the last body event ends: where the next region may start.
+    :param busy_intervals: the union of the body's events, merged.
+    """
+
+    name: str
+    body: tuple[Event, ...]
+    carried: tuple[Event, ...]
+    prefetch: tuple[Event, ...]
+    body_s: float
+    compute_s: float
+    stream_busy_s: Mapping[str, float]
+    exposed_comm_s: Mapping[str, float]
+    hidden_comm_s: Mapping[str, float]
+    busy_intervals: tuple[tuple[float, float], ...]
+
+    @classmethod
+    def from_events(cls, name: str, events: Iterable[Event]) -> Region:
+        """Split events by mode and account the body (see the module docstring)."""
+        body, carried, prefetch = [], [], []
+        for e in events:
+            if e.mode == PREFETCH:
+                prefetch.append(e)
+            elif e.mode in CARRIED:
+                carried.append(e)
+            else:
+                body.append(e)
+        body.sort(key=lambda e: (e.start_s, e.end_s))
+        busy: dict[str, float] = defaultdict(float)
+        for e in body:
+            busy[e.stream] += e.duration_s
+        exposed, hidden, compute = exposure(body)
+        return cls(
+            name=name, body=tuple(body), carried=tuple(carried), prefetch=tuple(prefetch),
+            body_s=max((e.end_s for e in body), default=0.0), compute_s=compute,
+            stream_busy_s=MappingProxyType(dict(busy)),
+            exposed_comm_s=MappingProxyType(exposed), hidden_comm_s=MappingProxyType(hidden),
+            busy_intervals=_merge((e.start_s, e.end_s) for e in body))
+
+
+@frozen(eq=False)
+class Placement:
+    """A region placed at ``offset_s``; its layer events are relabelled ``layer_index``."""
+
+    region: Region
+    offset_s: float
+    layer_index: int | None = None
+
+
+@frozen(eq=False)
+class Timeline:
+    """Regions placed in order on one device, with the carried communication re-timed.
+
+    Build one with :meth:`compose` (or :meth:`of` for a single region); :meth:`concat`,
+    :meth:`repeat` and :meth:`shift` give new timelines.
+    """
+
+    placements: tuple[Placement, ...]
+    carried: tuple[Event, ...]
+    makespan_s: float
+    compute_s: float
+    stream_busy_s: Mapping[str, float]
+    exposed_comm_s: Mapping[str, float]
+    hidden_comm_s: Mapping[str, float]
+    start_s: float = 0.0
+    parts: tuple[tuple[Region, int | None], ...] = ()
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, region: Region, layer_index: int | None = None) -> Timeline:
+        return cls.compose([(region, layer_index)])
+
+    @classmethod
+    def compose(cls, parts: Iterable[tuple[Region, int | None] | Region]) -> Timeline:
+        """Place regions one after another, re-timing the communication they carry.
+
+        Region k starts when region k-1's body ends and its own prefetched collectives have
+        arrived; those are issued (in order, on their streams) when region k-1 starts, or
+        at time 0 for the first region — the one-layer-ahead prefetch of ZeRO-3/FSDP.
+        Deferred collectives (bucketed gradient reduction) start at their offset in their
+        region or when their stream frees, whichever is later; whatever runs past the last
+        body is the exposed tail.
+        """
+        items = [(p, None) if isinstance(p, Region) else p for p in parts]
+        stream_free: dict[str, float] = defaultdict(float)
+        placements: list[Placement] = []
+        carried: list[Event] = []
+        previous_start = previous_end = 0.0
+        for region, layer in items:
+            issue = previous_start
+            ready = previous_end
+            for e in region.prefetch:
+                start = max(issue, stream_free[e.stream])
+                end = start + e.duration_s
+                stream_free[e.stream] = end
+                carried.append(evolve(e, start_s=start, end_s=end,
+                                      layer_index=e.layer_index if layer is None else layer))
+                ready = max(ready, end)
+            offset = ready
+            for e in region.carried:
+                start = max(offset + e.start_s, stream_free[e.stream])
+                end = start + e.duration_s
+                stream_free[e.stream] = end
+                carried.append(evolve(e, start_s=start, end_s=end,
+                                      layer_index=e.layer_index if layer is None else layer))
+            placements.append(Placement(region, offset, layer))
+            previous_start, previous_end = offset, offset + region.body_s
+
+        makespan = max([previous_end, *(e.end_s for e in carried)], default=0.0)
+        busy: dict[str, float] = defaultdict(float)
+        exposed: dict[str, float] = defaultdict(float)
+        hidden: dict[str, float] = defaultdict(float)
+        compute = 0.0
+        for p in placements:
+            r = p.region
+            compute += r.compute_s
+            for table, source in ((busy, r.stream_busy_s), (exposed, r.exposed_comm_s),
+                                  (hidden, r.hidden_comm_s)):
+                for k, v in source.items():
+                    table[k] += v
+        if carried:
+            for e in carried:
+                busy[e.stream] += e.duration_s
+            exposed_c, hidden_c = _carried_exposure(carried, placements)
+            for k, v in exposed_c.items():
+                exposed[k] += v
+            for k, v in hidden_c.items():
+                hidden[k] += v
+        return cls(
+            placements=tuple(placements), carried=tuple(carried), makespan_s=makespan,
+            compute_s=compute, stream_busy_s=MappingProxyType(dict(busy)),
+            exposed_comm_s=MappingProxyType(dict(exposed)),
+            hidden_comm_s=MappingProxyType(dict(hidden)), parts=tuple(items))
+
+    def concat(self, *others: Timeline) -> Timeline:
+        """This timeline followed by ``others``, carried communication flowing across."""
+        parts = list(self.parts)
+        for o in others:
+            parts.extend(o.parts)
+        return Timeline.compose(parts).shift(self.start_s)
+
+    def repeat(self, count: int, layer_indices: Sequence[int] | None = None) -> Timeline:
+        """The timeline ``count`` times in a row; with ``layer_indices`` (one per copy), a
+        single-region timeline's copies are relabelled to those layers — a layer template
+        repeated over the layers it stands for."""
+        if count < 1:
+            raise SpecError(f"repeat count must be ≥ 1, got {count}")
+        if layer_indices is not None:
+            if len(layer_indices) != count:
+                raise SpecError(f"{len(layer_indices)} layer indices for {count} copies",
+                                "give one layer index per copy")
+            if len(self.parts) != 1:
+                raise SpecError("only a single-region timeline can be relabelled per layer",
+                                "repeat the layer region's timeline, then concat")
+            region = self.parts[0][0]
+            return Timeline.compose([(region, i) for i in layer_indices]).shift(self.start_s)
+        return Timeline.compose(list(self.parts) * count).shift(self.start_s)
+
+    def shift(self, dt_s: float) -> Timeline:
+        """Everything moved later by ``dt_s``; the time before it counts as idle."""
+        if not dt_s:
+            return self
+        return evolve(
+            self, start_s=self.start_s + dt_s, makespan_s=self.makespan_s + dt_s,
+            placements=tuple(evolve(p, offset_s=p.offset_s + dt_s) for p in self.placements),
+            carried=tuple(e.shifted(dt_s) for e in self.carried))
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def exposed_comm_total_s(self) -> float:
+        return sum(self.exposed_comm_s.values())
+
+    @property
+    def hidden_comm_total_s(self) -> float:
+        return sum(self.hidden_comm_s.values())
+
+    @property
+    def idle_s(self) -> float:
+        """Time nothing runs: ``makespan - compute - exposed communication``."""
+        return self.makespan_s - self.compute_s - self.exposed_comm_total_s
+
+    @property
+    def num_events(self) -> int:
+        return sum(len(p.region.body) for p in self.placements) + len(self.carried)
+
+    def iter_events(self) -> Iterator[Event]:
+        """Every event in time order of regions: each region's body, shifted and
+        relabelled, then the carried communication."""
+        for p in self.placements:
+            if p.offset_s == 0.0 and p.layer_index is None:
+                yield from p.region.body
+            else:
+                for e in p.region.body:
+                    yield e.shifted(p.offset_s, p.layer_index if e.layer_index is not None
+                                    else None)
+        yield from self.carried
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return tuple(self.iter_events())
+
+    def summary(self) -> dict[str, Any]:
+        """Plain numbers for reports and JSON."""
+        return {
+            "makespan_s": self.makespan_s,
+            "compute_s": self.compute_s,
+            "exposed_comm_s": dict(self.exposed_comm_s),
+            "hidden_comm_s": dict(self.hidden_comm_s),
+            "idle_s": self.idle_s,
+            "stream_busy_s": dict(self.stream_busy_s),
+        }
+
+
+def _carried_exposure(carried: Sequence[Event], placements: Sequence[Placement]
+                      ) -> tuple[dict[str, float], dict[str, float]]:
+    """Carried communication is exposed only where no region's body runs.
+
+    NEXT_STEP collectives run under the next training step's forward: always hidden.
+    """
+    counted = [e for e in carried if e.mode != NEXT_STEP]
+    hidden_next: dict[str, float] = defaultdict(float)
+    for e in carried:
+        if e.mode == NEXT_STEP:
+            hidden_next[e.group or e.stream] += e.duration_s
+    if not counted:
+        return dict.fromkeys(hidden_next, 0.0), dict(hidden_next)
+    lo = min(e.start_s for e in counted)
+    hi = max(e.end_s for e in counted)
+    starts = [p.offset_s for p in placements]
+    first = max(bisect.bisect_right(starts, lo) - 1, 0)
+    busy: list[tuple[float, float]] = []
+    for p in placements[first:]:
+        if p.offset_s > hi:
+            break
+        busy.extend((p.offset_s + a, p.offset_s + b) for a, b in p.region.busy_intervals)
+    exposed, hidden, _ = exposure(counted, busy_intervals=busy)
+    for k, v in hidden_next.items():
+        hidden[k] = hidden.get(k, 0.0) + v
+        exposed.setdefault(k, 0.0)
+    return exposed, hidden

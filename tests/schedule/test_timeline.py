@@ -1,0 +1,112 @@
+"""Timeline values: exposure accounting, composition helpers and event expansion."""
+
+from __future__ import annotations
+
+import pytest
+
+from zrt_core.errors import SpecError
+from zrt_core.schedule.timeline import (
+    DEFERRED,
+    PREFETCH,
+    SYNC,
+    Event,
+    Region,
+    Timeline,
+    exposure,
+)
+
+
+def ev(name: str, stream: str, start: float, end: float, *, mode: str = "",
+       layer: int | None = None) -> Event:
+    return Event(name=name, node_id=None, stream=stream, start_s=start, end_s=end,
+                 category="collective" if stream != "compute" else "matmul",
+                 layer_index=layer, mode=mode)
+
+
+def test_exposure_splits_concurrent_groups_evenly() -> None:
+    # compute 0-2; tp 1-4; ep 3-5.
+    # tp: 1-2 under compute (hidden 1); 2-3 alone (exposed 1); 3-4 with ep (0.5 each).
+    # ep: 3-4 shared (exposed 0.5, hidden 0.5); 4-5 alone (exposed 1).
+    exposed, hidden, compute = exposure([
+        ev("mm", "compute", 0, 2), ev("ar", "comm.tp", 1, 4, mode=SYNC),
+        ev("a2a", "comm.ep", 3, 5, mode=SYNC)])
+    assert compute == 2.0
+    assert exposed == {"tp": 1.5, "ep": 1.5}
+    assert hidden == {"tp": 1.5, "ep": 0.5}
+
+
+def test_region_accounting_and_identity() -> None:
+    region = Region.from_events("r", [
+        ev("mm", "compute", 0, 2), ev("ar", "comm.tp", 2, 3, mode=SYNC),
+        ev("mm", "compute", 3, 4), ev("rs", "comm.dp", 2, 6, mode=DEFERRED)])
+    assert region.body_s == 4.0           # the deferred reduce-scatter is not on its path
+    assert region.compute_s == 3.0
+    assert [e.name for e in region.carried] == ["rs"]
+    assert region.busy_intervals == ((0.0, 4.0),)
+    tl = Timeline.of(region)
+    # the reduce-scatter runs to 6: 4-6 exposed, 2-4 hidden (under the body)
+    assert tl.makespan_s == 6.0
+    assert dict(tl.exposed_comm_s) == {"tp": 1.0, "dp": 2.0}
+    assert dict(tl.hidden_comm_s) == {"tp": 0.0, "dp": 2.0}
+    assert tl.idle_s == 0.0
+
+
+def layer_region(layer: int = 0) -> Region:
+    return Region.from_events("layer", [ev("mm", "compute", 0, 3, layer=layer),
+                                        ev("ar", "comm.tp", 3, 4, mode=SYNC, layer=layer)])
+
+
+def test_repeat_relabels_layers_and_shares_events() -> None:
+    one = Timeline.of(layer_region())
+    tl = one.repeat(3, layer_indices=[5, 6, 7])
+    assert tl.makespan_s == 12.0
+    assert tl.compute_s == 9.0
+    assert dict(tl.exposed_comm_s) == {"tp": 3.0}
+    assert [(e.name, e.layer_index, e.start_s) for e in tl.events] == [
+        ("mm", 5, 0.0), ("ar", 5, 3.0), ("mm", 6, 4.0), ("ar", 6, 7.0), ("mm", 7, 8.0),
+        ("ar", 7, 11.0)]
+    # three placements of the one region: its events are not copied
+    assert {id(p.region) for p in tl.placements} == {id(one.placements[0].region)}
+    assert one.repeat(2).makespan_s == 8.0
+    with pytest.raises(SpecError, match="one layer index per copy"):
+        one.repeat(2, layer_indices=[1])
+    with pytest.raises(SpecError, match="must be ≥ 1"):
+        one.repeat(0)
+
+
+def test_concat_carries_deferred_communication_across() -> None:
+    # Layer A: compute 0-1 then a 3 s deferred reduce-scatter from 1; layer B: compute 2 s.
+    a = Region.from_events("a", [ev("g", "compute", 0, 1),
+                                 ev("rs", "comm.dp", 1, 4, mode=DEFERRED)])
+    b = Region.from_events("b", [ev("g", "compute", 0, 2)])
+    tl = Timeline.of(a).concat(Timeline.of(b))
+    # B starts at 1 (A's body end): 1-3; the reduce-scatter 1-4 is hidden 1-3, exposed 3-4.
+    assert tl.makespan_s == 4.0
+    assert dict(tl.exposed_comm_s) == {"dp": 1.0}
+    assert dict(tl.hidden_comm_s) == {"dp": 2.0}
+
+
+def test_prefetch_is_issued_during_the_previous_region() -> None:
+    prefetching = Region.from_events("l", [ev("ag", "comm.dp", 0, 2, mode=PREFETCH),
+                                           ev("mm", "compute", 0, 3)])
+    tl = Timeline.compose([(prefetching, 0), (prefetching, 1)])
+    # gather 0 at 0-2, layer 0 at 2-5; gather 1 issued at 2: 2-4, layer 1 at 5-8.
+    assert [p.offset_s for p in tl.placements] == [2.0, 5.0]
+    assert [(e.start_s, e.end_s, e.layer_index) for e in tl.carried] == [
+        (0.0, 2.0, 0), (2.0, 4.0, 1)]
+    assert tl.makespan_s == 8.0
+
+
+def test_shift_moves_everything_and_counts_the_gap_as_idle() -> None:
+    tl = Timeline.of(layer_region()).shift(2.0)
+    assert tl.makespan_s == 6.0
+    assert tl.idle_s == 2.0
+    assert [e.start_s for e in tl.events] == [2.0, 5.0]
+    assert tl.shift(0.0) is tl
+
+
+def test_summary_is_plain_numbers() -> None:
+    s = Timeline.of(layer_region()).summary()
+    assert s == {"makespan_s": 4.0, "compute_s": 3.0, "exposed_comm_s": {"tp": 1.0},
+                 "hidden_comm_s": {"tp": 0.0}, "idle_s": 0.0,
+                 "stream_busy_s": {"compute": 3.0, "comm.tp": 1.0}}
