@@ -22,6 +22,7 @@ COMMANDS = (
     "zrt_core.cli.hw_cmd",
     "zrt_core.cli.models_cmd",
     "zrt_core.cli.capture_cmd",
+    "zrt_core.cli.run_cmd",
 )
 
 

@@ -299,6 +299,8 @@ class ShapePass:
                     self._emit(p.node)
         self._pending = []
         self.finish()
+        for p in self._pending:
+            self._emit(p.node)
         out_nodes = list(_flatten(self._slots))
         return replace_graph(self.graph, nodes=out_nodes,
                              edges=_rewire(self.graph, out_nodes))
@@ -360,10 +362,10 @@ class ShapePass:
         """Emit ``node`` where :meth:`placement` says."""
         where = self.placement(tensor_id, consumer)
         slot = self._slot_of.get(tensor_id) if tensor_id is not None else None
-        if where is consumer or slot is None:
+        if slot is not None and where is slot.node:
+            self._emit(node, parent=slot)
+        else:
             self.insert(node)
-            return
-        self._emit(node, parent=slot)
 
     def _current_meta(self, meta: TensorMeta) -> TensorMeta:
         tid = meta.tensor_id
@@ -463,7 +465,9 @@ def reprice(node: OpNode, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorM
             ) -> tuple[int, int, int, str | None]:
     """FLOPs and bytes of a node on new tensors: its registered formula when it has one,
     else the captured counts scaled by the output size (a fused or unknown op)."""
-    if registry is not None and node.formula is not None and not node.fused_from:
+    if registry is None:
+        registry = core_registry()
+    if node.formula is not None and not node.fused_from:
         from zrt_core.formulas.registry import OpCall
 
         try:
@@ -485,6 +489,23 @@ def reprice(node: OpNode, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorM
         read = round(node.bytes_read * read / old_read)
         written = round(node.bytes_written * written / old_written)
     return round(node.flops * ratio), read, written, node.formula
+
+
+_CORE_REGISTRY: list[FormulaRegistry] = []
+
+
+def core_registry() -> FormulaRegistry:
+    """The core's own formulas (aten and ``zrt::`` ops), for callers without a plugin host;
+    pass ``host.formulas`` to include the formulas plugins contribute."""
+    if not _CORE_REGISTRY:
+        from zrt_core.formulas.aten import core_formulas
+        from zrt_core.formulas.registry import FormulaRegistry
+
+        reg = FormulaRegistry()
+        for f in core_formulas():
+            reg.register(f, "zrt-core")
+        _CORE_REGISTRY.append(reg)
+    return _CORE_REGISTRY[0]
 
 
 def _updated_attrs(node: OpNode, inputs: tuple[TensorMeta, ...],
@@ -820,7 +841,9 @@ def _rule_view(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list
             placed = False
             for j in order:
                 current = out.shape[j] * _product(tuple(axes[j])) * f
-                if current.denominator == 1 and current >= 1 and out.shape[j] > 1:
+                # a split needs an axis it divides; a multiplier (a larger batch) may
+                # land on a size-1 axis (the batch of 1 that was captured)
+                if current.denominator == 1 and current >= 1 and (out.shape[j] > 1 or f > 1):
                     axes[j].append((g, f))
                     placed = True
                     break

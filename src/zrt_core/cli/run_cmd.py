@@ -1,0 +1,205 @@
+"""``zrt run MODEL --hw ID``: predict serving (``--infer``, the default) or training
+(``--train``) of a model on a machine and a parallel layout.
+
+Flags every mode shares (the layout, ``--out``, ``--json``) are added here; each mode adds
+its own argument group and its runner through :data:`MODES` (``infer`` here; training
+registers ``train`` — see :func:`add_mode`). With ``--out DIR`` the run writes
+``report.html`` (self-contained), ``report.json`` and ``trace.json`` (Chrome/Perfetto).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zrt_core.cli._output import add_json_flag, console, print_json, table
+from zrt_core.errors import ZrtError
+
+#: mode -> (add its argument group to the parser, run it with the parsed args)
+MODES: dict[str, tuple[Callable[[argparse.ArgumentParser], None],
+                       Callable[[argparse.Namespace], int]]] = {}
+DEFAULT_MODE = "infer"
+
+
+def add_mode(name: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+             run: Callable[[argparse.Namespace], int]) -> None:
+    """Register a mode of ``zrt run`` (``--NAME`` selects it)."""
+    MODES[name] = (add_arguments, run)
+
+
+def _positive_int(what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, "
+                                             f"got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {value}")
+        return value
+    return parse
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallel layout")
+    for flag, what in (("--tp", "tensor parallel"), ("--pp", "pipeline stages"),
+                       ("--vp", "virtual stages per pipeline rank"),
+                       ("--cp", "context parallel"), ("--ep", "expert parallel"),
+                       ("--dp", "data-parallel replicas")):
+        g.add_argument(flag, type=_positive_int(flag), default=1, metavar="N",
+                       help=f"{what} degree (default 1)")
+    g.add_argument("--etp", type=_positive_int("--etp"), default=None, metavar="N",
+                   help="tensor parallel inside each expert (default: --tp)")
+    g.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
+                   help="context parallel attention (default ring)")
+    sp = g.add_mutually_exclusive_group()
+    sp.add_argument("--sp", dest="sp", action="store_const", const=True, default=None,
+                    help="sequence parallelism (default: off for serving, on for training)")
+    sp.add_argument("--no-sp", dest="sp", action="store_const", const=False)
+
+
+def add_infer_args(p: argparse.ArgumentParser) -> None:
+    from zrt_core.estimate.engine import ENGINES
+    from zrt_core.strategy import QUANT
+
+    g = p.add_argument_group("inference (--infer)")
+    g.add_argument("--batch", type=_positive_int("--batch"), default=None, metavar="B",
+                   help="concurrent sequences (default: the largest that fits, offline "
+                        "max-throughput as trtllm-bench runs it)")
+    g.add_argument("--input-len", type=_positive_int("--input-len"), default=1024,
+                   metavar="L", help="prompt tokens (default 1024)")
+    g.add_argument("--output-len", type=_positive_int("--output-len"), default=256,
+                   metavar="O", help="generated tokens (default 256)")
+    g.add_argument("--quant", choices=QUANT, default="none",
+                   help="int8/int4 weight-only, fp8 (W8A8) or fp4 (NVFP4 W4A4)")
+    g.add_argument("--kv-dtype", default=None, metavar="DTYPE",
+                   help="KV-cache dtype: fp8, bf16... (default: fp8 with --quant fp8/fp4, "
+                        "else the activation dtype)")
+    g.add_argument("--engine", choices=sorted(ENGINES), default="trtllm",
+                   help="serving engine whose memory and batching rules apply "
+                        "(default trtllm)")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "run", help="predict serving (default) or training of a model on a machine",
+        description="Capture the model from its config, shard it over the layout, price "
+        "every kernel on the hardware and schedule it: TTFT, TPOT, throughput, memory per "
+        "device and where the time goes.")
+    p.add_argument("model", metavar="MODEL",
+                   help="bundled name (zrt models), config.json or its directory, or a "
+                        "HuggingFace id in the local cache")
+    p.add_argument("--hw", required=True, metavar="ID", help="hardware id (zrt hw list)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--infer", dest="mode", action="store_const", const="infer",
+                      help="predict serving (the default)")
+    mode.add_argument("--train", dest="mode", action="store_const", const="train",
+                      help="predict one training step")
+    add_parallel_args(p)
+    for name, (add_arguments, _run) in MODES.items():
+        del name
+        add_arguments(p)
+    p.add_argument("--out", metavar="DIR",
+                   help="write report.html, report.json and trace.json here")
+    p.add_argument("--no-cache", action="store_true",
+                   help="capture again instead of using the capture cache")
+    add_json_flag(p)
+    p.set_defaults(func=run, mode=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    mode = args.mode or DEFAULT_MODE
+    entry = MODES.get(mode)
+    if entry is None:
+        raise ZrtError(f"zrt run --{mode} is not available in this zrt",
+                       f"use one of {', '.join('--' + m for m in MODES)}")
+    return entry[1](args)
+
+
+def parallel_from_args(args: argparse.Namespace) -> Any:
+    from zrt_core.strategy import Parallel
+
+    return Parallel(tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep,
+                    etp=args.etp, dp=args.dp, sp=args.sp, cp_kind=args.cp_kind)
+
+
+def run_infer(args: argparse.Namespace) -> int:
+    from zrt_core.estimate import estimate_inference
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.strategy import InferSpec
+
+    host = get_plugin_manager()
+    hw = host.hardware_spec(args.hw)
+    kv = args.kv_dtype
+    if kv is None and args.quant in ("fp8", "fp4"):
+        kv = "fp8"
+    infer = InferSpec(input_len=args.input_len, output_len=args.output_len,
+                      batch=args.batch, quant=args.quant, kv_dtype=kv)
+    report = estimate_inference(args.model, hw, parallel_from_args(args), infer, host=host,
+                                engine=args.engine,
+                                use_cache=False if args.no_cache else None)
+    written = write_outputs(report, args.out) if args.out else []
+    if args.json:
+        data = report.to_json()
+        if written:
+            data["files"] = [str(p) for p in written]
+        print_json(data)
+    else:
+        print_report(report, written)
+    return 0
+
+
+def write_outputs(report: Any, out: str) -> list[Path]:
+    """``report.html``, ``report.json`` and ``trace.json`` in ``out``."""
+    import json
+
+    from zrt_core.reports.html import write_inference_html
+    from zrt_core.reports.trace import merge_traces, timeline_trace, write_trace
+
+    directory = Path(out)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ZrtError(f"cannot create {directory}: {exc.strerror}",
+                       "choose a writable --out directory") from None
+    files = [write_inference_html(report, directory / "report.html")]
+    path = directory / "report.json"
+    path.write_text(json.dumps(report.to_json(), indent=1, default=str), encoding="utf-8")
+    files.append(path)
+    traces = [timeline_trace(t, device=f"{name} (one device)", pid=i)
+              for i, (name, t) in enumerate(report.timelines.items()) if t is not None]
+    if traces:
+        files.append(write_trace(merge_traces(*traces), directory / "trace.json"))
+    return files
+
+
+def print_report(report: Any, written: list[Path]) -> None:
+    from zrt_core.reports.inference import summary_rows
+
+    con = console()
+    con.print(table("zrt run --infer", ("", ""), summary_rows(report)))
+    phases = [p for p in (report.prefill, report.decode) if p is not None]
+    if phases:
+        cats = sorted({k for p in phases for k in p.by_category_s},
+                      key=lambda k: -sum(p.by_category_s.get(k, 0) for p in phases))
+        rows = [(c, *(f"{p.by_category_s.get(c, 0.0) * 1e3:.3f}" for p in phases))
+                for c in cats if any(p.by_category_s.get(c, 0.0) > 0 for p in phases)]
+        rows.append(("total", *(f"{p.time_s * 1e3:.3f}" for p in phases)))
+        con.print(table("time per step by op category (ms)",
+                        ("category", *(f"{p.phase} (batch {p.batch})" for p in phases)),
+                        rows, justify=("left",) + ("right",) * len(phases)))
+        kinds = sorted({k for p in phases for k in p.per_layer_s})
+        rows = [(k, str(phases[0].layer_counts.get(k, "")),
+                 *(f"{p.per_layer_s.get(k, 0.0) * 1e3:.4f}" for p in phases)) for k in kinds]
+        con.print(table("time per layer (ms)", ("layer kind", "layers",
+                                                *(p.phase for p in phases)), rows,
+                        justify=("left", "right") + ("right",) * len(phases)))
+    for note in report.notes:
+        con.print(f"note: {note}")
+    for path in written:
+        con.print(f"wrote {path}")
+
+
+add_mode("infer", add_infer_args, run_infer)

@@ -1,0 +1,182 @@
+"""estimate_inference on a tiny llama and a toy GPU: exact rescaling, memory from the
+per-rank graphs, the throughput identities of both modes, trtllm-bench's batching rules,
+and a model that does not fit.
+
+Tiny llama: hidden 128, FFN 256, 4 heads of 32 (2 KV heads, 64 wide), 2 layers, vocab
+512, bf16. Parameters: per layer q 128·128 + k, v 128·64 each + o 128·128 + gate, up, down
+3·128·256 + 2 norms of 128 = 147712; embedding and head 512·128 each; final norm 128:
+426624 in all, 853248 bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from zrt_core.estimate import CapturedModel, estimate_inference
+from zrt_core.estimate.engine import engine_profile, trtllm_bench_settings
+from zrt_core.estimate.memory import kv_cache_size, weights_bytes
+from zrt_core.estimate.serving import PagedKVCache, Rescale
+from zrt_core.hardware import HardwareSpec
+from zrt_core.ir.graph import Category
+from zrt_core.plugins import get_plugin_manager
+from zrt_core.strategy import InferSpec, Parallel
+from zrt_core.transforms.parallel import cache_inputs
+
+LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+_CACHE: dict[str, Any] = {}
+
+
+def _toy(capacity_gb: float = 4.0) -> HardwareSpec:
+    return HardwareSpec.from_mapping({
+        "id": "toy_gpu", "name": "Toy GPU", "vendor": "toy",
+        "compute": {"fp32": 10, "bf16": 100, "fp16": 100, "fp8": 200},
+        "memory": {"capacity_gb": capacity_gb, "bandwidth_gb_per_s": 1000},
+        "interconnect": [{"name": "link", "bandwidth_gb_per_s": 100, "latency_us": 2,
+                          "devices": 8},
+                         {"name": "net", "bandwidth_gb_per_s": 25, "latency_us": 5,
+                          "devices": None}],
+        "efficiency": {"matmul": 0.8, "memory": 0.8, "launch_overhead_us": 2}})
+
+
+@pytest.fixture(scope="module")
+def host():
+    return get_plugin_manager(autoload=False)
+
+
+@pytest.fixture(scope="module")
+def captured(host) -> CapturedModel:
+    if "cap" not in _CACHE:
+        from zrt_core.capture.api import capture
+
+        result = capture(LLAMA, phases=("prefill", "decode"), batch=1, seq_len=32, host=host)
+        _CACHE["cap"] = CapturedModel.from_capture(result)
+    return _CACHE["cap"]
+
+
+def _flops(g, category: str) -> int:
+    return sum(n.flops * g.multiplicity(n) for n in g.nodes if n.category == category)
+
+
+def test_rescale_is_exact_for_batch_and_cache_length(captured):
+    pre, dec = captured.graph("prefill"), captured.graph("decode")
+    pre6 = Rescale(batch=6).apply(pre, None)
+    assert pre6.meta["batch"] == 6
+    # every token-proportional count scales by 6, attention (per sequence) too
+    assert _flops(pre6, Category.MATMUL) == 6 * _flops(pre, Category.MATMUL)
+    assert _flops(pre6, Category.ATTENTION) == 6 * _flops(pre, Category.ATTENTION)
+    dec = Rescale(batch=3, cache_len=64).apply(dec, None)
+    att0 = sum(n.flops for n in captured.graph("decode").nodes
+               if n.category == Category.ATTENTION)
+    att = sum(n.flops for n in dec.nodes if n.category == Category.ATTENTION)
+    # one query against 32 cached + 1 keys -> 3 sequences against 64 + 1: 3 * 65 / 33
+    assert att * 33 == att0 * 3 * 65
+    q = next(n for n in dec.nodes if n.module_path.endswith("q_proj") and
+             n.category == Category.MATMUL)
+    assert q.inputs[0].shape == (3, 128)
+
+
+def test_paged_cache_writes_only_the_new_token(captured):
+    dec = captured.graph("decode")
+    paged = PagedKVCache().apply(dec, None)
+    writes = [n for n in paged.nodes if n.op == "zrt.kv_cache_write"]
+    assert len(writes) == 2 and {n.layer_index for n in writes} == {0}
+    # one token x 2 KV heads x 32 x 2 bytes, read and written
+    assert {(n.bytes_read, n.bytes_written) for n in writes} == {(128, 128)}
+
+
+def test_memory_from_per_rank_graphs(host, captured):
+    from zrt_core.estimate.inference import _Estimator
+    from zrt_core.strategy import check_layout
+
+    infer = InferSpec(input_len=32, output_len=32, batch=1)
+    for tp, weights, kv in ((1, 853_248, 512), (2, 427_264, 256)):
+        est = _Estimator(captured, _toy(), check_layout(Parallel(tp=tp), captured.dims),
+                         infer, host, "trtllm")
+        graphs = [est.graph("prefill", 1), est.graph("decode", 1, 32, kernels=False)]
+        # tp=2 halves every split weight; the two norms per layer and the final norm stay
+        assert weights_bytes(graphs) == weights
+        # KV per token: 2 layers x (K and V) x 2 heads x 32 x 2 bytes = 512; half per rank
+        size = kv_cache_size(graphs[1], caches=cache_inputs(captured.graph("decode")))
+        assert size.per_token == kv
+
+
+def test_latency_mode_identities(host, captured):
+    infer = InferSpec(input_len=32, output_len=16, batch=4)
+    r = estimate_inference(None, _toy(), Parallel(tp=2), infer, host=host, captured=captured)
+    assert r.mode == "latency" and r.batch == 4 and r.world_size == 2
+    # throughput = batch x output / (TTFT + (output - 1) x TPOT), per GPU over 2 devices
+    expected = 4 * 16 / (r.ttft_s + 15 * r.tpot_s)
+    assert r.output_tokens_per_s == pytest.approx(expected, rel=1e-12)
+    assert r.output_tokens_per_s_per_gpu == pytest.approx(expected / 2, rel=1e-12)
+    assert r.prefill.batch == 4 and r.prefill.tokens == 4 * 32
+    assert r.prefill.time_s == pytest.approx(r.ttft_s)
+    assert r.decode.time_s == pytest.approx(r.tpot_s)
+    assert "tp/all_reduce" in r.decode.collectives
+    assert r.fits and r.memory.kv_per_token == 256
+    data = r.to_json()
+    for key in ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
+                "memory_gb_per_device", "max_batch"):
+        assert data[key] is not None
+    # dp replicas multiply throughput, not latency
+    r2 = estimate_inference(None, _toy(), Parallel(tp=2, dp=3), infer, host=host,
+                            captured=captured)
+    assert r2.output_tokens_per_s == pytest.approx(3 * r.output_tokens_per_s, rel=1e-12)
+    assert r2.tpot_s == pytest.approx(r.tpot_s, rel=1e-12)
+
+
+def test_max_throughput_batch_is_limited_by_memory_and_engine(host, captured):
+    infer = InferSpec(input_len=32, output_len=32)
+    r = estimate_inference(None, _toy(1.6), Parallel(), infer, host=host, captured=captured)
+    mem = r.memory
+    # 1.6 GiB; the cache gets 0.9 of what weights, activations and the 1.5 GiB reserve
+    # leave; a sequence holds whole 32-token blocks: 64 tokens x 512 bytes = 32768
+    assert mem.kv_per_sequence == 32_768
+    assert r.max_batch == int(mem.kv_budget // 32_768)
+    assert r.batch == min(r.max_batch, r.throughput["engine_max_batch"])
+    assert r.batch == r.max_batch < r.throughput["engine_max_batch"]  # memory-limited here
+    assert r.throughput["concurrency"] == r.batch
+    # steady state: per period, each slot prefills a prompt and emits output_len tokens
+    t = r.throughput
+    period = t["period_ms"] / 1e3
+    assert r.output_tokens_per_s == pytest.approx(r.batch * 32 / period, rel=1e-9)
+
+
+def test_trtllm_bench_settings_follow_its_heuristic():
+    # 8e9 params at 1 byte, 80 GiB device: (80 - 7.45) x 0.9 = 65.3 GiB of cache; 64 KiB per
+    # token x 256 tokens = 16 MiB per request -> 4179 requests -> capped at 4096 -> 4096;
+    # tokens 4096 x (1 + 128/128) = 8192 -> 8192
+    s = trtllm_bench_settings(total_params=8_000_000_000, weight_bytes_per_param=1.0,
+                              kv_bytes_per_token_model=65536, device_gib=80, gpus=1, pp=1,
+                              input_len=128, output_len=128, kv_fraction=0.9)
+    assert (s.max_batch, s.max_num_tokens) == (4096, 8192)
+    # a small request count rounds up to 64 sequences and 2048 tokens at least
+    s = trtllm_bench_settings(total_params=70_000_000_000, weight_bytes_per_param=1.0,
+                              kv_bytes_per_token_model=163840, device_gib=80, gpus=1, pp=1,
+                              input_len=20000, output_len=2000, kv_fraction=0.9)
+    assert (s.max_batch, s.max_num_tokens) == (64, 2048)
+    assert engine_profile("vllm").settings(
+        total_params=1, weight_bytes_per_param=1, kv_bytes_per_token_model=1, device_gib=1,
+        tp=1, pp=1, input_len=1, output_len=1).max_batch == 1024
+
+
+def test_a_model_that_does_not_fit_is_reported_not_raised(host, captured):
+    infer = InferSpec(input_len=32, output_len=32, batch=2)
+    r = estimate_inference(None, _toy(0.0005), Parallel(), infer, host=host,
+                           captured=captured)
+    assert not r.fits and r.max_batch == 0
+    assert "exceed" in r.memory.message and "GB" in r.memory.message
+    assert r.ttft_s > 0 and r.tpot_s > 0  # the times are still predicted
+    mt = estimate_inference(None, _toy(0.0005), Parallel(), InferSpec(input_len=32,
+                                                                      output_len=32),
+                            host=host, captured=captured)
+    assert mt.output_tokens_per_s == 0.0 and not mt.fits
+
+
+def test_captured_model_round_trips_through_json(captured):
+    again = CapturedModel.from_json(captured.to_json())
+    assert again.graph("decode").to_json() == captured.graph("decode").to_json()
+    assert (again.total_params, again.seq_len) == (captured.total_params, 32)
+    assert again.total_params == 426_624
