@@ -191,6 +191,9 @@ def check_layout(
             )
     elif p.ep > 1:
         raise LayoutError(f"ep={p.ep} but the model has no routed experts", "use ep=1")
+    if p.cp > 1 and p.cp_kind == "ulysses":
+        # Ulysses trades the sequence split for a heads split inside attention
+        _divides(p.cp, dims.heads // p.tp, "cp", "attention heads per TP rank (Ulysses)")
     stages = p.pp * p.vp
     if dims.layers % stages:
         raise LayoutError(

@@ -345,6 +345,8 @@ def test_layout_errors_name_the_dimension():
     dims = ModelDims.from_config(LLAMA)
     with pytest.raises(LayoutError, match="attention heads"):
         check_layout(Parallel(tp=3), dims)
+    with pytest.raises(LayoutError, match="2 attention heads per TP rank"):
+        check_layout(Parallel(tp=2, cp=4, cp_kind="ulysses"), dims)  # 4 heads / tp 2 = 2
     with pytest.raises(LayoutError, match="KV heads"):
         check_layout(Parallel(tp=4), ModelDims.from_config({**LLAMA, "num_key_value_heads": 3,
                                                             "num_attention_heads": 12}))
