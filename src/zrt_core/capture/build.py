@@ -1,8 +1,8 @@
 """Build a transformers model from its config on fake tensors: no weights, no init, no memory.
 
-The model is built under ``FakeTensorMode`` on the CPU fake device (fake CUDA aborts in
-backward on a CPU-only torch) inside transformers' ``no_init_weights``: DeepSeek-V3 at full
-depth builds in about 0.2 s once its modeling module is imported. Remote code is never run.
+The model's tensors are fake tensors on the CPU fake device (fake CUDA aborts in backward
+on a CPU-only torch), built without weight initialisation: DeepSeek-V3 at full depth
+builds in well under 0.1 s once its modeling module is imported. Remote code is never run.
 """
 
 from __future__ import annotations
@@ -61,7 +61,13 @@ def torch_dtype(name: str) -> Any:
 
 
 def build_fake_model(config: Any, dtype: str, fake_mode: Any) -> Any:
-    """Instantiate ``AutoModelForCausalLM`` for ``config`` on fake tensors.
+    """Instantiate ``AutoModelForCausalLM`` for ``config`` with fake CPU tensors.
+
+    The model is built on the ``meta`` device (no dispatch per parameter: about 7x faster
+    than building inside ``FakeTensorMode``) and its parameters, buffers and tensor
+    attributes are then wrapped as fake CPU tensors of ``fake_mode``, tied weights kept
+    tied. A model whose construction needs real values falls back to building inside
+    ``fake_mode``.
 
     :raises ModelError: the model type has no causal-LM class, or transformers rejects the
         config while building (one line).
@@ -75,10 +81,20 @@ def build_fake_model(config: Any, dtype: str, fake_mode: Any) -> Any:
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelError(f"model_type {model_type!r} has no causal language model in "
                          "transformers", "zrt captures decoder LMs (AutoModelForCausalLM)")
+    torch_type = torch_dtype(dtype)
+
+    def construct() -> Any:
+        return AutoModelForCausalLM.from_config(config, dtype=torch_type,
+                                                trust_remote_code=False)
+
     try:
-        with fake_mode, no_init_weights(), torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype),
-                                                     trust_remote_code=False)
+        try:
+            with no_init_weights(), torch.device("meta"):
+                model = construct()
+            return _to_fake(model, fake_mode)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+            with fake_mode, no_init_weights(), torch.device("cpu"):
+                return construct()
     except ModelError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, AssertionError,
@@ -86,6 +102,39 @@ def build_fake_model(config: Any, dtype: str, fake_mode: Any) -> Any:
         raise ModelError(f"transformers cannot build {model_type!r} from this config: "
                          f"{type(exc).__name__}: {_one_line(exc)}",
                          "check the config fields against the model's config class") from None
+
+
+def _to_fake(model: Any, fake_mode: Any) -> Any:
+    """Swap every meta tensor the model holds for a fake CPU tensor of ``fake_mode``."""
+    import torch
+
+    converter = fake_mode.fake_tensor_converter
+    cpu = torch.device("cpu")
+    done: dict[int, Any] = {}
+
+    def fake(t: Any, *, param: bool) -> Any:
+        out = done.get(id(t))
+        if out is None:
+            if not t.is_meta:
+                raise RuntimeError("model holds a tensor that is not on the meta device")
+            out = converter.from_meta_and_device(fake_mode, t, cpu)
+            if param:
+                # what nn.Parameter does for a tensor subclass, without a dispatch
+                out.requires_grad_(t.requires_grad)
+                out._is_param = True
+            done[id(t)] = out
+        return out
+
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = fake(p, param=True)
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = fake(b, param=False)
+        for name, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not name.startswith("_"):
+                object.__setattr__(module, name, fake(value, param=False))
     return model
 
 
