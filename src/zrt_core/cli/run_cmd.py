@@ -203,3 +203,6 @@ def print_report(report: Any, written: list[Path]) -> None:
 
 
 add_mode("infer", add_infer_args, run_infer)
+
+# the training mode registers itself (zrt_core.cli.run_train: --train and its flags)
+from zrt_core.cli import run_train as _run_train  # noqa: E402, F401

@@ -55,6 +55,7 @@ from zrt_core.transforms.training import (
     PrecisionPlan,
     Recompute,
     UnfusedAttention,
+    direct_producer_edges,
     dp_groups,
     grad_dtype,
     mark_weight_grads,
@@ -62,6 +63,7 @@ from zrt_core.transforms.training import (
     param_inventory,
     precision_plan,
     stage_layer_ranges,
+    tp_overlap_hints,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +82,7 @@ USABLE_MEMORY_FRACTION = 0.95
 MAX_SIMULATED_OPS = 6000
 _EXTRAPOLATED = frozenset({"1f1b", "interleaved", "zb-h1"})
 ATTENTION_KERNELS = ("flash", "unfused")
+STAGE_SPLITS = ("even", "embedding-loss")
 _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "other")
 
 
@@ -87,30 +90,149 @@ def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
 
 
-# -- capture cache ------------------------------------------------------------------------------
+# -- captures ---------------------------------------------------------------------------------
 
-_CAPTURES: dict[tuple[str, int, int, str], CaptureResult] = {}
+
+def _frozen_config(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    from zrt_core.ir.graph import _frozen_mapping
+
+    return _frozen_mapping(value)
+
+
+@frozen
+class TrainingCapture:
+    """What the estimator needs from a capture: ``train_forward`` and ``train_backward`` of
+    one micro-batch, the config and the model's name; stored as JSON in the capture cache.
+    """
+
+    name: str
+    model_type: str
+    config: Mapping[str, Any] = field(converter=_frozen_config)
+    graphs: Mapping[str, OpGraph] = field(converter=lambda g: dict(g))
+    micro_batch: int
+    seq_len: int
+    dtype: str = "bfloat16"
+    tp_plan: Any = None
+
+    @property
+    def model(self) -> str:
+        return self.name
+
+    @property
+    def dims(self) -> ModelDims:
+        from zrt_core.ir.graph import _thaw
+        from zrt_core.modelinfo import ModelDims
+
+        return ModelDims.from_config(dict(_thaw(self.config)))
+
+    def graph(self, phase: str) -> OpGraph:
+        try:
+            return self.graphs[phase]
+        except KeyError:
+            raise ModelError(f"phase {phase!r} was not captured",
+                             f"captured: {', '.join(self.graphs)}") from None
+
+    @classmethod
+    def from_capture(cls, result: Any) -> TrainingCapture:
+        """From a :class:`zrt_core.capture.CaptureResult` holding both training phases."""
+        from zrt_core.estimate.captures import config_tp_plan
+
+        missing = [p for p in TRAIN_PHASES if p not in result.graphs]
+        if missing:
+            raise ModelError(f"the capture has no {', '.join(missing)} graph",
+                             "capture with phases=('train_forward', 'train_backward')")
+        fwd = result.graphs[Phase.TRAIN_FORWARD]
+        return cls(name=result.model, model_type=result.model_type, config=result.config,
+                   graphs={p: result.graphs[p] for p in TRAIN_PHASES},
+                   micro_batch=int(fwd.meta.get("batch", result.options.batch)),
+                   seq_len=int(fwd.meta.get("seq_len", result.options.seq_len)),
+                   dtype=result.options.dtype, tp_plan=config_tp_plan(result.model_type))
+
+    def to_json(self) -> dict[str, Any]:
+        from zrt_core.ir.graph import _thaw
+
+        return {"cache_version": TRAIN_CACHE_VERSION, "name": self.name,
+                "model_type": self.model_type, "config": _thaw(self.config),
+                "graphs": {k: g.to_json() for k, g in self.graphs.items()},
+                "micro_batch": self.micro_batch, "seq_len": self.seq_len,
+                "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainingCapture:
+        if data.get("cache_version") != TRAIN_CACHE_VERSION:
+            raise ValueError("stale cache entry")
+        return cls(name=data["name"], model_type=data["model_type"], config=data["config"],
+                   graphs={k: OpGraph.from_json(g) for k, g in data["graphs"].items()},
+                   micro_batch=int(data["micro_batch"]), seq_len=int(data["seq_len"]),
+                   dtype=data.get("dtype", "bfloat16"))
+
+
+TRAIN_PHASES = (Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD)
+TRAIN_CACHE_VERSION = 1
+_CAPTURES: dict[tuple[str, int, int, str], TrainingCapture] = {}
 _CAPTURE_CACHE_SIZE = 8
 
 
 def capture_for_training(model: Any, micro_batch: int, seq_len: int, *, dtype: str = "bfloat16",
-                         host: PluginHost | None = None) -> CaptureResult:
-    """``train_forward`` + ``train_backward`` of one micro-batch, cached per model, micro-batch,
-    sequence and dtype (a layout search re-uses one capture)."""
+                         host: PluginHost | None = None, use_cache: bool | None = None
+                         ) -> TrainingCapture:
+    """``train_forward`` + ``train_backward`` of one micro-batch, kept in memory and in the
+    capture cache on disk (``$ZRT_CACHE_DIR/captures``, keyed like serving captures on the
+    config, the options and the installed versions; ``ZRT_NO_CACHE=1`` or
+    ``use_cache=False`` turns it off), so a layout search or a second run re-uses it."""
+    import os
+
     from zrt_core.capture.api import capture
 
+    if isinstance(model, TrainingCapture):
+        return model
+    if host is None:
+        from zrt_core.plugins import get_plugin_manager
+
+        host = get_plugin_manager()
     key_model = (json.dumps(dict(model), sort_keys=True, default=str)
                  if isinstance(model, Mapping) else str(model))
     key = (key_model, micro_batch, seq_len, dtype)
     hit = _CAPTURES.get(key)
     if hit is not None:
         return hit
-    result = capture(model, phases=(Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD),
-                     batch=micro_batch, seq_len=seq_len, host=host, dtype=dtype)
+    if use_cache is None:
+        use_cache = os.environ.get("ZRT_NO_CACHE", "") not in ("1", "true", "yes")
+    path = None
+    if use_cache and isinstance(model, str | os.PathLike | Mapping):
+        from zrt_core.capture.sources import resolve_model
+        from zrt_core.estimate.captures import cache_dir, cache_key
+
+        resolved = resolve_model(model, host, check_model_type=False)
+        marked = {**dict(resolved.config), "_zrt_training_micro_batch": micro_batch}
+        digest = cache_key(marked, seq_len, dtype, host)
+        path = cache_dir() / f"train-{resolved.name.replace('/', '--')[:60]}-{digest}.json"
+        if path.is_file():
+            try:
+                result = TrainingCapture.from_json(json.loads(path.read_text()))
+                _remember(key, result)
+                return result
+            except (ValueError, KeyError, TypeError):
+                pass  # stale or damaged: capture again
+    raw = capture(model, phases=TRAIN_PHASES, batch=micro_batch, seq_len=seq_len, host=host,
+                  dtype=dtype)
+    result = TrainingCapture.from_capture(raw)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result.to_json(), separators=(",", ":")))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only home: estimation works, only slower next time
+    _remember(key, result)
+    return result
+
+
+def _remember(key: tuple[str, int, int, str], result: TrainingCapture) -> None:
     if len(_CAPTURES) >= _CAPTURE_CACHE_SIZE:
         _CAPTURES.pop(next(iter(_CAPTURES)))
     _CAPTURES[key] = result
-    return result
 
 
 def capture_dtype(precision: str) -> str:
@@ -127,12 +249,14 @@ def estimate_training(
     train: TrainSpec,
     *,
     host: PluginHost | None = None,
-    captured: CaptureResult | None = None,
+    captured: TrainingCapture | CaptureResult | None = None,
     overlap: OverlapRules | None = None,
     num_gpus: int | None = None,
     host_link_gb_per_s: float | None = None,
     attention: str = "flash",
     keep_timelines: bool = False,
+    use_cache: bool | None = None,
+    stage_split: str = "even",
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -142,15 +266,22 @@ def estimate_training(
     :param parallel: the layout; ``sp=None`` means on when ``tp > 1`` (Megatron).
     :param train: micro-batch, global batch, sequence, recompute, ZeRO stage, optimizer,
         precision, pipeline schedule (``1f1b`` becomes ``interleaved`` when ``vp > 1``).
-    :param captured: a :class:`CaptureResult` with both training phases at
-        ``train.micro_batch × train.seq_len``; captured (and cached) when None.
+    :param captured: a :class:`TrainingCapture` (or a ``CaptureResult``) with both training
+        phases at ``train.micro_batch × train.seq_len``; captured (and cached) when None.
     :param overlap: communication-overlap rules; default :func:`default_overlap`.
     :param num_gpus: checked against ``tp × cp × pp × dp`` when given.
     :param host_link_gb_per_s: device-to-host bandwidth for ``offload_optimizer``.
     :param attention: ``flash`` (fused FlashAttention kernels, as captured) or ``unfused``
         (Megatron-LM's 2021-22 attention core: full-square batched GEMMs, fused softmax and
         attention dropout over the scores; :class:`UnfusedAttention`).
-    :param keep_timelines: keep the first stage's forward/backward timelines (for traces).
+    :param keep_timelines: keep the first stage's forward/backward timelines and simulate
+        every micro-batch of the pipeline (for traces and HTML).
+    :param use_cache: read and write the capture cache on disk (default: unless
+        ``ZRT_NO_CACHE=1``).
+    :param stage_split: ``even`` (pp × vp must divide the layers) or ``embedding-loss``
+        (Megatron's ``account_for_embedding_in_pipeline_split`` and
+        ``..._loss_in_pipeline_split``: the embedding and the loss, with any MTP layers,
+        count as layers, so 61 layers split over 16 stages).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -163,8 +294,11 @@ def estimate_training(
     hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
     if captured is None:
         captured = capture_for_training(model, train.micro_batch, train.seq_len,
-                                        dtype=capture_dtype(train.precision), host=host)
+                                        dtype=capture_dtype(train.precision), host=host,
+                                        use_cache=use_cache)
         timings["capture"] = time.perf_counter() - started
+    elif not isinstance(captured, TrainingCapture):
+        captured = TrainingCapture.from_capture(captured)
     t0 = time.perf_counter()
     dims = captured.dims
     if dims is None:
@@ -185,9 +319,14 @@ def estimate_training(
     schedule = _schedule_name(parallel, train)
     stages = virtual_stages(schedule, parallel.pp,
                             parallel.vp if schedule == "interleaved" else 1)
-    stage_ranges = stage_layer_ranges(num_layers, stages, extra_first=1,
-                                      extra_last=1 + _mtp_layers(captured.config))
-    if num_layers % stages:
+    if stage_split not in STAGE_SPLITS:
+        raise SpecError(f"unknown stage split {stage_split!r}",
+                        f"use one of {', '.join(STAGE_SPLITS)}")
+    if stage_split == "even" or num_layers % stages == 0:
+        stage_ranges = stage_layer_ranges(num_layers, stages)
+    else:
+        stage_ranges = stage_layer_ranges(num_layers, stages, extra_first=1,
+                                          extra_last=1 + _mtp_layers(captured.config))
         notes.append(f"{num_layers} layers over {stages} virtual stages: the embedding and "
                      "the loss count as one layer each (Megatron's account_for_embedding/"
                      "loss_in_pipeline_split)")
@@ -206,11 +345,13 @@ def estimate_training(
         raise SpecError(f"unknown attention kernel {attention!r}",
                         f"use one of {', '.join(ATTENTION_KERNELS)}")
     fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
-                                               config=captured.config)
+                                               config=captured.config,
+                                               tp_plan=captured.tp_plan)
     fwd = apply_all(fwd, [Precision(plan)], ctx)
     bwd = mark_weight_grads(fwd, bwd)
-    bwd = apply_all(bwd, [Precision(plan)], ctx)
+    bwd = apply_all(bwd, [Precision(plan, forward=fwd0)], ctx)
     bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
+    bwd = tp_overlap_hints(bwd, fwd, rules)
     inventory = param_inventory(fwd, parallel, dims)
     sharded_grads = train.zero >= 1 or train.fsdp
     zero3 = train.zero == 3 or train.fsdp
@@ -219,6 +360,7 @@ def estimate_training(
         gather = ParamGather(inventory, plan.activation_dtype)
         fwd = apply_all(fwd, [gather], ctx)
         bwd = apply_all(bwd, [gather], ctx)
+    fwd, bwd = direct_producer_edges(fwd), direct_producer_edges(bwd)
     sync = GradientSync(inventory, gdtype, sharded=sharded_grads)
     per_microbatch_sync = train.zero >= 2 or train.fsdp
     bwd_sync = apply_all(bwd, [sync], ctx)
@@ -314,7 +456,7 @@ def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims
 
 def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
                            notes: list[str], *, attention: str = "flash",
-                           config: Mapping[str, Any] | None = None
+                           config: Mapping[str, Any] | None = None, tp_plan: Any = None
                            ) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
     """The TP/SP/CP/EP transforms (:mod:`zrt_core.transforms.parallel`, forward then backward
     with shared tensor layouts, so saved activations keep their forward shapes), the
@@ -323,7 +465,7 @@ def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
     from zrt_core.transforms.fusion import Fusion
     from zrt_core.transforms.parallel import apply_phases
 
-    plan = config_tp_plan(str((config or {}).get("model_type", "")))
+    plan = tp_plan or config_tp_plan(str((config or {}).get("model_type", "")))
     graphs = apply_phases({Phase.TRAIN_FORWARD: fwd, Phase.TRAIN_BACKWARD: bwd}, ctx, plan)
     fwd, bwd = graphs[Phase.TRAIN_FORWARD], graphs[Phase.TRAIN_BACKWARD]
     applied = ["parallel"]
@@ -809,7 +951,7 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
 # -- composing the step -------------------------------------------------------------------------
 
 
-def _compose(*, captured: CaptureResult, hw: HardwareSpec, parallel: Parallel, train: TrainSpec,
+def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel, train: TrainSpec,
              schedule: str, microbatches: int, stage_reports: Sequence[StageReport],
              summary: _PipelineSummary, dp_tails: Sequence[tuple[float, float]],
              optimizer: _OptimizerStep, inventory: ParamInventory, plan: PrecisionPlan,
@@ -936,13 +1078,15 @@ def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     return {k: values[k] for k in keys}
 
 
-def _model_flops(captured: CaptureResult, train: TrainSpec, notes: list[str]) -> float:
+def _model_flops(captured: TrainingCapture, train: TrainSpec, notes: list[str]) -> float:
     """3 × the analytic training forward of the global batch (causal attention, logits of
     every position); the captured forward where the analytic front-end lacks the family."""
     from zrt_core.analytic.flops import train_forward_flops
 
     try:
-        forward = train_forward_flops(dict(captured.config), train.global_batch,
+        from zrt_core.ir.graph import _thaw
+
+        forward = train_forward_flops(_thaw(captured.config), train.global_batch,
                                       train.seq_len).total
     except ModelError as exc:
         notes.append(f"MFU from the captured forward FLOPs: {exc}")
@@ -989,6 +1133,7 @@ class TrainingCase:
     overlap: OverlapRules
     num_gpus: int
     attention: str = "flash"
+    stage_split: str = "even"
     assumptions: tuple[str, ...] = ()
 
 
@@ -1042,6 +1187,10 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     else:
         dp = int(raw["dp"])
     etp = raw.get("etp")
+    if etp is None and ep > 1:
+        etp = 1
+        assumptions.append("etp=1 (NeMo / Megatron-Bridge MoE recipes: experts are not "
+                           "tensor-parallel)")
     sp = raw.get("sp")
     if sp is None and tp > 1:
         assumptions.append("sp on (Megatron/NeMo default with tp > 1)")
@@ -1079,9 +1228,20 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                            "gather or TP userbuffers")
     else:
         overlap = default_overlap(parallel, train)
+    stage_split = "even"
+    try:
+        from zrt_core.modelinfo import ModelDims
+
+        layers = ModelDims.from_config(config).layers
+    except ModelError:
+        layers = 0
+    if layers and layers % (pp * vp):
+        stage_split = "embedding-loss"
+        assumptions.append(f"{layers} layers over pp × vp = {pp * vp} stages: embedding and "
+                           "loss counted as layers (Megatron-Bridge recipes)")
     return TrainingCase(config=config, hardware=str(hardware), parallel=parallel, train=train,
                         overlap=overlap, num_gpus=num_gpus, attention=attention,
-                        assumptions=tuple(assumptions))
+                        stage_split=stage_split, assumptions=tuple(assumptions))
 
 
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
@@ -1095,6 +1255,7 @@ def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
 
 __all__ = [
     "LEGACY_MEGATRON_SOURCES",
+    "TrainingCapture",
     "TrainingCase",
     "capture_for_training",
     "case_from_record",

@@ -305,3 +305,123 @@ def render(report: TrainingReport, console: Any) -> None:
     for r in rows:
         stages.add_row(*(str(v) for v in r))
     console.print(stages)
+
+
+# -- HTML ----------------------------------------------------------------------------------------
+
+
+def pipeline_figure(result: PipelineResult, *, max_ops: int = 4000) -> str:
+    """A Gantt chart of the pipeline schedule: one row per rank, forward and backward passes
+    of each micro-batch (the first ``max_ops`` operations)."""
+    from zrt_core.reports.html import _pyplot, figure_svg
+
+    plt = _pyplot()
+    colors = {"F": "#1f77b4", "B": "#ff7f0e", "W": "#2ca02c", "BW": "#ff7f0e",
+              "F+BW": "#9467bd"}
+    fig, ax = plt.subplots(figsize=(10, 0.8 + 0.35 * max(result.pp, 1)))
+    shown = 0
+    for op in result.iter_ops():
+        if shown >= max_ops:
+            break
+        ax.broken_barh([(op.start_s, max(op.duration_s, 1e-9))], (op.rank - 0.4, 0.8),
+                       facecolors=colors.get(op.kind, "#999999"), edgecolor="white",
+                       linewidth=0.3)
+        shown += 1
+    ax.set_yticks(range(result.pp))
+    ax.set_yticklabels([f"rank {r}" for r in range(result.pp)])
+    ax.invert_yaxis()
+    ax.set_xlabel("s")
+    ax.set_title(f"{result.schedule}: pp={result.pp}, vp={result.vp}, "
+                 f"{result.microbatches} micro-batches, bubble {result.bubble_fraction:.1%}",
+                 fontsize=10)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("#1f77b4", "#ff7f0e")]
+    ax.legend(handles, ["forward", "backward"], fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return figure_svg(fig)
+
+
+def training_sections(report: TrainingReport) -> list[Any]:
+    """Summary, step breakdown, memory, stages, pipeline, timelines and the identities."""
+    from zrt_core.reports.html import (
+        Section,
+        _e,
+        breakdown_figure,
+        memory_figure,
+        table_html,
+        timeline_figure,
+    )
+
+    sections = []
+    body = table_html(("", ""), summary_rows(report))
+    mem = report.memory
+    if mem is not None and not mem.feasible:
+        body = (f"<div class='bad'>Does not fit: needs {mem.peak_bytes / GIB:.1f} GiB per "
+                f"device, {mem.usable_bytes / GIB:.1f} GiB usable</div>") + body
+    for note in report.notes:
+        body += f"<div class='note'>{_e(note)}</div>"
+    sections.append(Section("Summary", body))
+
+    parts = {"forward": report.forward_s, "backward": report.backward_s,
+             "recompute": report.recompute_s}
+    parts.update({f"exposed {k}": v for k, v in report.pipeline_exposed_comm_s.items()})
+    parts["bubble"] = report.bubble_s
+    parts["optimizer"] = report.optimizer_s
+    parts["exposed optimizer comm"] = report.optimizer_comm_exposed_s
+    rows = [(k, v) for k, v in parts.items()]
+    rows.append(("step", report.step_time_s))
+    sections.append(Section("Step time", breakdown_figure(
+        {"step": parts}, unit="s", title="where the step goes (critical rank)") +
+        table_html(("part", "seconds"), rows) + table_html(
+            ("group", "exposed s", "hidden s"),
+            [(g, report.exposed_comm_s.get(g, 0.0), report.hidden_comm_s.get(g, 0.0))
+             for g in dict.fromkeys([*report.exposed_comm_s, *report.hidden_comm_s])])))
+
+    if mem is not None:
+        gib = {"weights": mem.weights_bytes / GIB, "gradients": mem.gradients_bytes / GIB,
+               "optimizer": mem.optimizer_bytes / GIB,
+               "activations": mem.activations_bytes / GIB,
+               "transient": mem.transient_bytes / GIB,
+               "buffers": mem.comm_buffer_bytes / GIB}
+        sections.append(Section("Memory per device", memory_figure(
+            gib, mem.usable_bytes / GIB, title=f"rank {mem.rank} (GiB; line: usable)") +
+            table_html(("item", "GiB"), [*gib.items(), ("peak", mem.peak_bytes / GIB),
+                                        ("usable", mem.usable_bytes / GIB)]) +
+            f"<p>{mem.inflight_microbatches} micro-batches in flight on rank {mem.rank}; "
+            f"{mem.activation_bytes_per_microbatch / GIB:.3f} GiB of activations each.</p>"))
+
+    sections.append(Section("Pipeline stages (one micro-batch)", table_html(
+        ("stage", "rank", "layers", "forward ms", "backward ms", "recompute ms",
+         "exposed comm ms", "activations GiB"), stage_rows(report))))
+    if report.pipeline is not None:
+        sections.append(Section("Pipeline schedule", pipeline_figure(report.pipeline)))
+    timelines = [(name, t) for name, t in report.timelines.items() if t is not None]
+    if timelines:
+        body = "".join(timeline_figure(t, title=f"stage 0 {name}") for name, t in timelines)
+        body += ("<p>The whole step is in <code>trace.json</code> (ui.perfetto.dev or "
+                 "chrome://tracing).</p>")
+        sections.append(Section("Stage timelines", body))
+    sections.append(Section("Identities", table_html(
+        ("identity", "left s", "right s"),
+        [(k, a, b) for k, (a, b) in identities(report).items()])))
+    sections.append(Section("How this was computed", table_html(("", ""), [
+        ("model", "docs/training-model.md"),
+        ("estimate time", f"{report.timings_s.get('total', 0) * 1e3:.0f} ms"),
+        ("MFU", "model FLOPs: 3 × the analytic forward (causal attention), over "
+                f"{report.peak_tflops:g} TFLOP/s × GPUs"),
+        ("HFU", "FLOPs the devices execute (the graphs, recompute included)")])))
+    return sections
+
+
+def write_training_html(report: TrainingReport, path: Any) -> Any:
+    """Write the training report as one self-contained HTML file."""
+    from pathlib import Path
+
+    from zrt_core.reports.html import page
+
+    path = Path(path)
+    title = f"zrt training: {report.model} on {report.hardware_id} × {report.num_gpus}"
+    subtitle = (f"{report.parallel.describe()}, {report.schedule}, micro-batch "
+                f"{report.train.micro_batch} × {report.train.seq_len}, global batch "
+                f"{report.train.global_batch}, {report.precision}")
+    path.write_text(page(title, training_sections(report), subtitle), encoding="utf-8")
+    return path

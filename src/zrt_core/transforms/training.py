@@ -572,9 +572,13 @@ class Precision:
     """
 
     plan: PrecisionPlan
+    forward: OpGraph | None = None
     name: str = "precision"
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
+        """With ``forward`` (the graph a backward came from), the tensors the forward
+        touched are saved activations (cast there), the rest output gradients; without
+        it, what no backward node produced counts as saved."""
         plan = self.plan
         if not plan.low_precision:
             return graph
@@ -585,6 +589,13 @@ class Precision:
         edges = list(graph.edges)
         producers = {t.tensor_id: n.id for n in graph.nodes for t in n.outputs
                      if t.tensor_id is not None}
+        forward_ids = None
+        if backward and self.forward is not None:
+            # every tensor the forward touched (a layer template's input comes from an
+            # unrecorded stand-in): gradients never appear there
+            forward_ids = {t.tensor_id for n in self.forward.nodes
+                           for m in (n, *n.fused_from) for t in (*m.inputs, *m.outputs)
+                           if t.tensor_id is not None}
         for n in graph.nodes:
             if not _is_linear_gemm(n, backward):
                 out.append(n)
@@ -595,7 +606,10 @@ class Precision:
                 if len(t.shape) < 2 or t.dtype not in _FLOAT_DTYPES:
                     inputs.append(t)
                     continue
-                grad_side = backward and t.param is None and not _saved(t, producers)
+                if forward_ids is not None:
+                    grad_side = backward and t.param is None and t.tensor_id not in forward_ids
+                else:
+                    grad_side = backward and t.param is None and not _saved(t, producers)
                 dtype = plan.grad_dtype if grad_side else plan.gemm_dtype
                 assert dtype is not None
                 extra_read += plan.quantized_bytes(t.numel, dtype) - t.numel * dtype_bytes(dtype)
@@ -646,6 +660,75 @@ def _is_linear_gemm(n: OpNode, backward: bool) -> bool:
     return any(t.param is not None for t in n.inputs)
 
 
+# -- communication overlap -------------------------------------------------------------------
+
+
+def tp_overlap_hints(backward: OpGraph, forward: OpGraph, rules: OverlapRules) -> OpGraph:
+    """How TransformerEngine overlaps the backward's TP/SP collectives when
+    ``--tp-comm-overlap`` is on (``rules.tp_comm_overlap > 0``): the all-gather of an output
+    gradient is chunked with the GEMM that reads it (``"consumer"``), a reduce-scatter or
+    all-reduce of an input gradient with the GEMM that makes it (``"producer"``), and the
+    all-gather of a saved activation for a weight-gradient GEMM runs in bulk beside the
+    input-gradient GEMM (``"async"``). Collectives that already carry a hint keep it;
+    without TP overlap the scheduler's defaults apply (Megatron's async backward all-reduce).
+    """
+    if rules.tp_comm_overlap <= 0:
+        return backward
+    forward_ids = {t.tensor_id for n in forward.nodes for m in (n, *n.fused_from)
+                   for t in (*m.inputs, *m.outputs) if t.tensor_id is not None}
+    nodes = []
+    changed = False
+    for n in backward.nodes:
+        if n.category == Category.COLLECTIVE and n.attrs.get("group") in ("tp", "etp") \
+                and "overlap" not in n.attrs:
+            kind = n.attrs.get("collective")
+            if kind == "all_gather":
+                saved = any(t.tensor_id in forward_ids for t in n.inputs)
+                hint = "async" if saved else "consumer"
+            elif kind in ("reduce_scatter", "all_reduce"):
+                hint = "producer"
+            else:
+                hint = None
+            if hint is not None:
+                n = evolve(n, attrs={**n.attrs, "overlap": hint})
+                changed = True
+        nodes.append(n)
+    return backward.with_nodes(nodes, backward.edges) if changed else backward
+
+
+def direct_producer_edges(graph: OpGraph) -> OpGraph:
+    """Give each collective an edge from the kernel that wrote its input's storage, seen
+    through zero-cost views (a reduce-scatter of a GEMM output reshaped for the sequence
+    split): a collective chunked with its producer must know that GEMM, not the view. The
+    edges lead the list so the scheduler meets them first."""
+    producer: dict[int, int] = {}
+    through: dict[int, int] = {}
+    for n in graph.nodes:
+        view = n.zero_cost or n.category == Category.VIEW
+        for t in n.outputs:
+            if t.tensor_id is None:
+                continue
+            src = n.inputs[0].tensor_id if (view and n.inputs) else None
+            if view and src is not None and src in through:
+                through[t.tensor_id] = through[src]
+            elif not view:
+                through[t.tensor_id] = n.id
+            producer[t.tensor_id] = n.id
+    extra: list[tuple[int, int]] = []
+    existing = set(graph.edges)
+    for n in graph.nodes:
+        if n.category != Category.COLLECTIVE:
+            continue
+        for t in n.inputs:
+            real = through.get(t.tensor_id) if t.tensor_id is not None else None
+            if real is not None and real != producer.get(t.tensor_id) and \
+                    (real, n.id) not in existing:
+                extra.append((real, n.id))
+    if not extra:
+        return graph
+    return graph.with_nodes(graph.nodes, [*extra, *graph.edges])
+
+
 # -- parameters per layer --------------------------------------------------------------------
 
 
@@ -675,13 +758,16 @@ class ParamInventory:
     :param layers: template representative → its :class:`ParamGroup` (one layer's worth).
     :param embedding: parameters used before the first layer (token/position embeddings).
     :param head: parameters used after the last layer (final norm, LM head).
-    :param tied_head: the head reuses the embedding (counted once when on one stage).
+    :param tied_head: elements of the LM head's weight when it is tied to the word
+        embedding: Megatron keeps one copy with pp = 1 and a second on the last stage with
+        pp > 1 (its gradient all-reduced with the first stage's). 0 when untied (the head's
+        weight is then in ``head``).
     """
 
     layers: Mapping[int, ParamGroup]
     embedding: ParamGroup
     head: ParamGroup
-    tied_head: bool = False
+    tied_head: int = 0
 
     def stage(self, layers: Iterable[int], templates: Mapping[int, LayerTemplate], *,
               first: bool, last: bool, pp: int) -> tuple[int, int]:
@@ -695,8 +781,10 @@ class ParamInventory:
                 expert += g.expert
         if first:
             dense += self.embedding.dense
-        if last and not (self.tied_head and pp == 1):
+        if last:
             dense += self.head.dense
+            if pp > 1:
+                dense += self.tied_head
         return dense, expert
 
 
@@ -741,7 +829,17 @@ def param_inventory(forward: OpGraph, parallel: Parallel, dims: Any) -> ParamInv
                     matrices.setdefault(n.layer_index, []).append(shape)
     layers = {i: ParamGroup(f"layer{i}", i, d, e, matrices.get(i, ()))
               for i, (d, e) in per_layer.items() if i is not None}
-    tied = bool(getattr(dims, "tie_word_embeddings", False))
+    tied = 0
+    if getattr(dims, "tie_word_embeddings", False):
+        # the head's weight has the word embedding's shape (transposed or not)
+        word = [sh for sh in outer_matrices["embedding"] if sh and
+                max(sh) >= getattr(dims, "vocab", 0) // max(parallel.tp, 1)]
+        for sh in list(outer_matrices["head"]):
+            if any(sh == w or sh == tuple(reversed(w)) for w in word):
+                tied = math.prod(sh)
+                outer_matrices["head"].remove(sh)
+                buckets["head"][0] -= tied
+                break
     return ParamInventory(
         layers=layers,
         embedding=ParamGroup("embedding", None, *buckets["embedding"],
@@ -1073,8 +1171,11 @@ def optimizer_graph(
         step(rep, kind, group, count)
     if first:
         step(None, None, inventory.embedding, 1)
-    if last and not (inventory.tied_head and parallel.pp == 1):
-        step(None, None, inventory.head, 1)
+    if last:
+        head = inventory.head
+        if parallel.pp > 1 and inventory.tied_head:
+            head = evolve(head, dense=head.dense + inventory.tied_head)
+        step(None, None, head, 1)
     return OpGraph(phase=Phase.OPTIMIZER, nodes=nodes, templates=new_templates,
                    meta={"optimizer": optimizer, "zero": train.zero, "fsdp": train.fsdp,
                          "offload_optimizer": train.offload_optimizer})
@@ -1112,7 +1213,11 @@ def stage_layer_ranges(num_layers: int, stages: int, *, extra_first: int = 0,
                 bounds.append(range(start, start + size))
                 start += size
             return tuple(bounds)
-    raise LayoutError(
-        f"pp × vp = {stages} does not divide the {num_layers} layers "
-        f"(nor {padded} with the embedding and loss counted as layers)",
-        "choose pp and vp so that layers split evenly into stages")
+    if extra_first or extra_last:
+        raise LayoutError(
+            f"pp × vp = {stages} does not divide the {num_layers} layers "
+            f"(nor {padded} with the embedding and loss counted as layers)",
+            "choose pp and vp so that layers split evenly into stages")
+    raise LayoutError(f"pp × vp = {stages} does not divide the {num_layers} layers",
+                      "choose pp and vp so that layers split evenly into stages (or count "
+                      "the embedding and loss as layers: --embedding-loss-stages)")

@@ -1,0 +1,131 @@
+"""``zrt run MODEL --hw ID --train``: one training step of a model on a machine and a layout.
+
+Registered as the ``train`` mode of :mod:`zrt_core.cli.run_cmd` (which owns the shared
+layout flags, ``--out``, ``--json`` and ``--no-cache``). Prints the step breakdown, the
+per-stage table and memory per device; ``--json`` prints :meth:`TrainingReport.to_json`
+(the identity fields, ``step_time_s``, ``tokens_per_s_per_gpu``, ``mfu``, ``hfu``, the
+memory fields); ``--out DIR`` writes ``report.html``, ``report.json`` and ``trace.json``
+(the pipeline schedule, one process per pipeline rank, and the first stage's kernels).
+A layout rule that fails is one line naming the rule, exit 2; a layout that does not fit
+in memory is reported as such, with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from zrt_core.cli._output import console, print_json
+from zrt_core.cli.run_cmd import _positive_int, add_mode, parallel_from_args
+from zrt_core.errors import ZrtError
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    from zrt_core.strategy import OPTIMIZERS, PP_SCHEDULES, PRECISIONS, RECOMPUTE
+
+    g = p.add_argument_group("training (--train)")
+    g.add_argument("--micro-batch", type=_positive_int("--micro-batch"), default=1,
+                   metavar="B", help="sequences per micro-batch (default 1)")
+    g.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None,
+                   metavar="G", help="sequences per step (default: micro-batch × dp)")
+    g.add_argument("--seq-len", type=_positive_int("--seq-len"), default=4096, metavar="S",
+                   help="tokens per sequence (default 4096)")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="none",
+                   help="activation recomputation (default none)")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1,
+                   help="ZeRO stage; 1 is Megatron's distributed optimizer (default 1)")
+    g.add_argument("--fsdp", action="store_true", help="FSDP (parameters sharded, as ZeRO-3)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
+                   help="optimizer (default adamw)")
+    g.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                   help="bf16, fp16, fp8 (TransformerEngine delayed scaling), mxfp8 or nvfp4 "
+                        "(Blackwell block scaling); default bf16")
+    g.add_argument("--pp-schedule", choices=PP_SCHEDULES, default=None,
+                   help="pipeline schedule (default 1f1b, interleaved when --vp > 1)")
+    g.add_argument("--offload-optimizer", action="store_true",
+                   help="keep optimizer states in host memory (needs --host-link-gbps)")
+    g.add_argument("--host-link-gbps", type=float, default=None, metavar="GB_S",
+                   help="device-to-host bandwidth per device, GB/s (PCIe or C2C)")
+    g.add_argument("--attention", choices=("flash", "unfused"), default="flash",
+                   help="attention kernels: flash (default) or unfused (Megatron-LM before "
+                        "FlashAttention)")
+    g.add_argument("--num-gpus", type=_positive_int("--num-gpus"), default=None, metavar="N",
+                   help="check that tp × cp × pp × dp equals this")
+    g.add_argument("--embedding-loss-stages", action="store_true",
+                   help="count the embedding and the loss as layers when splitting layers "
+                        "into stages (Megatron's account_for_*_in_pipeline_split)")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from zrt_core.estimate.training import estimate_training, train_spec_defaults
+    from zrt_core.plugins import get_plugin_manager
+
+    host = get_plugin_manager()
+    hw = host.hardware_spec(args.hw)
+    parallel = parallel_from_args(args)
+    global_batch = args.global_batch or args.micro_batch * parallel.dp
+    fields: dict[str, Any] = {
+        "micro_batch": args.micro_batch, "global_batch": global_batch,
+        "seq_len": args.seq_len, "recompute": args.recompute, "zero": args.zero,
+        "fsdp": args.fsdp, "optimizer": args.optimizer, "precision": args.precision,
+        "offload_optimizer": args.offload_optimizer}
+    if args.pp_schedule:
+        fields["pp_schedule"] = args.pp_schedule
+    train = train_spec_defaults(parallel, **fields)
+    report = estimate_training(args.model, hw, parallel, train, host=host,
+                               num_gpus=args.num_gpus, host_link_gb_per_s=args.host_link_gbps,
+                               attention=args.attention, keep_timelines=bool(args.out),
+                               stage_split="embedding-loss" if args.embedding_loss_stages
+                               else "even",
+                               use_cache=False if args.no_cache else None)
+    written = write_training_outputs(report, args.out) if args.out else []
+    if args.json:
+        data = report.to_json()
+        if written:
+            data["files"] = [str(p) for p in written]
+        print_json(data)
+    else:
+        from zrt_core.reports.training import render
+
+        con = console()
+        render(report, con)
+        for path in written:
+            con.print(f"wrote {path}")
+    return 0
+
+
+def write_training_outputs(report: Any, out: str) -> list[Path]:
+    """``report.html``, ``report.json`` and ``trace.json`` in ``out``."""
+    from zrt_core.reports.trace import (
+        merge_traces,
+        pipeline_trace,
+        timeline_trace,
+        write_trace,
+    )
+    from zrt_core.reports.training import write_training_html
+
+    directory = Path(out)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ZrtError(f"cannot create {directory}: {exc.strerror}",
+                       "choose a writable --out directory") from None
+    files = [write_training_html(report, directory / "report.html")]
+    path = directory / "report.json"
+    path.write_text(json.dumps(report.to_json(), indent=1, default=str), encoding="utf-8")
+    files.append(path)
+    traces = []
+    if report.pipeline is not None:
+        traces.append(pipeline_trace(report.pipeline))
+    first = report.parallel.pp
+    for i, (name, timeline) in enumerate(report.timelines.items()):
+        traces.append(timeline_trace(timeline, device=f"stage 0 {name} (one micro-batch)",
+                                     pid=first + i))
+    if traces:
+        files.append(write_trace(merge_traces(*traces), directory / "trace.json"))
+    return files
+
+
+add_mode("train", add_train_args, run_train)

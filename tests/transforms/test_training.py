@@ -1,0 +1,350 @@
+"""Training transforms on hand-built graphs: weight-gradient marks, recompute, precision
+recipes, gradient sync, ZeRO-3 gathers, the optimizer step graph and stage splits — exact
+numbers with the arithmetic beside them. No torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from zrt_core.errors import LayoutError, SpecError
+from zrt_core.hardware import HardwareSpec
+from zrt_core.ir.graph import Category, LayerTemplate, OpGraph, OpNode, Phase, TensorMeta
+from zrt_core.modelinfo import ModelDims
+from zrt_core.plugins import get_plugin_manager
+from zrt_core.strategy import Parallel, TrainSpec
+from zrt_core.transforms.base import TransformContext
+from zrt_core.transforms.training import (
+    CORE_ATTENTION_ATTR,
+    INPUT_GRAD,
+    RECOMPUTE_ATTR,
+    WEIGHT_GRAD,
+    GradientSync,
+    ParamGather,
+    Precision,
+    Recompute,
+    UnfusedAttention,
+    is_expert_param,
+    mark_weight_grads,
+    optimizer_graph,
+    param_inventory,
+    precision_plan,
+    stage_layer_ranges,
+)
+
+H, S, B, FFN = 8, 4, 2, 32  # hidden, sequence, batch, FFN width of the toy layer
+TOKENS = B * S
+
+
+def _hw(**compute: float | None) -> HardwareSpec:
+    base = {"fp32": 10, "bf16": 100, "fp16": 100, "fp8": 200, "fp4": None}
+    base.update(compute)
+    return HardwareSpec.from_mapping({
+        "id": "toy_gpu", "name": "toy", "vendor": "nvidia",
+        "compute": base,
+        "memory": {"capacity_gb": 16, "bandwidth_gb_per_s": 1000},
+        "interconnect": [
+            {"name": "link", "bandwidth_gb_per_s": 100, "latency_us": 2, "devices": 8},
+            {"name": "net", "bandwidth_gb_per_s": 25, "latency_us": 5, "devices": None}],
+    })
+
+
+def _dims() -> ModelDims:
+    return ModelDims(model_type="toy", hidden=H, layers=2, heads=2, kv_heads=2, head_dim=4,
+                     ffn=FFN, vocab=16)
+
+
+def _ctx(parallel: Parallel | None = None, hw: HardwareSpec | None = None,
+         train: TrainSpec | None = None) -> TransformContext:
+    return TransformContext(dims=_dims(), hardware=hw or _hw(),
+                            parallel=parallel or Parallel(), host=get_plugin_manager(
+                                autoload=False),
+                            train=train or TrainSpec(micro_batch=B, global_batch=8, seq_len=S))
+
+
+def _t(shape: tuple[int, ...], tid: int | None, param: str | None = None,
+       dtype: str = "bfloat16") -> TensorMeta:
+    return TensorMeta(shape=shape, dtype=dtype, tensor_id=tid, param=param)
+
+
+def _node(nid: int, op: str, category: str, phase: str, inputs, outputs, *, layer=0,
+          flops: int = 0, **attrs) -> OpNode:
+    read = sum(t.nbytes for t in inputs)
+    written = sum(t.nbytes for t in outputs)
+    return OpNode(id=nid, op=op, category=category, phase=phase, inputs=inputs,
+                  outputs=outputs, module_path=f"layers.{layer}.mlp", layer_index=layer,
+                  layer_kind="dense" if layer is not None else None, flops=flops,
+                  bytes_read=read, bytes_written=written, formula=op, attrs=attrs)
+
+
+def _graphs() -> tuple[OpGraph, OpGraph]:
+    """One layer (template of 2): x → up (H×FFN) → gelu → down (FFN×H), and its backward."""
+    F, Bk = Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD
+    x, up_w, h1, act, down_w, y = (_t((TOKENS, H), 1), _t((H, FFN), 2, "layers.0.up.weight"),
+                                   _t((TOKENS, FFN), 3), _t((TOKENS, FFN), 4),
+                                   _t((FFN, H), 5, "layers.0.down.weight"), _t((TOKENS, H), 6))
+    fwd = [
+        _node(0, "aten.mm.default", Category.MATMUL, F, (x, up_w), (h1,),
+              flops=2 * TOKENS * H * FFN, seq_nr=1),
+        _node(1, "aten.gelu.default", Category.ELEMENTWISE, F, (h1,), (act,), seq_nr=2),
+        _node(2, "aten.mm.default", Category.MATMUL, F, (act, down_w), (y,),
+              flops=2 * TOKENS * FFN * H, seq_nr=3),
+    ]
+    dy, dact, dh1, dx = (_t((TOKENS, H), 10), _t((TOKENS, FFN), 11), _t((TOKENS, FFN), 12),
+                         _t((TOKENS, H), 13))
+    bwd = [
+        _node(0, "aten.mm.default", Category.MATMUL, Bk, (dy, _t((H, FFN), 5,
+              "layers.0.down.weight")), (dact,), fwd_seq_nr=3),
+        _node(1, "aten.mm.default", Category.MATMUL, Bk, (_t((FFN, TOKENS), 4), dy),
+              (_t((FFN, H), 14),), fwd_seq_nr=3),
+        _node(2, "aten.gelu_backward.default", Category.ELEMENTWISE, Bk, (dact, h1), (dh1,),
+              fwd_seq_nr=2),
+        _node(3, "aten.mm.default", Category.MATMUL, Bk, (dh1, _t((FFN, H), 2,
+              "layers.0.up.weight")), (dx,), fwd_seq_nr=1),
+        _node(4, "aten.mm.default", Category.MATMUL, Bk, (_t((H, TOKENS), 1), dh1),
+              (_t((H, FFN), 15),), fwd_seq_nr=1),
+    ]
+    templates = [LayerTemplate("dense", 0, (0, 1))]
+    meta = {"batch": B, "seq_len": S}
+    return (OpGraph(F, fwd, [(0, 1), (1, 2)], templates, meta),
+            OpGraph(Bk, bwd, [(0, 2), (2, 3), (2, 4)], templates, meta))
+
+
+# -- weight gradients ------------------------------------------------------------------------
+
+
+def test_weight_gradient_gemms_are_marked_by_their_forward_weight() -> None:
+    fwd, bwd = _graphs()
+    marks = [n.attrs.get("grad") for n in mark_weight_grads(fwd, bwd).nodes]
+    # dX = dY·Wᵀ reads the weight; dW = Xᵀ·dY writes the weight's shape (FFN×H, H×FFN)
+    assert marks == [INPUT_GRAD, WEIGHT_GRAD, None, INPUT_GRAD, WEIGHT_GRAD]
+
+
+# -- recompute ---------------------------------------------------------------------------------
+
+
+def test_full_recompute_reruns_the_layer_forward_before_its_backward() -> None:
+    fwd, bwd = _graphs()
+    out = Recompute("full", fwd).apply(bwd, _ctx())
+    assert len(out.nodes) == len(bwd.nodes) + len(fwd.nodes)
+    copies = out.nodes[:3]
+    assert [n.op for n in copies] == [n.op for n in fwd.nodes]
+    assert all(n.attrs[RECOMPUTE_ATTR] and n.phase == Phase.TRAIN_BACKWARD for n in copies)
+    assert len({n.id for n in out.nodes}) == len(out.nodes)
+    # the backward now reads the recomputed gelu input (tensor 3) and activation (tensor 4)
+    recomputed = {t.tensor_id for n in copies for t in n.outputs}
+    reads = {t.tensor_id for n in out.nodes[3:] for t in n.inputs}
+    assert 3 not in reads and 4 not in reads
+    assert reads & recomputed
+    # the layer input (tensor 1) is the checkpoint: still read from the forward
+    assert 1 in {t.tensor_id for n in out.nodes for t in n.inputs}
+    assert out.meta["recompute"] == "full"
+
+
+def test_selective_recompute_reruns_only_the_attention_core() -> None:
+    F, Bk = Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD
+    q = _t((1, 2, S, 4), 1)
+    out, lse = _t((1, S, 2, 4), 2), _t((1, 2, S), 3, dtype="float32")
+    fwd = OpGraph(F, [
+        _node(0, "aten.mm.default", Category.MATMUL, F, (_t((S, H), 9), _t((H, H), 8, "w")),
+              (_t((S, H), 7),), seq_nr=1),
+        _node(1, "zrt.attention.default", Category.ATTENTION, F, (q, q, q), (out, lse),
+              seq_nr=2, is_causal=True)], templates=[LayerTemplate("dense", 0, (0,))])
+    bwd = OpGraph(Bk, [
+        _node(0, "zrt.attention_backward.default", Category.ATTENTION, Bk,
+              (_t((1, S, 2, 4), 20), q, q, q, out, lse), (_t((1, 2, S, 4), 21),),
+              fwd_seq_nr=2, is_causal=True)], templates=[LayerTemplate("dense", 0, (0,))])
+    got = Recompute("selective", fwd).apply(bwd, _ctx())
+    assert [n.op for n in got.nodes] == ["zrt.attention.default",
+                                         "zrt.attention_backward.default"]
+    # the backward reads the recomputed output and softmax statistics
+    read = {t.tensor_id for t in got.nodes[1].inputs}
+    assert 2 not in read and 3 not in read
+
+
+def test_recompute_none_is_the_identity_and_unknown_modes_fail() -> None:
+    fwd, bwd = _graphs()
+    assert Recompute("none", fwd).apply(bwd, _ctx()) is bwd
+    with pytest.raises(SpecError, match="unknown recompute mode"):
+        Recompute("half", fwd).apply(bwd, _ctx())
+
+
+def test_unfused_attention_counts_the_full_square_and_keeps_five_bytes_per_score() -> None:
+    F, Bk = Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD
+    b, h, s, d = 2, 3, 16, 8
+    q = _t((b, h, s, d), 1)
+    fwd = OpGraph(F, [_node(0, "zrt.attention.default", Category.ATTENTION, F, (q, q, q),
+                            (_t((b, s, h, d), 2), _t((b, h, s), 3, dtype="float32")),
+                            seq_nr=5, is_causal=True)])
+    bwd = OpGraph(Bk, [_node(0, "zrt.attention_backward.default", Category.ATTENTION, Bk,
+                             (_t((b, s, h, d), 9), q, q, q), (_t((b, h, s, d), 10),
+                                                              _t((b, h, s, d), 11),
+                                                              _t((b, h, s, d), 12)),
+                             fwd_seq_nr=5, is_causal=True)])
+    f2, b2 = UnfusedAttention(dropout=0.1).apply_pair(fwd, bwd)
+    assert [n.op for n in f2.nodes] == ["aten.baddbmm.default", "fused.scale_mask_softmax",
+                                        "aten.native_dropout.default", "aten.bmm.default"]
+    assert all(n.attrs[CORE_ATTENTION_ATTR] for n in f2.nodes)
+    # QKᵀ and PV over the full square: 2 · (b·h) · s · s · d = 2 · 6 · 16 · 16 · 8 = 24576
+    assert [n.flops for n in f2.nodes if n.category == Category.MATMUL] == [24576, 24576]
+    # backward: dP, dV, dQ, dK — four GEMMs of the same size
+    assert sum(n.flops for n in b2.nodes if n.category == Category.MATMUL) == 4 * 24576
+    # kept for backward: softmax output (2 B), dropout mask (1 B), dropped probabilities
+    # (2 B) per score: 5 · b·h·s² = 5 · 2 · 3 · 256 = 7680 bytes
+    produced = {t.tensor_id for n in b2.nodes for t in n.outputs}
+    kept = {t.tensor_id: t.nbytes for n in b2.nodes for t in n.inputs
+            if t.tensor_id not in produced and t.tensor_id not in (1, 9)}
+    assert sum(kept.values()) == 7680
+
+
+# -- precision -----------------------------------------------------------------------------
+
+
+def test_fp8_runs_linear_gemms_in_e4m3_with_e5m2_gradients_and_one_cast_per_tensor() -> None:
+    fwd, bwd = _graphs()
+    plan = precision_plan("fp8", _hw())
+    assert (plan.recipe, plan.gemm_dtype, plan.grad_dtype) == ("fp8", "float8_e4m3fn",
+                                                               "float8_e5m2")
+    f8 = Precision(plan).apply(fwd, _ctx())
+    gemms = [n for n in f8.nodes if n.category == Category.MATMUL]
+    assert all(t.dtype == "float8_e4m3fn" for n in gemms for t in n.inputs)
+    casts = [n for n in f8.nodes if n.op == "precision.quantize"]
+    # x (8×8) and the gelu output (8×32) are cast: read 2 B, write row- and column-wise 1 B
+    assert [(c.bytes_read, c.bytes_written) for c in casts] == [(128, 128), (512, 512)]
+    b8 = Precision(plan, forward=fwd).apply(mark_weight_grads(fwd, bwd), _ctx())
+    dgrad = b8.nodes[1]  # dact = dY·Wᵀ after dY's cast
+    assert [t.dtype for t in dgrad.inputs] == ["float8_e5m2", "float8_e4m3fn"]
+    # the backward casts only output gradients (dY, dh1); saved inputs were cast in forward
+    assert sum(n.op == "precision.quantize" for n in b8.nodes) == 2
+
+
+def test_block_scaled_recipes_need_blackwell_units_and_fall_back_with_a_note() -> None:
+    hopper = _hw()
+    assert precision_plan("mxfp8", hopper).recipe == "fp8"
+    assert "mxfp8 runs as fp8" in precision_plan("mxfp8", hopper).note
+    assert precision_plan("nvfp4", hopper).recipe == "fp8"
+    ampere = _hw(fp8=None)
+    plan = precision_plan("fp8", ampere)
+    assert (plan.recipe, plan.low_precision) == ("bf16", False)
+    assert "no fp8 tensor cores" in plan.note
+    blackwell = _hw(fp4=400)
+    mx = precision_plan("mxfp8", blackwell)
+    # one E8M0 scale per 32 values: 1024 values → 1024 + 32 bytes
+    assert (mx.recipe, mx.quantized_bytes(1024, "mxfp8")) == ("mxfp8", 1056.0)
+    nv = precision_plan("nvfp4", blackwell)
+    # E2M1 is half a byte, one E4M3 scale per 16 values: 1024 values → 512 + 64 bytes
+    assert (nv.recipe, nv.quantized_bytes(1024, "nvfp4")) == ("nvfp4", 576.0)
+
+
+# -- data parallelism and ZeRO ---------------------------------------------------------------
+
+
+def test_gradient_sync_reduces_each_layer_over_dp_in_fp32() -> None:
+    fwd, bwd = _graphs()
+    p = Parallel(dp=4)
+    inv = param_inventory(fwd, p, _dims())
+    assert inv.layers[0].dense == H * FFN + FFN * H == 512
+    out = GradientSync(inv, "float32", sharded=False).apply(bwd, _ctx(p))
+    colls = [n for n in out.nodes if n.category == Category.COLLECTIVE]
+    assert len(colls) == 1
+    c = colls[0]
+    # 512 gradients × 4 bytes = 2048 bytes, all-reduced over the 4 DP ranks after the layer
+    assert (c.op, c.attrs["group"], c.attrs["group_size"], c.attrs["bytes"],
+            c.attrs["overlap"]) == ("comm.all_reduce", "dp", 4, 2048.0, "backward")
+    assert out.nodes[-1] is c and c.layer_index == 0  # runs once per layer of the template
+    sharded = GradientSync(inv, "float32", sharded=True).apply(bwd, _ctx(p))
+    assert [n.op for n in sharded.nodes if n.category == Category.COLLECTIVE] == [
+        "comm.reduce_scatter"]
+    assert GradientSync(inv, "float32", sharded=False).apply(bwd, _ctx()) is bwd  # dp = 1
+
+
+def test_zero3_gathers_each_layer_before_it_runs_and_prefetches() -> None:
+    fwd, _ = _graphs()
+    p = Parallel(dp=2)
+    inv = param_inventory(fwd, p, _dims())
+    out = ParamGather(inv, "bfloat16").apply(fwd, _ctx(p))
+    first = out.nodes[0]
+    # 512 bf16 weights = 1024 bytes gathered over dp before the layer's first op
+    assert (first.op, first.attrs["bytes"], first.attrs["overlap"]) == (
+        "comm.all_gather", 1024.0, "prefetch")
+    assert {(first.id, n.id) for n in out.nodes if n.category == Category.MATMUL} <= \
+        set(out.edges)
+
+
+def test_rule_based_sharding_when_no_parallel_transform_ran() -> None:
+    fwd, _ = _graphs()
+    inv = param_inventory(fwd, Parallel(tp=2), _dims())
+    # both weights split over tp: (8×32 + 32×8) / 2 = 256
+    assert inv.layers[0].dense == 256
+    assert is_expert_param("model.layers.3.mlp.experts.gate_up_proj")
+    assert not is_expert_param("model.layers.3.mlp.shared_experts.gate_proj")
+
+
+def test_adam_step_reads_and_writes_thirty_bytes_per_local_element() -> None:
+    fwd, _ = _graphs()
+    p = Parallel(dp=4)
+    inv = param_inventory(fwd, p, _dims())
+    plan = precision_plan("bf16", _hw())
+    tpl = {0: LayerTemplate("dense", 0, (0, 1))}
+    train = TrainSpec(micro_batch=B, global_batch=8, seq_len=S, zero=1)
+    g = optimizer_graph(inv, tpl, [0, 1], p, train, first=False, last=False, plan=plan)
+    adam = next(n for n in g.nodes if n.op == "optimizer.adam")
+    # ZeRO-1: 512 / 4 = 128 elements; read master + m + v (12) + fp32 grad (4) = 16 B,
+    # write master + m + v (12) + bf16 weight (2) = 14 B per element
+    assert (adam.bytes_read, adam.bytes_written) == (128 * 16, 128 * 14)
+    assert g.multiplicity(adam) == 2  # once per layer of the template on this rank
+    gather = next(n for n in g.nodes if n.category == Category.COLLECTIVE)
+    # the updated bf16 weights (512 × 2 B) all-gathered under the next step's forward
+    assert (gather.op, gather.attrs["bytes"], gather.attrs["overlap"]) == (
+        "comm.all_gather", 1024.0, "next_step")
+    plain = optimizer_graph(inv, tpl, [0, 1], p, evolve_zero(train, 0), first=False,
+                            last=False, plan=plan)
+    assert next(n for n in plain.nodes if n.op == "optimizer.adam").bytes_read == 512 * 16
+    assert not [n for n in plain.nodes if n.category == Category.COLLECTIVE]
+
+
+def evolve_zero(train: TrainSpec, zero: int) -> TrainSpec:
+    from attrs import evolve
+
+    return evolve(train, zero=zero)
+
+
+def test_muon_orthogonalises_two_dimensional_weights_with_newton_schulz() -> None:
+    fwd, _ = _graphs()
+    p = Parallel()
+    inv = param_inventory(fwd, p, _dims())
+    train = TrainSpec(micro_batch=B, global_batch=8, seq_len=S, optimizer="muon")
+    g = optimizer_graph(inv, {0: LayerTemplate("dense", 0, (0,))}, [0], p, train,
+                        first=False, last=False, plan=precision_plan("bf16", _hw()))
+    ns = [n for n in g.nodes if n.category == Category.MATMUL]
+    # two 8×32 matrices, 5 iterations of 3 GEMMs; per iteration 4m²n + 2m³ with m=8, n=32:
+    # 4·64·32 + 2·512 = 9216 FLOPs per matrix
+    assert len(ns) == 2 * 5 * 3
+    assert sum(n.flops for n in ns) == 2 * 5 * 9216
+
+
+def test_offloaded_states_move_over_the_host_link() -> None:
+    fwd, _ = _graphs()
+    p = Parallel()
+    inv = param_inventory(fwd, p, _dims())
+    train = TrainSpec(micro_batch=B, global_batch=8, seq_len=S, offload_optimizer=True)
+    kw = dict(first=False, last=False, plan=precision_plan("bf16", _hw()))
+    with pytest.raises(SpecError, match="host link"):
+        optimizer_graph(inv, {0: LayerTemplate("dense", 0, (0,))}, [0], p, train, **kw)
+    g = optimizer_graph(inv, {0: LayerTemplate("dense", 0, (0,))}, [0], p, train,
+                        host_link_gb_per_s=32.0, **kw)
+    d2h = next(n for n in g.nodes if n.op == "offload.d2h")
+    # 512 fp32 gradients = 2048 bytes at 32 GB/s = 64 ns
+    assert d2h.attrs["host_link_s"] == pytest.approx(2048 / 32e9)
+
+
+# -- stages ------------------------------------------------------------------------------------
+
+
+def test_stage_split_even_or_counting_embedding_and_loss_as_layers() -> None:
+    assert stage_layer_ranges(8, 4) == (range(0, 2), range(2, 4), range(4, 6), range(6, 8))
+    # DeepSeek-V3: 61 layers + embedding + (MTP + loss) = 64 over 16 stages of 4
+    ranges = stage_layer_ranges(61, 16, extra_first=1, extra_last=2)
+    assert [len(r) for r in ranges] == [3] + [4] * 14 + [2]
+    assert ranges[-1].stop == 61
+    with pytest.raises(LayoutError, match="does not divide the 7 layers"):
+        stage_layer_ranges(7, 4, extra_first=1, extra_last=1)
