@@ -335,7 +335,12 @@ class _Capture:
 @contextlib.contextmanager
 def _quiet_libraries() -> Iterator[None]:
     """Silence library logging while capturing: FakeTensorMode logs a traceback for every
-    failed meta kernel, transformers warns about config fields; zrt reports one line."""
+    failed meta kernel, transformers warns about config fields; zrt reports one line.
+
+    The cyclic garbage collector is paused too: building a model allocates tens of
+    thousands of objects, and full collections in the middle cost more than the capture.
+    """
+    import gc
     import logging
 
     from transformers.utils import logging as hf_logging
@@ -343,10 +348,14 @@ def _quiet_libraries() -> Iterator[None]:
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
     verbosity = hf_logging.get_verbosity()
+    gc_was_enabled = gc.isenabled()
     fake_log.setLevel(logging.CRITICAL)
     hf_logging.set_verbosity_error()
+    gc.disable()
     try:
         yield
     finally:
+        if gc_was_enabled:
+            gc.enable()
         fake_log.setLevel(level)
         hf_logging.set_verbosity(verbosity)
