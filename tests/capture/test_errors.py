@@ -84,3 +84,9 @@ def test_model_code_failure_is_one_line_and_quiet(host, tiny, capfd):
                  "max_position_embeddings": 64}, host=host, phases=("prefill",))
     assert "prefill failed in the model code" in _one_line(exc)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_sequence_longer_than_the_positions_is_a_warning(host, tiny):
+    r = capture({**tiny["gpt2"], "n_positions": 16}, host=host, batch=1, seq_len=16,
+                phases=("prefill", "decode"))
+    assert "sequence of 17 tokens exceeds the config's 16 positions" in " ".join(r.warnings)

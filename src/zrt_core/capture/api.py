@@ -202,6 +202,7 @@ class _Capture:
         config_dict = {**build.config_mapping(config), **raw}
         model_type = str(getattr(config, "model_type", ""))
         dims = self._dims(config_dict)
+        self._check_positions(config)
         num_experts = dims.experts if dims is not None else 0
         top_k = dims.top_k if dims is not None else 0
 
@@ -279,6 +280,16 @@ class _Capture:
             templates=graph_templates, timings_s=timings, flops_checks=checks,
             warnings=self.warnings, config=config_dict,
         )
+
+    def _check_positions(self, config: Any) -> None:
+        from zrt_core.capture.build import config_value
+
+        limit = config_value(config, "max_position_embeddings", "n_positions")
+        needed = self.options.seq_len + (1 if Phase.DECODE in self.options.phases else 0)
+        if isinstance(limit, int) and 0 < limit < needed:
+            self.warnings.append(
+                f"sequence of {needed} tokens exceeds the config's {limit} positions "
+                "(shapes and FLOPs are still those of the longer sequence)")
 
     def _dims(self, config_dict: dict[str, Any]) -> ModelDims | None:
         try:
