@@ -1,0 +1,93 @@
+"""``zrt run MODEL --hw ID --train``: the JSON fields, the files of --out, and bad layouts as
+one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zrt_core.cli.main import main
+
+TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_inner": 256,
+        "vocab_size": 128, "n_positions": 256}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tiny_gpt2")
+    (d / "config.json").write_text(json.dumps(TINY))
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # one capture for the module, kept on disk between the runs
+    monkeypatch.setenv("ZRT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "zrt-cache"))
+
+
+def _run(model_dir: Path, *flags: str) -> list[str]:
+    return ["run", str(model_dir), "--hw", "h100", "--train", "--micro-batch", "2",
+            "--seq-len", "64", *flags]
+
+
+def test_json_carries_the_identities_throughput_utilisation_and_memory(
+        model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(_run(model_dir, "--pp", "2", "--dp", "2", "--global-batch", "16",
+                     "--recompute", "selective", "--zero", "1", "--optimizer", "adamw",
+                     "--precision", "bf16", "--pp-schedule", "1f1b", "--json"))
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["step_time_s"] == pytest.approx(
+        data["pipeline_s"] + data["optimizer_s"] + data["optimizer_comm_exposed_s"])
+    assert data["pipeline_s"] == pytest.approx(
+        data["compute_s"] + sum(data["pipeline_exposed_comm_s"].values()) + data["bubble_s"])
+    assert data["compute_s"] == pytest.approx(
+        data["forward_s"] + data["backward_s"] + data["recompute_s"])
+    assert data["tokens_per_s_per_gpu"] == pytest.approx(
+        16 * 64 / (data["step_time_s"] * 4))
+    assert 0 < data["mfu"] <= data["hfu"]
+    memory = data["memory"]
+    for key in ("weights_gib", "gradients_gib", "optimizer_gib", "activations_gib",
+                "peak_gib", "capacity_gib", "feasible", "inflight_microbatches"):
+        assert key in memory
+    assert (data["parallel"]["pp"], data["microbatches"], data["schedule"]) == (2, 4, "1f1b")
+
+
+def test_out_writes_html_json_and_a_pipeline_trace(model_dir: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    assert main(_run(model_dir, "--pp", "2", "--vp", "2", "--global-batch", "8",
+                     "--out", str(out))) == 0
+    text = capsys.readouterr().out
+    assert "training step" in text and "interleaved" in text
+    html = (out / "report.html").read_text()
+    assert "Pipeline schedule" in html and "Memory per device" in html and "<svg" in html
+    trace = json.loads((out / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") ==
+             "process_name"}
+    assert {"pipeline rank 0", "pipeline rank 1"} <= names
+    assert json.loads((out / "report.json").read_text())["schedule"] == "interleaved"
+
+
+@pytest.mark.parametrize(("flags", "rule"), [
+    (("--dp", "2", "--num-gpus", "8"), "tp × cp × pp × dp = 1 × 1 × 1 × 2 = 2"),
+    (("--pp", "3"), "pp × vp = 3 does not divide the 4 layers"),
+    (("--dp", "2", "--global-batch", "6"), "global batch 6 is not divisible"),
+    (("--ep", "2", "--dp", "2"), "no routed experts"),
+])
+def test_bad_layouts_are_one_line_with_exit_2(model_dir: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              flags: tuple[str, ...], rule: str) -> None:
+    assert main(_run(model_dir, *flags)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zrt: error: ") and rule in err and err.count("\n") == 1
+
+
+def test_bad_flag_values_are_usage_errors(model_dir: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(_run(model_dir, "--recompute", "half"))
+    assert exc.value.code == 2
+    assert "--recompute" in capsys.readouterr().err

@@ -1,0 +1,169 @@
+"""estimate_training on a captured tiny GPT-2: the step identities, memory arithmetic with the
+formulas beside it, 1F1B in-flight counts, infeasible layouts reported, bad layouts refused."""
+
+from __future__ import annotations
+
+import pytest
+from attrs import evolve
+
+from zrt_core.errors import LayoutError
+from zrt_core.estimate.training import capture_for_training, estimate_training
+from zrt_core.hardware import HardwareSpec
+from zrt_core.plugins import PluginHost, get_plugin_manager
+from zrt_core.reports.training import identities
+from zrt_core.strategy import Parallel, TrainSpec
+
+# h=64, 4 layers of 4 heads, FFN 256, vocab 128 (tied), 256 positions
+TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_inner": 256,
+        "vocab_size": 128, "n_positions": 256}
+MB, SEQ = 2, 64
+# parameters: per layer ln_1 (2·64) + c_attn (64·192 + 192) + c_proj (64·64 + 64) + ln_2 (128)
+# + c_fc (64·256 + 256) + mlp c_proj (256·64 + 64) = 128 + 12480 + 4160 + 128 + 16640 + 16448
+PER_LAYER = 49984
+# wte 128·64 + wpe 256·64; ln_f 2·64; the LM head is tied to wte
+EMBEDDING, HEAD = 8192 + 16384, 128
+PARAMS = 4 * PER_LAYER + EMBEDDING + HEAD  # 224640
+
+
+@pytest.fixture(scope="module")
+def host() -> PluginHost:
+    return get_plugin_manager()
+
+
+@pytest.fixture(scope="module")
+def tiny(host: PluginHost):
+    return capture_for_training(TINY, MB, SEQ, host=host, use_cache=False)
+
+
+def _train(**changes) -> TrainSpec:
+    return evolve(TrainSpec(micro_batch=MB, global_batch=16, seq_len=SEQ), **changes)
+
+
+def _estimate(tiny, host, parallel: Parallel, train: TrainSpec, hw="nvidia_h100_sxm", **kw):
+    return estimate_training(TINY, hw, parallel, train, host=host, captured=tiny, **kw)
+
+
+LAYOUTS = [
+    (Parallel(dp=4), _train()),
+    (Parallel(dp=2, pp=2), _train(recompute="full")),
+    (Parallel(pp=2, vp=2, dp=2), _train(pp_schedule="interleaved", recompute="selective")),
+    (Parallel(tp=2, dp=2), _train()),
+    (Parallel(dp=2), _train(zero=3)),
+    (Parallel(dp=2), _train(zero=2, precision="fp8")),
+    (Parallel(pp=2, dp=1), _train(global_batch=8, pp_schedule="zb-h1")),
+    (Parallel(pp=2, dp=1), _train(global_batch=8, pp_schedule="dualpipev")),
+    (Parallel(dp=2), _train(optimizer="muon")),
+]
+
+
+@pytest.mark.parametrize(("parallel", "train"), LAYOUTS,
+                         ids=[f"{p.describe()}-{t.recompute}-z{t.zero}-{t.pp_schedule}-"
+                              f"{t.precision}-{t.optimizer}" for p, t in LAYOUTS])
+def test_step_identities_hold(tiny, host, parallel: Parallel, train: TrainSpec) -> None:
+    r = _estimate(tiny, host, parallel, train)
+    for name, (left, right) in identities(r).items():
+        assert left == pytest.approx(right, rel=1e-9, abs=1e-15), name
+    assert r.bubble_s >= -1e-12
+    # every exposed group is part of the step; the pipeline part is inside the pipeline
+    assert r.exposed_comm_total_s <= r.step_time_s - r.compute_s + 1e-12
+    # tokens/s per GPU = global batch × sequence / (step × GPUs)
+    assert r.tokens_per_s_per_gpu == pytest.approx(
+        train.global_batch * SEQ / (r.step_time_s * parallel.world_size))
+    data = r.to_json()
+    for key in ("step_time_s", "pipeline_s", "optimizer_s", "optimizer_comm_exposed_s",
+                "compute_s", "forward_s", "backward_s", "recompute_s", "bubble_s",
+                "exposed_comm_s", "hidden_comm_s", "tokens_per_s_per_gpu", "mfu", "hfu"):
+        assert key in data
+    assert data["memory"]["peak_gib"] > 0
+
+
+def test_adam_bytes_per_parameter_follow_the_zero_stage(tiny, host) -> None:
+    gib = 2.0 ** 30
+
+    def mem(zero: int):
+        r = _estimate(tiny, host, Parallel(dp=2), _train(zero=zero))
+        return r.memory
+
+    # ZeRO-1 (Megatron's distributed optimizer): bf16 weights 2 B, fp32 gradients 4 B,
+    # fp32 master + m + v 12 B sharded over dp = 2: 224640 × (2 + 4 + 12/2) bytes
+    m1 = mem(1)
+    assert (m1.weights_bytes, m1.gradients_bytes, m1.optimizer_bytes) == (
+        2 * PARAMS, 4 * PARAMS, 12 * PARAMS / 2)
+    m0 = mem(0)
+    assert m0.optimizer_bytes == 12 * PARAMS  # unsharded: 2 + 4 + 12 = 18 B per parameter
+    m2 = mem(2)
+    assert m2.gradients_bytes == 4 * PARAMS / 2
+    m3 = mem(3)
+    assert (m3.weights_bytes, m3.gradients_bytes, m3.optimizer_bytes) == (
+        2 * PARAMS / 2, 4 * PARAMS / 2, 12 * PARAMS / 2)
+    # ZeRO-3 keeps the gathered weights of the layer in use and of the one prefetched
+    assert m3.comm_buffer_bytes == 2 * 2 * PER_LAYER
+    assert m3.peak_bytes / gib < m1.peak_bytes / gib
+
+
+def test_fp16_keeps_fp16_gradients_as_in_the_zero_paper(tiny, host) -> None:
+    # 2 + 2 + 12 = 16 bytes per parameter without sharding (Rajbhandari et al. 2020)
+    r = _estimate(tiny, host, Parallel(dp=2), _train(zero=0, precision="fp16"))
+    m = r.memory
+    assert (m.weights_bytes + m.gradients_bytes + m.optimizer_bytes) == 16 * PARAMS
+
+
+def test_one_f_one_b_keeps_pp_micro_batches_in_flight_on_the_first_rank(tiny, host) -> None:
+    r = _estimate(tiny, host, Parallel(pp=4), _train(global_batch=16))  # 8 micro-batches
+    m = r.memory
+    assert r.microbatches == 8
+    # rank s warms up with pp - s - 1 forwards and holds one more: the first rank holds 4
+    assert (m.rank, m.inflight_microbatches) == (0, 4)
+    assert m.activations_bytes == pytest.approx(4 * r.stages[0].activation_bytes)
+    gpipe = _estimate(tiny, host, Parallel(pp=4), _train(global_batch=16, pp_schedule="gpipe"))
+    assert gpipe.memory.inflight_microbatches == 8  # GPipe keeps every micro-batch
+
+
+def test_full_recompute_trades_activations_for_forward_flops(tiny, host) -> None:
+    none = _estimate(tiny, host, Parallel(dp=2), _train())
+    full = _estimate(tiny, host, Parallel(dp=2), _train(recompute="full"))
+    assert full.memory.activation_bytes_per_microbatch < \
+        none.memory.activation_bytes_per_microbatch
+    assert full.recompute_s > 0 and none.recompute_s == 0
+    # the executed FLOPs grow by one forward of the layers per micro-batch and replica:
+    # MFU is unchanged in FLOPs (model FLOPs), HFU counts the recompute
+    layer_forward = sum(s.forward_flops for s in full.stages) - sum(
+        n.flops for n in tiny.graph("train_forward").nodes if n.layer_index is None)
+    assert full.hardware_flops - none.hardware_flops == pytest.approx(
+        layer_forward * full.microbatches * 2, rel=1e-6)
+    assert full.model_flops == none.model_flops
+    assert full.hfu / full.mfu > none.hfu / none.mfu
+
+
+def test_an_infeasible_layout_is_reported_with_the_numbers(tiny, host) -> None:
+    small = evolve(host.hardware_spec("nvidia_h100_sxm"),
+                   memory=evolve(host.hardware_spec("nvidia_h100_sxm").memory,
+                                 capacity_gb=0.0001))
+    assert isinstance(small, HardwareSpec)
+    r = _estimate(tiny, host, Parallel(dp=2), _train(), hw=small)
+    assert not r.feasible and not r.memory.feasible
+    assert any("does not fit" in n for n in r.notes)
+    assert r.step_time_s > 0
+
+
+@pytest.mark.parametrize(("parallel", "train", "kw", "rule"), [
+    (Parallel(dp=2), _train(), {"num_gpus": 8}, "tp × cp × pp × dp"),
+    (Parallel(ep=2, dp=2), _train(), {}, "no routed experts"),
+    (Parallel(pp=3), _train(global_batch=6), {}, "does not divide the 4 layers"),
+    (Parallel(dp=2), _train(global_batch=6), {}, "not divisible by micro-batch × dp"),
+    (Parallel(pp=2, vp=2), _train(global_batch=6, pp_schedule="interleaved"), {},
+     "multiple of pp"),
+])
+def test_bad_layouts_raise_a_layout_error_naming_the_rule(tiny, host, parallel, train, kw,
+                                                         rule) -> None:
+    with pytest.raises(LayoutError, match=rule):
+        _estimate(tiny, host, parallel, train, **kw)
+
+
+def test_a_second_estimate_on_the_capture_is_fast(tiny, host) -> None:
+    import time
+
+    _estimate(tiny, host, Parallel(pp=2, dp=2), _train())
+    start = time.perf_counter()
+    _estimate(tiny, host, Parallel(pp=2, dp=2), _train(recompute="full"))
+    assert time.perf_counter() - start < 1.0  # budget 300 ms; slack for a shared machine
