@@ -145,3 +145,14 @@ def test_single_phase_capture_matches_the_full_run(captured, phase):
     alone = captured("llama", phases=(phase,)).graphs[phase]
     full = captured("llama").graphs[phase]
     assert alone.totals() == full.totals()
+
+
+def test_tied_heads_stay_tied(captured):
+    # gpt2 ties lm_head to wte: parameters count the table once, and the head matmul reads
+    # the embedding's weight
+    r = captured("gpt2")
+    # wte 512·128 + wpe 256·128 + 3 layers · (12·128² + 13·128) + ln_f 2·128 = 758912 − 65536
+    assert r.params.total == 693376
+    g = r.graphs["prefill"]
+    (head,) = [n for n in g.nodes if n.module_path == "lm_head" and n.op == "aten.mm.default"]
+    assert head.inputs[1].param == "transformer.wte.weight"

@@ -84,8 +84,12 @@ def build_fake_model(config: Any, dtype: str, fake_mode: Any) -> Any:
     torch_type = torch_dtype(dtype)
 
     def construct() -> Any:
-        return AutoModelForCausalLM.from_config(config, dtype=torch_type,
-                                                trust_remote_code=False)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_type,
+                                                 trust_remote_code=False)
+        # no_init_weights skips init_weights, which is also where transformers ties the
+        # head to the embedding (tie_word_embeddings): tie here, as loading would
+        model.tie_weights()
+        return model
 
     try:
         try:
