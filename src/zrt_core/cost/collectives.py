@@ -61,6 +61,11 @@ _ALGORITHMS_FOR = {
     "all_to_all": ("pairwise",),
     "send_recv": ("p2p",),
 }
+#: Algorithms a node may name but the tuner never picks: a *flat* (pairwise) all-gather or
+#: reduce-scatter, each rank exchanging its shard with every member directly — priced as
+#: the all-to-all (its bytes cross a tier per member first reached there), without a ring's
+#: sharing of one domain's inbound traffic over its rails (DeepSpeed ZeRO-3 as of 2021).
+_EXPLICIT_ONLY = {"all_gather": ("pairwise",), "reduce_scatter": ("pairwise",)}
 
 
 class _Placement:
@@ -129,7 +134,7 @@ def collective_cost(kind: str, bytes: float, group_size: int, span: int,
     if bytes < 0:
         raise CostError(f"{kind}: negative message size {bytes}")
     allowed = _ALGORITHMS_FOR[kind]
-    if algorithm is not None and algorithm not in allowed:
+    if algorithm is not None and algorithm not in allowed + _EXPLICIT_ONLY.get(kind, ()):
         raise CostError(f"{kind} has no {algorithm!r} algorithm",
                         f"use one of {', '.join(allowed)} or leave it unset")
     if group_size == 1 or bytes == 0:
