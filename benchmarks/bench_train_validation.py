@@ -104,7 +104,8 @@ def run(path: Path, only: str | None, cache: Path | None, verbose: bool
             report = estimate_training(case.config, case.hardware, case.parallel, case.train,
                                        host=host, captured=cap, overlap=case.overlap,
                                        num_gpus=case.num_gpus, attention=case.attention,
-                                       stage_split=case.stage_split)
+                                       stage_split=case.stage_split,
+                                       zero_algorithm=case.zero_algorithm)
             row["estimate_s"] = time.perf_counter() - start
         except ZrtError as exc:
             row.update(status="error", message=str(exc))

@@ -257,6 +257,7 @@ def estimate_training(
     keep_timelines: bool = False,
     use_cache: bool | None = None,
     stage_split: str = "even",
+    zero_algorithm: str | None = None,
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -282,6 +283,8 @@ def estimate_training(
         (Megatron's ``account_for_embedding_in_pipeline_split`` and
         ``..._loss_in_pipeline_split``: the embedding and the loss, with any MTP layers,
         count as layers, so 61 layers split over 16 stages).
+    :param zero_algorithm: how ZeRO-3/FSDP gathers and reduce-scatters run: None / ``ring``
+        (NCCL) or ``pairwise`` (flat, one scale-out link per GPU: DeepSpeed as of 2021).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -356,12 +359,16 @@ def estimate_training(
     sharded_grads = train.zero >= 1 or train.fsdp
     zero3 = train.zero == 3 or train.fsdp
     gdtype = grad_dtype(train.precision)
+    if zero_algorithm is not None and zero_algorithm not in ("ring", "pairwise"):
+        raise SpecError(f"unknown ZeRO collective algorithm {zero_algorithm!r}",
+                        "use ring or pairwise")
     if zero3:
-        gather = ParamGather(inventory, plan.activation_dtype)
+        gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
         fwd = apply_all(fwd, [gather], ctx)
         bwd = apply_all(bwd, [gather], ctx)
     fwd, bwd = direct_producer_edges(fwd), direct_producer_edges(bwd)
-    sync = GradientSync(inventory, gdtype, sharded=sharded_grads)
+    sync = GradientSync(inventory, gdtype, sharded=sharded_grads,
+                        algorithm=zero_algorithm if zero3 else None)
     per_microbatch_sync = train.zero >= 2 or train.fsdp
     bwd_sync = apply_all(bwd, [sync], ctx)
     if per_microbatch_sync:
@@ -1134,6 +1141,7 @@ class TrainingCase:
     num_gpus: int
     attention: str = "flash"
     stage_split: str = "even"
+    zero_algorithm: str | None = None
     assumptions: tuple[str, ...] = ()
 
 
@@ -1222,6 +1230,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     if any(s in source for s in LEGACY_MEGATRON_SOURCES):
         attention = "unfused"
         assumptions.append("2021-22 attention kernels (no FlashAttention)")
+    zero_algorithm = None
+    if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) == 3:
+        zero_algorithm = "pairwise"
+        assumptions.append("DeepSpeed ZeRO-3 of 2021: parameter gathers and gradient "
+                           "reduce-scatters at one scale-out link per GPU")
     if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) != 3:
         overlap = legacy_overlap()
         assumptions.append("Megatron-LM of 2021-22: no overlapped grad reduction, param "
@@ -1241,7 +1254,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                            "loss counted as layers (Megatron-Bridge recipes)")
     return TrainingCase(config=config, hardware=str(hardware), parallel=parallel, train=train,
                         overlap=overlap, num_gpus=num_gpus, attention=attention,
-                        stage_split=stage_split, assumptions=tuple(assumptions))
+                        stage_split=stage_split, zero_algorithm=zero_algorithm,
+                        assumptions=tuple(assumptions))
 
 
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:

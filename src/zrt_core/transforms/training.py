@@ -911,6 +911,7 @@ class GradientSync:
     inventory: ParamInventory
     grad_dtype: str
     sharded: bool
+    algorithm: str | None = None
     name: str = "dp_grad_sync"
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
@@ -947,7 +948,8 @@ class GradientSync:
                 node = collective_node(
                     next_id, kind, grp, p, elements * nbytes, phase=Phase.TRAIN_BACKWARD,
                     layer_index=layer, layer_kind=kind_name, module_path=f"dp.{group.key}",
-                    overlap="backward", dtype=self.grad_dtype)
+                    overlap="backward", dtype=self.grad_dtype,
+                    extra={"algorithm": self.algorithm} if self.algorithm else None)
                 next_id += 1
                 after.setdefault(anchor, []).append(node)
 
@@ -971,10 +973,16 @@ class ParamGather:
     """ZeRO-3 / FSDP parameter all-gathers: before each layer's forward and again before its
     backward (and its recompute), each layer's weights are gathered from their ``dp`` shards
     (``attrs["overlap"] = "prefetch"``: issued one layer ahead, as FSDP's
-    ``forward_prefetch``/``backward_prefetch`` and DeepSpeed's prefetch bucket do)."""
+    ``forward_prefetch``/``backward_prefetch`` and DeepSpeed's prefetch bucket do).
+
+    :param algorithm: the collective algorithm to price (None: the tuner's choice);
+        ``"pairwise"`` for DeepSpeed ZeRO-3 as of 2021, whose gathers and gradient
+        reduce-scatters ran at one scale-out link per GPU (docs/training-model.md).
+    """
 
     inventory: ParamInventory
     param_dtype: str
+    algorithm: str | None = None
     name: str = "zero3_param_gather"
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
@@ -1007,7 +1015,8 @@ class ParamGather:
                     next_id, "all_gather", grp, p, elements * nbytes, phase=graph.phase,
                     layer_index=rep, layer_kind=template.kind if template else None,
                     module_path=f"zero3.{group.key}", overlap="prefetch",
-                    dtype=self.param_dtype)
+                    dtype=self.param_dtype,
+                    extra={"algorithm": self.algorithm} if self.algorithm else None)
                 next_id += 1
                 before.setdefault(anchor, []).append(node)
                 edges.extend((node.id, c) for c in consumers.get(rep, ()))
