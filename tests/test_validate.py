@@ -1,0 +1,216 @@
+"""zrt_core.validate: records read strictly but tolerantly, the defaults for null fields, one
+train and one infer record predicted on tiny configs, failures reported per record, and the
+JSON in SCHEMA.md's shape."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zrt_core.errors import SpecError
+from zrt_core.plugins import PluginHost, get_plugin_manager
+from zrt_core.validate import (
+    RecordResult,
+    ValidationRun,
+    Validator,
+    inference_case,
+    layer_case,
+    load_records,
+    records_from_data,
+    training_case,
+    validate,
+)
+
+# GPT-2 of h=64, 2 layers, 4 heads, FFN 256, vocab 128, 128 positions
+TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 256,
+             "vocab_size": 128, "n_positions": 128}
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 128, "max_position_embeddings": 256}
+
+TRAIN = {
+    "id": "tiny-train", "source": "made up for tests", "trust": "low", "workload": "train",
+    "model": {"name": "tiny gpt2", "hf_config": TINY_GPT2},
+    "hardware": "nvidia_h100_sxm", "num_gpus": 4,
+    "parallel": {"tp": 2, "pp": 1, "vp": None, "cp": 1, "ep": None, "etp": None, "dp": None,
+                 "sp": None, "zero": None, "fsdp": None},
+    "recompute": None, "micro_batch": None, "global_batch": 8, "seq_len": 32,
+    "precision": None,
+    "measured": {"step_time_s": 0.01, "tokens_per_s_per_gpu": 6400.0, "mfu": 0.4},
+    "notes": "",
+}
+INFER = {
+    "id": "tiny-infer", "source": "made up for tests", "trust": "low", "workload": "infer",
+    "model": {"name": "tiny llama", "hf_config": TINY_LLAMA},
+    "hardware": "nvidia_h100_sxm", "num_gpus": 2, "parallel": {"tp": 2},
+    "input_len": 32, "output_len": 8, "concurrency": 4, "max_batch": None,
+    "precision": "fp8",
+    "measured": {"output_tokens_per_s": 1000.0, "tpot_ms": 1.0},
+    "notes": "",
+}
+
+
+@pytest.fixture(scope="module")
+def host() -> PluginHost:
+    return get_plugin_manager()
+
+
+def _record(raw):
+    return records_from_data([raw])[0]
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_a_file_that_is_not_a_list_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text("id: one\n")
+    with pytest.raises(SpecError, match="expected a list of records"):
+        load_records(path)
+    path.write_text("- [1, 2]\n")
+    with pytest.raises(SpecError, match="record 1 is a list"):
+        load_records(path)
+    path.write_text("- id: [unclosed\n")
+    with pytest.raises(SpecError, match="line 2, column 1 is not valid YAML"):
+        load_records(path)
+
+
+def test_workload_of_a_per_layer_record_is_layer() -> None:
+    raw = {**TRAIN, "measured": {"fwd_ms_per_layer": 1.0}, "layers_measured": 1}
+    del raw["workload"]
+    assert _record(raw).workload == "layer"
+
+
+# -- defaults --------------------------------------------------------------------------------
+
+
+def test_training_defaults_for_null_fields() -> None:
+    case = training_case(_record(TRAIN))
+    # dp = 4 GPUs / (tp 2 × pp 1 × cp 1) = 2; SP on with tp > 1; ZeRO-1; micro-batch 1
+    assert (case.parallel.tp, case.parallel.dp, case.parallel.vp) == (2, 2, 1)
+    assert case.parallel.sp is None and case.parallel.sequence_parallel(training=True)
+    assert case.train.zero == 1
+    assert case.train.micro_batch == 1
+    assert case.train.recompute == "none"
+    assert case.train.precision == "bf16"
+    assert case.train.pp_schedule == "1f1b"
+    assert any(a.startswith("dp=2") for a in case.assumptions)
+
+
+def test_interleaved_schedule_when_vp_is_given() -> None:
+    raw = {**TRAIN, "num_gpus": 4, "parallel": {"tp": 1, "pp": 2, "vp": 2, "dp": 2}}
+    assert training_case(_record(raw)).train.pp_schedule == "interleaved"
+
+
+def test_inference_defaults() -> None:
+    case = inference_case(_record({**INFER, "precision": None, "concurrency": None,
+                                   "num_gpus": 4}))
+    # dp = 4 GPUs / tp 2 = 2; bf16 unquantised; null concurrency → max-throughput
+    assert (case.parallel.tp, case.parallel.dp) == (2, 2)
+    assert case.infer.quant == "none" and case.infer.kv_dtype is None
+    assert case.infer.batch is None
+    assert case.engine == "trtllm"
+    fp8 = inference_case(_record(INFER))
+    assert (fp8.infer.quant, fp8.infer.kv_dtype, fp8.infer.batch) == ("fp8", "fp8", 4)
+
+
+def test_layer_case_runs_one_micro_batch_per_replica() -> None:
+    raw = {**TRAIN, "micro_batch": 4, "layers_measured": 1,
+           "measured": {"fwd_ms_per_layer": 1.0}}
+    del raw["workload"], raw["global_batch"]
+    case = layer_case(_record(raw))
+    # global batch = micro-batch 4 × dp 2 = 8: one micro-batch per replica
+    assert case.train.global_batch == 8
+    assert case.train.num_microbatches(case.parallel) == 1
+    assert case.train.zero == 0
+
+
+# -- predicting --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run(host: PluginHost, tmp_path_factory: pytest.TempPathFactory) -> ValidationRun:
+    bad_type = {**TRAIN, "id": "unknown-type",
+                "model": {"name": "x", "hf_config": {**TINY_GPT2, "model_type": "grok-1"}}}
+    unknown_key = {**INFER, "id": "typo", "concurency": 4}
+    missing = {**TRAIN, "id": "no-seq", "seq_len": None}
+    path = tmp_path_factory.mktemp("validation") / "tiny.yaml"
+    path.write_text(yaml.safe_dump([TRAIN, bad_type, unknown_key, missing, INFER]))
+    return Validator(host, use_cache=False).run(load_records(path), path=str(path))
+
+
+def test_every_record_gets_a_row_and_the_run_goes_on(run: ValidationRun) -> None:
+    by_id = {r.id: r for r in run.results}
+    assert [r.id for r in run.results] == ["tiny-train", "unknown-type", "typo", "no-seq",
+                                           "tiny-infer"]
+    assert by_id["tiny-train"].ok and by_id["tiny-infer"].ok
+    assert not by_id["unknown-type"].ok and "grok-1" in by_id["unknown-type"].message
+    assert by_id["typo"].message.startswith("record typo: unknown key 'concurency'")
+    assert "seq_len must be a positive integer" in by_id["no-seq"].message
+    for r in run.results:
+        assert "\n" not in r.message
+
+
+def test_errors_are_relative_to_the_measurement(run: ValidationRun) -> None:
+    train = run.results[0]
+    for key, measured in TRAIN["measured"].items():
+        assert train.error[key] == pytest.approx(
+            (train.predicted[key] - measured) / measured, rel=1e-12)
+    # tokens/s/GPU = global batch 8 × 32 tokens / (step × 4 GPUs)
+    assert train.predicted["tokens_per_s_per_gpu"] == pytest.approx(
+        8 * 32 / (train.predicted["step_time_s"] * 4))
+    infer = run.results[-1]
+    assert set(infer.error) == {"output_tokens_per_s", "tpot_ms"}
+    assert infer.predicted["output_tokens_per_s_per_gpu"] == pytest.approx(
+        infer.predicted["output_tokens_per_s"] / 2)
+
+
+def test_json_has_the_schema_shape(run: ValidationRun) -> None:
+    data = json.loads(json.dumps(run.to_json()))
+    assert set(data) >= {"records", "summary"}
+    ok = data["records"][0]
+    assert ok["status"] == "ok" and set(ok) >= {"id", "predicted", "measured", "error"}
+    failed = data["records"][1]
+    assert failed["status"] == "error" and failed["message"]
+    s = data["summary"]
+    assert (s["records"], s["ok"], s["errors"]) == (5, 2, 3)
+    assert s["mape_step_time"] == pytest.approx(abs(run.results[0].error["step_time_s"]))
+    assert {f["id"] for f in s["failed"]} == {"unknown-type", "typo", "no-seq"}
+
+
+def test_summary_arithmetic() -> None:
+    def result(rid: str, workload: str, error: dict[str, float]) -> RecordResult:
+        return RecordResult(id=rid, status="ok", workload=workload, hardware="h",
+                            num_gpus=1, predicted={k: 1 + v for k, v in error.items()},
+                            measured={k: 1.0 for k in error}, error=error)
+
+    run = ValidationRun(results=[
+        result("a", "train", {"step_time_s": 0.10, "tokens_per_s_per_gpu": -0.5, "mfu": 2.0}),
+        result("b", "train", {"step_time_s": -0.30}),
+        result("c", "infer", {"output_tokens_per_s": 0.20}),
+        RecordResult(id="d", status="error", workload="infer", hardware="h", num_gpus=1,
+                     message="no"),
+    ])
+    s = run.summary()
+    # step time: (|0.10| + |−0.30|) / 2 = 0.20; throughput: (|−0.5| + |0.20|) / 2 = 0.35
+    assert s["mape_step_time"] == pytest.approx(0.20)
+    assert s["mape_throughput"] == pytest.approx(0.35)
+    # MFU is informational: in the per-quantity table, never among the worst
+    assert s["mape_by_quantity"]["mfu"]["mape"] == pytest.approx(2.0)
+    assert [w["id"] for w in s["worst"]] == ["b", "c", "a"]
+    assert (s["records"], s["ok"], s["errors"]) == (4, 3, 1)
+    assert s["failed"] == [{"id": "d", "message": "no"}]
+
+
+def test_only_selects_records(host: PluginHost, tmp_path: Path) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump([{**TRAIN, "id": "a-1", "workload": "serve"},
+                                    {**TRAIN, "id": "b-2", "workload": "serve"}]))
+    run = validate(path, host=host, only="b-", use_cache=False)
+    assert [r.id for r in run.results] == ["b-2"]
+    assert run.results[0].message.startswith("record b-2: unknown workload 'serve'")
+    assert math.isfinite(run.elapsed_s)
