@@ -266,8 +266,9 @@ class _Estimator:
         throughput = {"model": "static batch: prefill together, then decode steps",
                       "decode_step_ms": tpot * 1e3, "prefill_ms": ttft * 1e3,
                       "mean_context": mean_cache}
-        if not mem.fits:
-            self.notes.append(f"does not fit: {mem.message}")
+        note = f"does not fit: {mem.message}"
+        if not mem.fits and note not in self.notes:
+            self.notes.append(note)
         return self._report("latency", batch, ttft, tpot, per_replica, max_batch, mem,
                             (Phase.PREFILL, batch, 0), (Phase.DECODE, batch, mean_cache),
                             throughput)

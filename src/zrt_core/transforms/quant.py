@@ -177,6 +177,19 @@ def quantize_graph(graph: OpGraph, q: Quantize, registry: FormulaRegistry | None
 
     kv = q.kv_dtype
     if kv is not None:
+        # the cache itself: what a cache update (a cat onto the cache carried from an
+        # earlier phase, or onto the empty cache of prefill) holds, whatever reads it next
+        # (attention, or MLA's latent projections)
+        for n in graph.nodes:
+            if op_base(n.op) != "cat" or not n.outputs:
+                continue
+            carried = [t for t in n.inputs if t.tensor_id is not None and t.numel > 0
+                       and t.tensor_id not in producer and t.param is None]
+            empty = any(t.numel == 0 for t in n.inputs)
+            if carried or empty:
+                for t in (*carried, *n.outputs):
+                    if t.tensor_id is not None:
+                        retype[t.tensor_id] = kv
         for n in graph.nodes:
             if op_base(n.op) not in ("attention", "attention_backward"):
                 continue
