@@ -81,10 +81,9 @@ def test_bad_kv_heads_and_unknown_hardware_exit_2(model_dir, capsys):
     assert "no-such-gpu" in capsys.readouterr().err
 
 
-def test_train_mode_is_a_clear_error_until_registered(model_dir, capsys):
+def test_an_unregistered_mode_is_a_clear_error(model_dir, capsys, monkeypatch):
     from zrt_core.cli import run_cmd
 
-    if "train" in run_cmd.MODES:
-        pytest.skip("training is registered")
+    monkeypatch.delitem(run_cmd.MODES, "train", raising=False)
     assert main(["run", str(model_dir), "--hw", "h100", "--train"]) == 2
     assert "--train is not available" in capsys.readouterr().err
