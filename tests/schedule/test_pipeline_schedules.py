@@ -381,3 +381,37 @@ def test_boundary_tier_with_stages_straddling_domains() -> None:
     # the 8-device node even though (3, 6) and (4, 7) do not.
     tiers = boundary_tiers(_two_tier_gpu(), Parallel(tp=3, pp=4))
     assert [t.name for t in tiers] == ["link", "net", "net", "net"]
+
+
+# -- the periodic steady state -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("schedule", "pp", "vp", "m"), [
+    ("gpipe", 4, 1, 64), ("1f1b", 8, 1, 96), ("interleaved", 4, 2, 96), ("zb-h1", 6, 1, 80),
+    ("zb-v", 4, 1, 64), ("dualpipe", 4, 1, 96), ("dualpipev", 6, 1, 80)])
+def test_skipping_the_periodic_steady_state_is_exact(schedule: str, pp: int, vp: int, m: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Uneven stages, F/B/W ratios and P2P that make the steady state periodic with a cycle
+    # of several blocks; the skipped blocks must land exactly where the event loop puts them.
+    import zrt_core.schedule.pipeline as pipeline
+
+    rng = random.Random(11)
+    nv = virtual_stages(schedule, pp, vp)
+    fwd = [rng.uniform(0.5, 2.0) for _ in range(nv)]
+    bwd = [f * rng.uniform(1.5, 2.5) for f in fwd]
+    times = StageTimes(fwd, bwd, weight_s=[b * 0.4 for b in bwd],
+                       forward_comm_s=[f * 0.3 for f in fwd],
+                       backward_comm_s=[b * 0.2 for b in bwd])
+    kwargs = {"pp": pp, "vp": vp, "microbatches": m, "p2p_s": 0.07}
+    fast = simulate(schedule, times, **kwargs)
+    monkeypatch.setattr(pipeline, "_STEADY", {})
+    full = simulate(schedule, times, **kwargs)
+    assert fast.simulated_ops < fast.num_ops // 2
+    assert full.simulated_ops == full.num_ops
+    assert fast.total_s == pytest.approx(full.total_s, rel=1e-12)
+    for a, b in zip(fast.iter_ops(), full.iter_ops(), strict=True):
+        assert (a.rank, a.kind, a.stage, a.microbatch) == (b.rank, b.kind, b.stage, b.microbatch)
+        assert a.start_s == pytest.approx(b.start_s, rel=1e-12, abs=1e-12)
+    for a, b in zip(fast.ranks, full.ranks, strict=True):
+        assert a.exposed_p2p_s == pytest.approx(b.exposed_p2p_s, abs=1e-9)
+        assert a.peak_inflight == b.peak_inflight

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from zrt_core.schedule.pipeline import PipelineResult
     from zrt_core.schedule.timeline import Event, Timeline
 
-#: Default cap on expanded slices per trace (about 20 MB of JSON).
-MAX_EVENTS = 200_000
+#: Default cap on expanded slices per trace (about 10 MB of JSON, a second to write).
+MAX_EVENTS = 100_000
 
 _US = 1e6
 

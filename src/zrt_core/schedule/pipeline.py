@@ -180,6 +180,9 @@ class PipelineResult:
     ``total_s == busy_s + exposed_p2p_s + bubble_s``; per-rank values are in ``ranks``.
     ``bubble_fraction`` is ``bubble_s / total_s``. The operations themselves are kept as
     arrays and become :class:`PipelineOp` values only when asked for (``iter_ops``).
+    ``simulated_ops`` of ``num_ops`` went through the event loop; the others are periodic
+    steady-state blocks whose times follow exactly from the ones before (see
+    ``docs/pipeline-schedules.md``).
     """
 
     schedule: str
@@ -189,6 +192,7 @@ class PipelineResult:
     total_s: float
     ranks: tuple[RankStats, ...]
     critical_rank: int
+    simulated_ops: int
     _table: _OpTable = field(repr=False, alias="_table")
 
     @property
@@ -322,43 +326,114 @@ def p2p_times_s(
 # regular schedules build kinds and stages and number the micro-batches afterwards.
 
 
-def _rows(kinds: Sequence[int] | np.ndarray, stages: Sequence[int] | np.ndarray | int
-          ) -> np.ndarray:
-    """Rows for a kind/stage sequence, micro-batches numbered FIFO per (pass, stage)."""
-    kinds = np.asarray(kinds, dtype=np.int64)
-    out = np.full((len(kinds), 5), -1, dtype=np.int64)
-    out[:, 0] = kinds
-    out[:, 1] = stages
-    slot = np.where(kinds == BW, B, kinds)
-    for s in np.unique(slot):
-        for v in np.unique(out[slot == s, 1]):
-            mask = (slot == s) & (out[:, 1] == v)
-            out[mask, 2] = np.arange(int(mask.sum()))
+def _fifo(keys: np.ndarray) -> np.ndarray:
+    """For each position, how many earlier positions hold the same key (0, 1, 2, ...)."""
+    if not len(keys):
+        return keys
+    # small non-negative keys sort as 16-bit integers: numpy's stable sort is a radix sort
+    narrow = keys.astype(np.uint16) if 0 <= keys.min() and keys.max() < 1 << 16 else keys
+    order = np.argsort(narrow, kind="stable")
+    sorted_keys = keys[order]
+    group_start = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1])))
+    sizes = np.diff(np.concatenate((group_start, [len(keys)])))
+    count = np.arange(len(keys)) - np.repeat(group_start, sizes)
+    out = np.empty_like(count)
+    out[order] = count
     return out
 
 
-def _interleave(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    out = np.empty(len(first) + len(second), dtype=np.int64)
-    out[0::2], out[1::2] = first, second
-    return out
+class _Seq:
+    """Every rank's order as kind/stage sequences built from repeated patterns.
+
+    ``put`` appends a pattern ``times`` times to the current rank; ``next_rank`` closes it.
+    ``rows()`` numbers the micro-batches first-in first-out per rank, pass and stage: a
+    stage's forwards (F and FBW's forward half) in order, its backwards (B, BW and FBW's
+    backward half) in order, its W passes in order. A W given without a stage takes the
+    micro-batch and stage of the oldest split B on its rank not yet followed by its W (the
+    FIFO DualPipe's WeightGradStore keeps).
+    """
+
+    def __init__(self) -> None:
+        self.kinds: list[np.ndarray] = []
+        self.stages: list[np.ndarray] = []
+        self.seconds: list[np.ndarray] = []
+        self.lengths: list[int] = []
+        self._open = 0
+
+    def put(self, kinds: Sequence[int], stages: Sequence[int], seconds: Sequence[int] | None
+            = None, times: int = 1) -> None:
+        if times <= 0:
+            return
+        self.kinds.append(np.tile(np.asarray(kinds, dtype=np.int32), times))
+        self.stages.append(np.tile(np.asarray(stages, dtype=np.int32), times))
+        self.seconds.append(np.tile(np.asarray(seconds if seconds is not None
+                                               else [-1] * len(kinds), dtype=np.int32), times))
+        self._open += len(kinds) * times
+
+    def next_rank(self) -> None:
+        self.lengths.append(self._open)
+        self._open = 0
+
+    def rows(self) -> np.ndarray:
+        kinds = np.concatenate(self.kinds)
+        n = len(kinds)
+        out = np.full((n, 5), -1, dtype=np.int32)
+        out[:, 0] = kinds
+        out[:, 1] = np.concatenate(self.stages)
+        pair = kinds == FBW
+        out[pair, 3] = np.concatenate(self.seconds)[pair]
+        rank = np.repeat(np.arange(len(self.lengths)), self.lengths)
+        span = int(out[:, [1, 3]].max()) + 2
+        fwd = (kinds == F) | pair
+        bwd = (kinds == B) | (kinds == BW)
+        staged_w = (kinds == W) & (out[:, 1] >= 0)
+        # key = (rank, slot, stage); an FBW row holds a forward-half key and a backward-half
+        # key, counted in that order
+        slot_1 = np.where(fwd, 0, np.where(bwd, 1, 2))
+        stage_1 = out[:, 1]
+        has_1 = fwd | bwd | staged_w
+        key_1 = (rank * 3 + slot_1) * span + stage_1
+        key_2 = (rank * 3 + 1) * span + out[:, 3]
+        keys = np.stack((key_1, key_2), axis=1).reshape(-1)
+        valid = np.stack((has_1, pair), axis=1).reshape(-1)
+        numbers = np.full(2 * n, -1, dtype=np.int32)
+        numbers[valid] = _fifo(keys[valid])
+        numbers = numbers.reshape(n, 2)
+        out[has_1, 2] = numbers[has_1, 0]
+        out[pair, 4] = numbers[pair, 1]
+        queued = np.flatnonzero((kinds == W) & (out[:, 1] < 0))
+        if len(queued):
+            split = np.flatnonzero(kinds == B)
+            first_split = np.searchsorted(rank[split], rank[queued])
+            source = split[first_split + _fifo(rank[queued])]
+            out[queued, 1] = out[source, 1]
+            out[queued, 2] = out[source, 2]
+        return out
 
 
-def _gpipe(pp: int, m: int) -> list[np.ndarray]:
-    return [_rows([F] * m + [BW] * m, r) for r in range(pp)]
+def _gpipe(pp: int, m: int) -> _Seq:
+    seq = _Seq()
+    for r in range(pp):
+        seq.put([F], [r], times=m)
+        seq.put([BW], [r], times=m)
+        seq.next_rank()
+    return seq
 
 
-def _one_f_one_b(pp: int, m: int) -> list[np.ndarray]:
+def _one_f_one_b(pp: int, m: int) -> _Seq:
     # PipeDream-flush, as Megatron's forward_backward_pipelining_without_interleaving: rank r
     # warms up with pp - r - 1 forwards, alternates F and B, then drains its backwards.
-    orders = []
+    seq = _Seq()
     for r in range(pp):
         warmup = min(pp - r - 1, m)
-        steady = m - warmup
-        orders.append(_rows([F] * warmup + [F, BW] * steady + [BW] * warmup, r))
-    return orders
+        seq.put([F], [r], times=warmup)
+        seq.put([F, BW], [r, r], times=m - warmup)
+        seq.put([BW], [r], times=warmup)
+        seq.next_rank()
+    return seq
 
 
-def _interleaved(pp: int, vp: int, m: int) -> list[np.ndarray]:
+def _interleaved(pp: int, vp: int, m: int) -> _Seq:
     # Megatron's forward_backward_pipelining_with_interleaving: virtual micro-batch k runs
     # model chunk (k mod pp·vp) // pp (reversed for backward) on micro-batch
     # (k // (pp·vp))·pp + k mod pp; rank r warms up with 2(pp - r - 1) + (vp - 1)·pp
@@ -367,139 +442,71 @@ def _interleaved(pp: int, vp: int, m: int) -> list[np.ndarray]:
     k = np.arange(total)
     fchunk = (k % (pp * vp)) // pp
     bchunk = vp - 1 - fchunk
-    orders = []
+    seq = _Seq()
     for r in range(pp):
         warmup = min(2 * (pp - r - 1) + (vp - 1) * pp, total)
         steady = total - warmup
         fwd, bwd = fchunk * pp + r, bchunk * pp + r
-        stages = np.concatenate((fwd[:warmup], _interleave(fwd[warmup:], bwd[:steady]),
-                                 bwd[steady:]))
-        kinds = [F] * warmup + [F, BW] * steady + [BW] * warmup
-        orders.append(_rows(kinds, stages))
-    return orders
+        pairs = np.empty(2 * steady, dtype=np.int64)
+        pairs[0::2], pairs[1::2] = fwd[warmup:], bwd[:steady]
+        seq.put([F] * warmup, fwd[:warmup])
+        seq.put([F, BW] * steady, pairs)
+        seq.put([BW] * warmup, bwd[steady:])
+        seq.next_rank()
+    return seq
 
 
-def _zb_h1(pp: int, m: int) -> list[np.ndarray]:
+def _zb_h1(pp: int, m: int) -> _Seq:
     # Qi et al. 2023, ZB-H1 (as PaddlePaddle's pipeline_scheduler_ZBH1 writes it): 1F1B's
     # order with backward split; rank r holds back r of its W passes, which then fill the
     # cool-down. Peak memory is pp micro-batches on every rank, 1F1B's first-rank peak.
-    orders = []
+    seq = _Seq()
     for r in range(pp):
-        kinds = ([F] * (pp - r) + [B] + [F, B] * r + [W] + [F, B, W] * (m - pp)
-                 + [B, W] * (pp - r - 1) + [W] * r)
-        orders.append(_rows(kinds, r))
-    return orders
+        seq.put([F], [r], times=pp - r)
+        seq.put([B], [r])
+        seq.put([F, B], [r, r], times=r)
+        seq.put([W], [r])
+        seq.put([F, B, W], [r, r, r], times=m - pp)
+        seq.put([B, W], [r, r], times=pp - r - 1)
+        seq.put([W], [r], times=r)
+        seq.next_rank()
+    return seq
 
 
-class _Orders:
-    """Per-rank orders built step by step, for the schedules whose W passes come from a FIFO
-    of deferred B passes across both chunks of a rank (DualPipe, DualPipeV)."""
-
-    def __init__(self, ranks: int) -> None:
-        self.lists: list[list[tuple[int, int, int, int, int]]] = [[] for _ in range(ranks)]
-        self._next: dict[tuple[int, int], int] = {}
-        self._pending_w: list[list[tuple[int, int]]] = [[] for _ in range(ranks)]
-
-    def _take(self, slot: int, stage: int) -> int:
-        mb = self._next.get((slot, stage), 0)
-        self._next[(slot, stage)] = mb + 1
-        return mb
-
-    def f(self, rank: int, stage: int) -> None:
-        self.lists[rank].append((F, stage, self._take(F, stage), -1, -1))
-
-    def b(self, rank: int, stage: int, *, split: bool) -> None:
-        """A backward: ``split`` runs only B and queues its W; otherwise a whole BW."""
-        mb = self._take(B, stage)
-        if split:
-            self.lists[rank].append((B, stage, mb, -1, -1))
-            self._pending_w[rank].append((stage, mb))
-        else:
-            self.lists[rank].append((BW, stage, mb, -1, -1))
-
-    def w(self, rank: int) -> None:
-        stage, mb = self._pending_w[rank].pop(0)
-        self.lists[rank].append((W, stage, mb, -1, -1))
-
-    def fb(self, rank: int, f_stage: int, b_stage: int) -> None:
-        self.lists[rank].append(
-            (FBW, f_stage, self._take(F, f_stage), b_stage, self._take(B, b_stage)))
-
-    def arrays(self) -> list[np.ndarray]:
-        assert not any(self._pending_w)
-        return [np.array(rows, dtype=np.int64).reshape(-1, 5) for rows in self.lists]
-
-
-def _zb_v(pp: int, m: int) -> list[np.ndarray]:
+def _zb_v(pp: int, m: int) -> _Seq:
     # The handcrafted ZB-V of Qi et al. (sail-sg/zero-bubble-pipeline-parallelism,
     # handcrafted_zb_v): two chunks per rank in a V, chunk 0 = stage r, chunk 1 = stage
-    # 2pp-1-r. It is written for n = max(2pp - 1, m) micro-batches; those past m are dropped,
-    # which keeps every remaining dependency in order.
+    # 2pp-1-r. Warm-up F0 × (2(pp-r) - 1), (F1 F0) × r, (F1 B1 W1) × (pp - r); steady
+    # F0 B0 W0 F1 B1 W1 while F0 remains, then B0 W0 F1 B1 W1 until F1 catches up; cool-down
+    # (B0 B1) × r, (B0 W0) × (pp - r), the r W1 and r W0 left. It is written for
+    # n = max(2pp - 1, m) micro-batches; simulate() drops those past m, which keeps every
+    # remaining dependency in order.
     n = max(2 * pp - 1, m)
-    orders = []
+    seq = _Seq()
     for r in range(pp):
         s0, s1 = r, 2 * pp - 1 - r
-        seq: list[tuple[int, int, int]] = []
-        put = seq.append
-        f0 = f1 = b0 = b1 = 0
-
-        for _ in range(2 * (pp - r) - 1):
-            put((F, s0, f0))
-            f0 += 1
-        for _ in range(r):
-            put((F, s1, f1))
-            f1 += 1
-            put((F, s0, f0))
-            f0 += 1
-        for _ in range(pp - r):
-            put((F, s1, f1))
-            f1 += 1
-            put((B, s1, b1))
-            put((W, s1, b1))
-            b1 += 1
-        while f1 < f0 or f0 < n:
-            if f0 < n:
-                put((F, s0, f0))
-                f0 += 1
-            put((B, s0, b0))
-            put((W, s0, b0))
-            b0 += 1
-            put((F, s1, f1))
-            f1 += 1
-            put((B, s1, b1))
-            put((W, s1, b1))
-            b1 += 1
-        w0, w1 = b0, b1
-        for _ in range(r):
-            put((B, s0, b0))
-            b0 += 1
-            put((B, s1, b1))
-            b1 += 1
-        for _ in range(pp - r):
-            put((B, s0, b0))
-            b0 += 1
-            put((W, s0, w0))
-            w0 += 1
-        while w1 < b1:
-            put((W, s1, w1))
-            w1 += 1
-        while w0 < b0:
-            put((W, s0, w0))
-            w0 += 1
-        rows = np.full((len(seq), 5), -1, dtype=np.int64)
-        rows[:, :3] = seq
-        orders.append(rows[rows[:, 2] < m])
-    return orders
+        seq.put([F], [s0], times=2 * (pp - r) - 1)
+        seq.put([F, F], [s1, s0], times=r)
+        seq.put([F, B, W], [s1, s1, s1], times=pp - r)
+        seq.put([F, B, W, F, B, W], [s0, s0, s0, s1, s1, s1], times=n - (2 * pp - r - 1))
+        seq.put([B, W, F, B, W], [s0, s0, s1, s1, s1], times=pp - r - 1)
+        seq.put([B, B], [s0, s1], times=r)
+        seq.put([B, W], [s0, s0], times=pp - r)
+        seq.put([W], [s1], times=r)
+        seq.put([W], [s0], times=r)
+        seq.next_rank()
+    return seq
 
 
-def _dualpipe_like(pp: int, m: int, *, v_shape: bool) -> list[np.ndarray]:
+def _dualpipe_like(pp: int, m: int, *, v_shape: bool) -> _Seq:
     # deepseek-ai/DualPipe: dualpipe.py (DualPipe) and dualpipev.py (DualPipeV), its eight
     # steps verbatim. DualPipe: rank r holds stage r of the pipeline fed at rank 0 (virtual
     # stages 0..pp-1, "down") and stage pp-1-r of the one fed at rank pp-1 ("up", virtual
     # stage 2pp-1-r); half the micro-batches go each way. For the first half of the ranks
     # phase 0 is "down", for the second half "up". DualPipeV: one pipeline folded in a V,
-    # rank r holds stages r (phase 0) and 2pp-1-r (phase 1).
-    o = _Orders(pp)
+    # rank r holds stages r (phase 0) and 2pp-1-r (phase 1). A split backward queues its W;
+    # each W step runs the oldest queued one.
+    seq = _Seq()
     for rank in range(pp):
         if v_shape:
             ranks, half, chunks = pp, rank, m
@@ -510,41 +517,54 @@ def _dualpipe_like(pp: int, m: int, *, v_shape: bool) -> list[np.ndarray]:
             down, up = rank, 2 * pp - 1 - rank
             s0, s1 = (down, up) if rank < pp // 2 else (up, down)
             middle = rank in (pp // 2 - 1, pp // 2)
+        seq.put([F], [s0], times=(ranks - half - 1) * 2)              # step 1: nF0
+        seq.put([F, F], [s0, s1], times=half + 1)                     # step 2: nF0F1
+        seq.put([B, W, F], [s1, -1, s1], times=ranks - half - 1)      # step 3: nB1W1F1
+        main = chunks - 2 * ranks + half + 1                          # step 4: nF0B1F1B0
+        if middle:  # the first pair is not overlapped, "to further reduce bubble size"
+            seq.put([F, BW, FBW], [s0, s1, s1], [-1, -1, s0])
+            main -= 1
+        else:
+            seq.put([FBW, FBW], [s0, s1], [s1, s0])
+            main -= 1
+        seq.put([FBW, FBW], [s0, s1], [s1, s0], times=main)
+        seq.put([BW, FBW], [s1, s1], [-1, s0], times=ranks - half - 1)  # step 5: nB1F1B0
+        # step 6: nB1B0 — from the middle on, these backwards are split (zero bubble)
+        i = np.arange(half + 1)
+        mid = (half + 1) // 2
+        split1 = (i > mid) | ((i == mid) & (half % 2 == 1))
+        split0 = i >= mid
+        step6 = np.empty(2 * (half + 1), dtype=np.int64)
+        step6[0::2] = np.where(split1, B, BW)
+        step6[1::2] = np.where(split0, B, BW)
+        seq.put(step6, [s1, s0] * (half + 1))
+        seq.put([W, B], [-1, s0], times=ranks - half - 1)             # step 7: nWB0
+        seq.put([W], [-1], times=half + 1)                            # step 8: nW
+        seq.next_rank()
+    return seq
 
-        for _ in range((ranks - half - 1) * 2):                 # step 1: nF0
-            o.f(rank, s0)
-        for _ in range(half + 1):                               # step 2: nF0F1
-            o.f(rank, s0)
-            o.f(rank, s1)
-        for _ in range(ranks - half - 1):                       # step 3: nB1W1F1
-            o.b(rank, s1, split=True)
-            o.w(rank)
-            o.f(rank, s1)
-        main = chunks - 2 * ranks + half + 1
-        for i in range(main):                                   # step 4: nF0B1F1B0
-            if i == 0 and middle:
-                o.f(rank, s0)          # not overlapped, "to further reduce bubble size"
-                o.b(rank, s1, split=False)
-            else:
-                o.fb(rank, s0, s1)
-            o.fb(rank, s1, s0)
-        for _ in range(ranks - half - 1):                       # step 5: nB1F1B0
-            o.b(rank, s1, split=False)
-            o.fb(rank, s1, s0)
-        split = False
-        for i in range(half + 1):                               # step 6: nB1B0
-            if i == (half + 1) // 2 and half % 2 == 1:
-                split = True
-            o.b(rank, s1, split=split)
-            if i == (half + 1) // 2 and half % 2 == 0:
-                split = True
-            o.b(rank, s0, split=split)
-        for _ in range(ranks - half - 1):                       # step 7: nWB0
-            o.w(rank)
-            o.b(rank, s0, split=True)
-        for _ in range(half + 1):                               # step 8: nW
-            o.w(rank)
-    return o.arrays()
+
+def _orders(schedule: str, pp: int, m: int, vp: int) -> tuple[np.ndarray, np.ndarray]:
+    """All ranks' rows (rank-major) and each rank's row count."""
+    if schedule == "gpipe":
+        seq = _gpipe(pp, m)
+    elif schedule == "1f1b":
+        seq = _one_f_one_b(pp, m)
+    elif schedule == "interleaved":
+        seq = _interleaved(pp, vp, m)
+    elif schedule == "zb-h1":
+        seq = _zb_h1(pp, m)
+    elif schedule == "zb-v":
+        seq = _zb_v(pp, m)
+    else:
+        seq = _dualpipe_like(pp, m, v_shape=schedule == "dualpipev")
+    rows = seq.rows()
+    lengths = np.array(seq.lengths)
+    if schedule == "zb-v" and m < 2 * pp - 1:
+        keep = rows[:, 2] < m
+        lengths = np.bincount(np.repeat(np.arange(pp), lengths)[keep], minlength=pp)
+        rows = rows[keep]
+    return rows, lengths
 
 
 def schedule_orders(schedule: str, pp: int, microbatches: int, vp: int = 1
@@ -553,18 +573,8 @@ def schedule_orders(schedule: str, pp: int, microbatches: int, vp: int = 1
     micro-batch2), kinds indexing :data:`KIND_NAMES`. Micro-batches count per pipeline
     (DualPipe's "up" pipeline numbers its half from 0 too)."""
     check_schedule(schedule, pp, vp, microbatches)
-    m = microbatches
-    if schedule == "gpipe":
-        return _gpipe(pp, m)
-    if schedule == "1f1b":
-        return _one_f_one_b(pp, m)
-    if schedule == "interleaved":
-        return _interleaved(pp, vp, m)
-    if schedule == "zb-h1":
-        return _zb_h1(pp, m)
-    if schedule == "zb-v":
-        return _zb_v(pp, m)
-    return _dualpipe_like(pp, m, v_shape=schedule == "dualpipev")
+    rows, lengths = _orders(schedule, pp, microbatches, vp)
+    return np.split(rows, np.cumsum(lengths)[:-1])
 
 
 # -- the simulation --------------------------------------------------------------------------
@@ -689,50 +699,56 @@ def simulate(
     f_comm = np.array(t.forward_comm_s)[model_stage] if t.forward_comm_s else np.zeros(num_v)
     b_comm = np.array(t.backward_comm_s)[model_stage] if t.backward_comm_s else np.zeros(num_v)
 
-    orders = schedule_orders(schedule, pp, microbatches, vp)
-    lengths = [len(o) for o in orders]
-    rows = np.concatenate(orders)
+    rows, lengths = _orders(schedule, pp, microbatches, vp)
     kind, v, mb, v2, mb2 = rows.T
     pair = kind == FBW
     v2s = np.where(pair, v2, 0)  # a safe index where there is no second half
 
-    # Operation ids: (slot, virtual stage, micro-batch) with slot 0 = F, 1 = B/BW, 2 = W.
-    def op_id(slot: int | np.ndarray, stage: np.ndarray, micro: np.ndarray) -> np.ndarray:
-        return (slot * num_v + stage) * per_chain + micro
+    # Per (kind, stage) tables, then one gather per column. Operation ids are
+    # (slot · num_v + stage) · per_chain + micro-batch, slot 0 = F, 1 = B/BW, 2 = W.
+    # Inputs: a forward waits for the previous stage's forward of its micro-batch; a
+    # backward for the next stage's backward (the last stage for its own forward); a W for
+    # its B; FBW for both its halves' inputs.
+    stage_ids = np.arange(num_v)
+    slot_of = np.array([0, 1, 2, 1, 0])
+    fwd_input = np.where(chain_first, -1, stage_ids - 1)                       # slot 0
+    bwd_input = np.where(chain_last, stage_ids, num_v + np.minimum(stage_ids + 1, num_v - 1))
+    input_key = np.stack((fwd_input, bwd_input, num_v + stage_ids, bwd_input, fwd_input))
+    lag_table = np.stack((f_lag, b_lag, np.zeros(num_v), b_lag, f_lag))
+    duration_table = np.stack((fwd, whole - wgt, wgt, whole, np.zeros(num_v)))
 
-    slot = np.select([kind == BW, kind == FBW], [B, F], kind)
-    first_op = op_id(slot, v, mb)
-    second_op = np.where(pair, op_id(B, v2s, mb2), -1)
-
-    # What each operation waits for from another rank (or chunk), and the P2P lag: a forward
-    # waits for the previous stage's forward of its micro-batch; a backward for the next
-    # stage's backward (the last stage for its own forward); a W for its B.
-    is_fwd = (kind == F) | pair
-    is_bwd = (kind == B) | (kind == BW)
-    prev_v = np.maximum(v - 1, 0)
-    next_v = np.minimum(v + 1, num_v - 1)
-    bwd_dep = np.where(chain_last[v], op_id(F, v, mb), op_id(B, next_v, mb))
-    dep = np.select([is_fwd & ~chain_first[v], is_bwd, kind == W],
-                    [op_id(F, prev_v, mb), bwd_dep, op_id(B, v, mb)], -1)
-    lag = np.select([is_fwd, is_bwd], [f_lag[v], b_lag[v]], 0.0)
-    next_v2 = np.minimum(v2s + 1, num_v - 1)
-    dep2 = np.where(pair, np.where(chain_last[v2s], op_id(F, v2s, mb2),
-                                   op_id(B, next_v2, mb2)), -1)
+    first_op = (slot_of[kind] * num_v + v) * per_chain + mb
+    second_op = np.where(pair, (num_v + v2s) * per_chain + mb2, -1)
+    key = input_key[kind, v]
+    dep = np.where(key >= 0, key * per_chain + mb, -1)
+    lag = lag_table[kind, v]
+    dep2 = np.where(pair, bwd_input[v2s] * per_chain + mb2, -1)
     lag2 = np.where(pair, b_lag[v2s], 0.0)
+    duration = duration_table[kind, v]
+    if pair.any():
+        pv, pv2 = v[pair], v2s[pair]
+        serial = fwd[pv] + whole[pv2]
+        ideal = np.maximum(fwd[pv] - f_comm[pv] + whole[pv2] - b_comm[pv2],
+                           f_comm[pv] + b_comm[pv2])
+        duration[pair] = serial - overlap_efficiency * (serial - ideal)
+    is_fwd = (kind == F) | pair
 
-    serial = fwd[v] + whole[v2s]
-    ideal = np.maximum(fwd[v] - f_comm[v] + whole[v2s] - b_comm[v2s], f_comm[v] + b_comm[v2s])
-    duration = np.choose(kind, (fwd[v], whole[v] - wgt[v], wgt[v], whole[v],
-                                serial - overlap_efficiency * (serial - ideal)))
-
-    columns = zip(range(len(kind)), first_op.tolist(), second_op.tolist(), duration.tolist(),
-                  dep.tolist(), lag.tolist(), dep2.tolist(), lag2.tolist(), strict=True)
-    flat = list(columns)
     offsets = np.concatenate(([0], np.cumsum(lengths)))
-    entries = [flat[offsets[r]:offsets[r + 1]] for r in range(pp)]
-    start_of, p2p_wait = _run(entries, 3 * num_v * per_chain, len(flat))
-    start = np.array(start_of)
+    engine = _Engine(offsets, 3 * num_v * per_chain,
+                     (first_op, second_op, duration, dep, lag, dep2, lag2))
+    fast = _fast_forward(engine, rows, offsets, _STEADY.get(schedule), pp, vp,
+                         first_op, second_op, dep, dep2)
+    if fast is None:
+        engine = _Engine(offsets, 3 * num_v * per_chain,
+                         (first_op, second_op, duration, dep, lag, dep2, lag2))
+        engine.run()
+        engine.check_done()
+        start, skipped = np.array(engine.start_of), 0
+    else:
+        start, skipped = fast
     end = start + duration
+    p2p_wait = _p2p_waits(start, end, duration, offsets, first_op, second_op, dep, lag, dep2,
+                          lag2)
     total = float(end.max())
 
     # Activation memory follows the order alone: a forward allocates a micro-batch's
@@ -751,36 +767,42 @@ def simulate(
         global_mb, global_mb2 = mb, mb2
     rank_col = np.repeat(np.arange(pp), lengths)
 
-    ranks = []
-    for r in range(pp):
-        lo, hi = offsets[r], offsets[r + 1]
-        k = kind[lo:hi]
-        busy = float(duration[lo:hi].sum())
-        not_fwd = np.flatnonzero(k != F)
-        first_b = float(start[lo + not_fwd[0]]) if len(not_fwd) else total
-        fwd_ends = end[lo:hi][is_fwd[lo:hi]]
-        last_f = float(fwd_ends.max()) if len(fwd_ends) else 0.0
+    firsts = offsets[:-1]
+    n_rows = len(kind)
+    busy = np.add.reduceat(duration, firsts)
+    first_b_row = np.minimum.reduceat(np.where(kind != F, np.arange(n_rows), n_rows), firsts)
+    first_b = np.where(first_b_row < n_rows, start[np.minimum(first_b_row, n_rows - 1)], total)
+    last_f = np.maximum.reduceat(np.where(is_fwd, end, 0.0), firsts)
 
-        def peak(alloc: np.ndarray, free: np.ndarray) -> float:
-            held_before = np.cumsum(alloc - free) - (alloc - free)
-            return float(np.max(held_before + alloc)) if len(alloc) else 0.0
+    def peak(alloc: np.ndarray, free: np.ndarray) -> np.ndarray:
+        """Per rank, the most held at once: held before a row plus what it allocates."""
+        delta = alloc - free
+        held = np.cumsum(delta)
+        held_before = held - delta
+        held_before -= held_before[firsts][rank_col]
+        return np.maximum.reduceat(held_before + alloc, firsts)
 
-        a, fr = allocs[lo:hi], frees[lo:hi]
-        peak_bytes = (peak(a * nbytes[v[lo:hi]], fr * nbytes[freed_v[lo:hi]])
-                      if nbytes is not None else None)
-        idle = total - busy
-        ranks.append(RankStats(
-            rank=r, busy_s=busy, exposed_p2p_s=p2p_wait[r], bubble_s=idle - p2p_wait[r],
-            warmup_s=first_b, cooldown_s=total - max(last_f, first_b),
-            peak_inflight=round(peak(a, fr)), peak_activation_units=peak(a, fr) * unit,
-            peak_activation_bytes=peak_bytes))
+    peak_count = peak(allocs, frees)
+    peak_bytes = (peak(allocs * nbytes[v], frees * nbytes[freed_v])
+                  if nbytes is not None else None)
+    # idle time below rounding (a rank busy the whole step) is no bubble
+    bubble = [max(total - float(busy[r]) - p2p_wait[r], 0.0) for r in range(pp)]
+    ranks = [
+        RankStats(
+            rank=r, busy_s=float(busy[r]), exposed_p2p_s=p2p_wait[r],
+            bubble_s=bubble[r], warmup_s=float(first_b[r]),
+            cooldown_s=total - max(float(last_f[r]), float(first_b[r])),
+            peak_inflight=round(float(peak_count[r])),
+            peak_activation_units=float(peak_count[r]) * unit,
+            peak_activation_bytes=float(peak_bytes[r]) if peak_bytes is not None else None)
+        for r in range(pp)]
     critical = max(range(pp), key=lambda r: (ranks[r].busy_s, -r))
     table = _OpTable(rank=rank_col, kind=kind, stage=v, microbatch=global_mb,
                      stage2=np.where(pair, v2, -1), microbatch2=np.where(pair, global_mb2, -1),
                      start=start, duration=duration)
     return PipelineResult(schedule=schedule, pp=pp, vp=vp, microbatches=microbatches,
                           total_s=total, ranks=tuple(ranks), critical_rank=critical,
-                          _table=table)
+                          simulated_ops=len(kind) - skipped, _table=table)
 
 
 def _p2p(p2p_s: float | Sequence[float], p2p_wrap_s: float | None, pp: int
@@ -798,64 +820,375 @@ def _p2p(p2p_s: float | Sequence[float], p2p_wrap_s: float | None, pp: int
     return boundaries, wrap
 
 
-def _run(entries: list[list[tuple]], num_ops: int, num_rows: int
-         ) -> tuple[list[float], list[float]]:
-    """Run each rank's list in order against the cross-rank dependencies.
+class _Engine:
+    """Runs each rank's list in order against the cross-rank dependencies.
 
-    An entry is (row, op, second op or -1, duration, dep, lag, second dep, second lag). A
-    rank runs until its next operation waits on one not yet done and parks there (an
-    operation has at most one waiter on another rank); the completion wakes it. Each
-    operation is visited once, plus once per park, so the cost is linear in the number of
-    operations. Returns each row's start and, per rank, the idle time spent waiting on a
-    transfer in flight.
+    Operation ``i`` of a rank has an op id, a second op id (FBW's backward half) or -1, a
+    duration, and up to two inputs (op id or -1) with their P2P lags. A rank runs until its
+    next operation waits on one not yet done and parks there (an operation has at most one
+    waiter on another rank), or until its ``limit``; the completion wakes the parked rank.
+    Each operation is visited once, plus once per park: the cost is linear in the
+    operations run. The columns become Python lists per rank only for the rows that run.
+    Only start times are recorded; waits are read off them afterwards.
     """
-    ranks = len(entries)
-    end = [-1.0] * num_ops
-    waiter = [-1] * num_ops
-    free = [0.0] * ranks
-    pos = [0] * ranks
-    p2p_wait = [0.0] * ranks
-    start_of = [0.0] * num_rows
-    todo = list(range(ranks - 1, -1, -1))
-    pop, push = todo.pop, todo.append
-    while todo:
-        r = pop()
-        ops = entries[r]
-        i, t, n = pos[r], free[r], len(ops)
-        while i < n:
-            row, a, b, dur, da, la, db, lb = ops[i]
-            start = t
-            lag = 0.0
-            if da >= 0:
-                e = end[da]
-                if e < 0.0:
-                    waiter[da] = r
-                    break
-                e += la
-                if e > start:
-                    start, lag = e, la
-            if db >= 0:
-                e = end[db]
-                if e < 0.0:
-                    waiter[db] = r
-                    break
-                e += lb
-                if e > start:
-                    start, lag = e, lb
-            if lag and start > t:
-                p2p_wait[r] += min(start - t, lag)
-            t = start + dur
-            start_of[row] = start
-            end[a] = t
-            if waiter[a] >= 0:
-                push(waiter[a])
-            if b >= 0:
-                end[b] = t
-                if waiter[b] >= 0:
-                    push(waiter[b])
-            i += 1
-        pos[r], free[r] = i, t
-    stuck = [r for r in range(ranks) if pos[r] < len(entries[r])]
-    if stuck:  # an order that deadlocks is a bug in this module, not bad input
-        raise RuntimeError(f"pipeline order deadlocks on ranks {stuck}")
-    return start_of, p2p_wait
+
+    def __init__(self, offsets: np.ndarray, num_ops: int,
+                 columns: tuple[np.ndarray, ...]) -> None:
+        self.offsets = offsets.tolist()
+        ranks = len(self.offsets) - 1
+        self.columns = columns
+        self.lengths = [self.offsets[r + 1] - self.offsets[r] for r in range(ranks)]
+        self.rank_columns: list[list[list]] = [[[] for _ in columns] for _ in range(ranks)]
+        self.column_base = [0] * ranks   # the rank's row the column lists start at
+        self.built = [0] * ranks         # ... and end at
+        self.end = [-1.0] * num_ops
+        self.waiter = [-1] * num_ops
+        self.free = [0.0] * ranks
+        self.pos = [0] * ranks
+        self.start_of = [0.0] * self.offsets[-1]
+        self.limit = list(self.lengths)
+        self.todo = list(range(ranks - 1, -1, -1))
+
+    def _build(self, rank: int, upto: int) -> None:
+        lo, base = self.built[rank], self.offsets[rank]
+        for target, column in zip(self.rank_columns[rank], self.columns, strict=True):
+            target.extend(column[base + lo:base + upto].tolist())
+        self.built[rank] = upto
+
+    def jump(self, rank: int, position: int, free: float) -> None:
+        """Continue ``rank`` from ``position`` (rows before it done elsewhere)."""
+        self.pos[rank] = self.column_base[rank] = self.built[rank] = position
+        self.rank_columns[rank] = [[] for _ in self.columns]
+        self.free[rank] = free
+
+    def set_limits(self, limits: list[int]) -> None:
+        """Move the barrier; every rank with work below it is tried again (a parked rank
+        just parks again)."""
+        self.limit = list(limits)
+        self.todo[:] = [r for r in range(len(limits) - 1, -1, -1) if self.pos[r] < limits[r]]
+
+    def seed(self, ops: np.ndarray, second: np.ndarray, ends: np.ndarray) -> None:
+        """Record operations as done at ``ends`` without running them."""
+        end = self.end
+        finish = ends.tolist()
+        for op, e in zip(ops.tolist(), finish, strict=True):
+            end[op] = e
+        for op, e in zip(second.tolist(), finish, strict=True):
+            if op >= 0:
+                end[op] = e
+
+    def run(self) -> None:
+        end, waiter, free, pos = self.end, self.waiter, self.free, self.pos
+        start_of, limit, offsets = self.start_of, self.limit, self.offsets
+        todo = self.todo
+        pop, push = todo.pop, todo.append
+        while todo:
+            r = pop()
+            if self.built[r] < limit[r]:
+                self._build(r, limit[r])
+            ops, second, durations, deps, lags, deps2, lags2 = self.rank_columns[r]
+            cb = self.column_base[r]
+            i, t, n, base = pos[r] - cb, free[r], limit[r] - cb, offsets[r] + cb
+            while i < n:
+                start = t
+                d = deps[i]
+                if d >= 0:
+                    e = end[d]
+                    if e < 0.0:
+                        waiter[d] = r
+                        break
+                    e += lags[i]
+                    if e > start:
+                        start = e
+                d = deps2[i]
+                if d >= 0:
+                    e = end[d]
+                    if e < 0.0:
+                        waiter[d] = r
+                        break
+                    e += lags2[i]
+                    if e > start:
+                        start = e
+                t = start + durations[i]
+                start_of[base + i] = start
+                a = ops[i]
+                end[a] = t
+                if waiter[a] >= 0:
+                    push(waiter[a])
+                b = second[i]
+                if b >= 0:
+                    end[b] = t
+                    if waiter[b] >= 0:
+                        push(waiter[b])
+                i += 1
+            pos[r], free[r] = i + cb, t
+
+    def done(self) -> bool:
+        return self.pos == self.lengths
+
+    def check_done(self) -> None:
+        stuck = [r for r, (p, n) in enumerate(zip(self.pos, self.lengths, strict=True))
+                 if p < n]
+        if stuck:  # an order that deadlocks is a bug in this module, not bad input
+            raise RuntimeError(f"pipeline order deadlocks on ranks {stuck}")
+
+
+# Steady-state pattern of each schedule: a rank's order repeats a block of ``length`` rows
+# whose micro-batches advance by ``shift`` (per stage), as in its 1F1B-style steady phase.
+_STEADY: dict[str, Callable[[int, int], tuple[int, int]]] = {
+    "gpipe": lambda pp, vp: (1, 1),
+    "1f1b": lambda pp, vp: (2, 1),
+    "zb-h1": lambda pp, vp: (3, 1),
+    "interleaved": lambda pp, vp: (2 * pp * vp, pp),
+    "zb-v": lambda pp, vp: (6, 1),
+    "dualpipe": lambda pp, vp: (2, 1),
+    "dualpipev": lambda pp, vp: (2, 1),
+}
+
+#: A steady phase shorter than this many blocks on some rank is simulated, not skipped.
+_MIN_BLOCKS = 12
+
+
+def _runs(mask: np.ndarray, minimum: int) -> list[tuple[int, int]]:
+    """(start, length) of every run of True at least ``minimum`` long, in order."""
+    padded = np.concatenate(([False], mask, [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return [(int(a), int(b - a)) for a, b in zip(edges[0::2], edges[1::2], strict=True)
+            if b - a >= minimum]
+
+
+def _fast_forward(engine: _Engine, rows: np.ndarray, offsets: np.ndarray,
+                  steady: Callable[[int, int], tuple[int, int]] | None, pp: int, vp: int,
+                  first_op: np.ndarray, second_op: np.ndarray, dep: np.ndarray,
+                  dep2: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Run ``engine`` skipping the periodic part of each steady phase: every row's start
+    and how many rows were skipped; None when it cannot.
+
+    In a steady phase every rank repeats a block of operations with micro-batches shifted.
+    Ranks run block by block behind a barrier (per-rank block offsets keep every
+    dependency behind it). Once the last ``window`` blocks of each rank ``r`` — all that
+    later blocks depend on — equal its ``window`` blocks ``c`` earlier shifted by ``Δ_r``,
+    and no rank takes inputs from one drifting later than itself (``Δ_giver ≤ Δ_taker``, so
+    an input that does not bind never will), every later block is computed from inputs so
+    shifted: it is the block ``c`` earlier shifted by ``Δ_r``. The skipped blocks get their
+    starts that way, the window before the jump seeds the engine, and the rest runs
+    normally. Exact up to floating-point rounding (``tests/schedule`` compares it with the
+    plain run). Whenever a step does not hold (no pattern, a barrier that deadlocks, an
+    input outside the window) the caller simulates everything.
+    """
+    if steady is None:
+        return None
+    length, shift = steady(pp, vp)
+    ranks = len(offsets) - 1
+    n_rows = len(rows)
+    # The steady phases of each rank: runs where row i + length repeats row i shifted.
+    a, b = rows[:-length], rows[length:]
+    same = ((a[:, 0] == b[:, 0]) & (a[:, 1] == b[:, 1]) & (a[:, 3] == b[:, 3])
+            & (b[:, 2] - a[:, 2] == shift) & ((a[:, 4] < 0) | (b[:, 4] - a[:, 4] == shift)))
+    phases: list[list[tuple[int, int]]] = []
+    for r in range(ranks):
+        lo, hi = int(offsets[r]), int(offsets[r + 1])
+        if hi - lo <= length:
+            return None
+        # the long runs only: a schedule's steady phase(s), not short repeats in warm-up
+        found_runs = _runs(same[lo:hi - length], max(_MIN_BLOCKS * length, (hi - lo) // 4))
+        phases.append([(lo + s, (n + length) // length) for s, n in found_runs])
+    if not phases[0] or any(len(p) != len(phases[0]) for p in phases):
+        return None
+    row_of_op = np.full(int(max(first_op.max(), second_op.max())) + 1, -1, dtype=np.int64)
+    row_of_op[first_op] = np.arange(n_rows)
+    paired = np.flatnonzero(second_op >= 0)
+    row_of_op[second_op[paired]] = paired
+    rank_of_row = np.repeat(np.arange(ranks), np.diff(offsets))
+
+    skipped_rows: list[np.ndarray] = []
+    skipped_starts: list[np.ndarray] = []
+    seeded = [0]
+    duration = engine.columns[2]
+
+    def run_to(limits: list[int]) -> bool:
+        """Run to the barrier; if a rank waits on a skipped operation beyond the seeded
+        window (a later phase reaching back), record every skipped one and go on."""
+        engine.set_limits(limits)
+        engine.run()
+        if engine.pos == limits:
+            return True
+        if seeded[0] == len(skipped_rows):
+            return False
+        for idx, values in zip(skipped_rows[seeded[0]:], skipped_starts[seeded[0]:],
+                               strict=True):
+            engine.seed(first_op[idx], second_op[idx], values + duration[idx])
+        seeded[0] = len(skipped_rows)
+        engine.set_limits(limits)
+        engine.run()
+        return engine.pos == limits
+
+    for phase in range(len(phases[0])):
+        first_arr = np.array([phases[r][phase][0] for r in range(ranks)])
+        blocks_arr = np.array([phases[r][phase][1] for r in range(ranks)])
+        plan = _phase_plan(first_arr, blocks_arr, length, offsets, rank_of_row, row_of_op,
+                           dep, dep2)
+        if plan is None:
+            return None
+        if not _skip_phase(engine, plan, first_arr, length, offsets, first_op, second_op,
+                           skipped_rows, skipped_starts, run_to):
+            return None
+    if not run_to(list(engine.lengths)):
+        return None
+    start = np.array(engine.start_of)
+    for idx, values in zip(skipped_rows, skipped_starts, strict=True):
+        start[idx] = values
+    return start, sum(len(idx) for idx in skipped_rows)
+
+
+@frozen
+class _PhasePlan:
+    offsets: tuple[int, ...]   # per-rank block offsets
+    window: int                # blocks later blocks depend on
+    last: int                  # the last global block every rank has
+    needs: tuple[tuple[int, int], ...]  # (rank, rank it takes inputs from), ranks differ
+
+
+def _phase_plan(first_arr: np.ndarray, blocks_arr: np.ndarray, length: int,
+                offsets: np.ndarray, rank_of_row: np.ndarray, row_of_op: np.ndarray,
+                dep: np.ndarray, dep2: np.ndarray) -> _PhasePlan | None:
+    """Per-rank block offsets (difference constraints o_r' ≥ o_r + δ for an input δ blocks
+    ahead on rank r', solved by longest paths) and how deep inputs reach, read off two
+    blocks in the middle of the phase."""
+    ranks = len(first_arr)
+    middle = int(blocks_arr.min()) // 2
+    src = (first_arr[:, None] + middle * length + np.arange(2 * length)[None, :]).reshape(-1)
+    constraints: dict[tuple[int, int], int] = {}
+    pairs: list[tuple[int, int, int]] = []
+    for d in (dep, dep2):
+        has = d[src] >= 0
+        s = src[has]
+        t = row_of_op[d[s]]
+        r1, r2 = rank_of_row[s], rank_of_row[t]
+        local_t = t - first_arr[r2]
+        if (local_t >= blocks_arr[r2] * length).any():
+            return None  # an input past the phase: no barrier inside it can hold
+        inside = local_t >= 0  # inputs before the phase run before any barrier in it
+        s, r1, r2, local_t = s[inside], r1[inside], r2[inside], local_t[inside]
+        delta = local_t // length - (s - first_arr[r1]) // length
+        for x, y, dl in set(zip(r1.tolist(), r2.tolist(), delta.tolist(), strict=True)):
+            constraints[(x, y)] = max(constraints.get((x, y), dl), dl)
+            pairs.append((x, y, dl))
+    offs = [0] * ranks
+    for _ in range(ranks + 1):
+        changed = False
+        for (x, y), dl in constraints.items():
+            if offs[y] < offs[x] + dl:
+                offs[y] = offs[x] + dl
+                changed = True
+        if not changed:
+            break
+    else:
+        return None
+    low = min(offs)
+    offs = [o - low for o in offs]
+    reach = max([offs[y] - offs[x] - dl for x, y, dl in pairs] + [0])
+    last = min(int(blocks_arr[r]) - offs[r] for r in range(ranks))
+    needs = tuple(sorted({(x, y) for x, y, _ in pairs if x != y}))
+    return _PhasePlan(tuple(offs), reach + 1, last, needs)
+
+
+def _skip_phase(engine: _Engine, plan: _PhasePlan, first_arr: np.ndarray, length: int,
+                offsets: np.ndarray, first_op: np.ndarray, second_op: np.ndarray,
+                skipped_rows: list[np.ndarray], skipped_starts: list[np.ndarray],
+                run_to: Callable[[list[int]], bool]) -> bool:
+    """Barrier, detect the period, jump (see :func:`_fast_forward`). False: give up."""
+    ranks = len(first_arr)
+    offs = np.array(plan.offsets)
+    window, last, needs = plan.window, plan.last, plan.needs
+    local_first = first_arr - np.asarray(offsets[:-1])
+
+    def limits_at(j: int) -> list[int]:
+        return (local_first + (j + offs) * length).tolist()
+
+    def rows_of(j0: int, j1: int) -> np.ndarray:
+        """Rows (ranks × blocks × length) of global blocks [j0, j1)."""
+        blk = np.arange(j0, j1)
+        return (first_arr[:, None, None] + (blk[None, :, None] + offs[:, None, None]) * length
+                + np.arange(length)[None, None, :])
+
+    max_cycle = 2 * ranks + 4
+    stride = max(1, min(ranks // 4, last // 16))
+    j = window + 1
+    found = None
+    while j + 1 < last:
+        if not run_to(limits_at(j)):
+            return False
+        cycles = np.arange(1, min(max_cycle, j - window) + 1)
+        history = rows_of(j - window - len(cycles), j)     # ranks × (window + C) × length
+        start_of = engine.start_of
+        hist = np.array([start_of[i] for i in history.ravel().tolist()]).reshape(history.shape)
+        recent = hist[:, -window:, :]
+        earlier = hist[:, (len(cycles) - cycles)[:, None] + np.arange(window)[None, :], :]
+        diff = recent[:, None, :, :] - earlier              # ranks × C × window × length
+        spread = diff.max(axis=(2, 3)) - diff.min(axis=(2, 3))   # ranks × C
+        step = diff[:, :, 0, 0]                                   # ranks × C
+        tolerance = 1e-9 * max(float(np.abs(recent).max()), 1e-30)
+        ok = (spread <= tolerance).all(axis=0) & (step > 0).all(axis=0)
+        # a rank may run ahead of one it takes inputs from only if those inputs never bind:
+        # the giver must not drift later (step of the giver ≤ step of the taker)
+        for taker, giver in needs:
+            ok &= step[giver] <= step[taker] + tolerance
+        good = np.flatnonzero(ok)
+        if len(good):
+            c = int(cycles[good[0]])
+            found = (c, step[:, good[0]], hist[:, -c:, :])
+            break
+        j += stride
+    if found is None:
+        return True  # no period found: the phase simply runs
+    c, delta, last_period = found
+    periods = (last - j) // c
+    if periods <= 0:
+        return True
+    target = j + periods * c
+    # blocks j .. target-1: block j + k·c + i repeats block j - c + i shifted (k + 1)·Δ
+    skipped = rows_of(j, target)
+    k = np.arange(target - j) // c + 1
+    i = np.arange(target - j) % c
+    starts = last_period[:, i, :] + delta[:, None, None] * k[None, :, None]
+    skipped_rows.append(skipped.reshape(-1))
+    skipped_starts.append(starts.reshape(-1))
+    # seed the engine with the window before ``target`` as if it had run it
+    duration = engine.columns[2]
+    seed_local = np.arange(target - window, target) - j
+    seed = skipped[:, seed_local, :].reshape(-1)
+    engine.seed(first_op[seed], second_op[seed],
+                starts[:, seed_local, :].reshape(-1) + duration[seed])
+    last_row = skipped[:, -1, -1]
+    last_end = starts[:, -1, -1] + duration[last_row]
+    resume = limits_at(target)
+    for r in range(ranks):
+        engine.jump(r, resume[r], float(last_end[r]))
+    return True
+
+
+def _p2p_waits(start: np.ndarray, end: np.ndarray, duration: np.ndarray, offsets: np.ndarray,
+               first_op: np.ndarray, second_op: np.ndarray, dep: np.ndarray, lag: np.ndarray,
+               dep2: np.ndarray, lag2: np.ndarray) -> list[float]:
+    """Per rank, idle time spent waiting on a transfer in flight.
+
+    An operation that starts after its rank frees up waited on the input that arrived last;
+    of that wait, the part inside the input's transfer (at most its lag) is exposed P2P,
+    the rest is the bubble. Ties go as in the engine: the rank's own free time first, then
+    the first input.
+    """
+    n = len(start)
+    end_of_op = np.zeros(int(max(first_op.max(), second_op.max())) + 1)
+    end_of_op[first_op] = end
+    paired = second_op >= 0
+    end_of_op[second_op[paired]] = end[paired]
+    free = np.concatenate(([0.0], end[:-1]))
+    free[offsets[:-1][offsets[:-1] < n]] = 0.0
+    ready_a = np.where(dep >= 0, end_of_op[np.maximum(dep, 0)] + lag, -np.inf)
+    ready_b = np.where(dep2 >= 0, end_of_op[np.maximum(dep2, 0)] + lag2, -np.inf)
+    take_a = ready_a > free
+    first = np.where(take_a, ready_a, free)
+    binding = np.where(ready_b > first, lag2, np.where(take_a, lag, 0.0))
+    wait = np.where((binding > 0) & (start > free), np.minimum(start - free, binding), 0.0)
+    return [float(x) for x in np.add.reduceat(wait, offsets[:-1])]

@@ -14,7 +14,7 @@ grow with depth.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import groupby
 from typing import TYPE_CHECKING
 
@@ -261,15 +261,14 @@ def schedule_region(
         durations[node.id] = duration
 
         ready = 0.0
-        producer = None  # the latest-ending compute node among the inputs
-        for p in preds.get(node.id, ()):
+        inputs = preds.get(node.id, ())
+        for p in inputs:
             if p in prefetched:
                 continue
-            available = end[p] - min(consumer_early.get(p, 0.0), duration)
+            available = end[p] - min(consumer_early.get(p, 0.0), duration) \
+                if p in consumer_early else end[p]
             if available > ready:
                 ready = available
-            if p not in on_comm and (producer is None or end[p] > end[producer]):
-                producer = p
 
         if node.category != Category.COLLECTIVE:
             start = max(ready, compute_free)
@@ -290,8 +289,11 @@ def schedule_region(
             elif mode in (ASYNC, DEFERRED, NEXT_STEP):
                 start = max(ready, free)
             elif mode == PIPELINED and plan.side == "producer":
-                # Chunked with the GEMM that produces its input: it may start up to
-                # fraction × duration before that GEMM ends, never before it starts.
+                # Chunked with the GEMM that produces its input (the latest-ending compute
+                # input): it may start up to fraction × duration before that GEMM ends,
+                # never before it starts.
+                producer = max((p for p in inputs if p not in on_comm), key=end.__getitem__,
+                               default=None)
                 early = 0.0
                 if producer is not None:
                     early = min(plan.fraction * duration, durations[producer])
@@ -311,25 +313,48 @@ def schedule_region(
             events.append(Event(
                 name=node.op, node_id=node.id, stream=stream, start_s=start, end_s=finish,
                 category=node.category, layer_index=node.layer_index, phase=node.phase,
-                mode=mode, args=_event_args(node, rule, backend, source)))
+                mode=mode, args=_NodeArgs(node, (rule, backend, source))))
     return Region.from_events(name or graph.phase, events)
 
 
-def _event_args(node: OpNode, rule: str, backend: str, source: str) -> dict[str, object]:
-    args: dict[str, object] = {"op": node.op, "category": node.category}
-    if node.flops:
-        args["flops"] = node.flops
-    if node.bytes:
-        args["bytes"] = node.bytes
-    if node.category == Category.COLLECTIVE:
-        args["group"] = node.attrs.get("group")
-        args["comm_bytes"] = node.attrs.get("bytes")
-    if node.module_path:
-        args["module"] = node.module_path
-    if rule:
-        args["rule"] = f"{backend}:{rule}" if backend else rule
-        args["source"] = source
-    return args
+class _NodeArgs(Mapping[str, object]):
+    """What a trace shows beside a node's event, built when first read: op, category,
+    FLOPs, bytes, collective group and size, module, and the cost rule that priced it."""
+
+    __slots__ = ("_items", "_node", "_price")
+
+    def __init__(self, node: OpNode, price: tuple[str, str, str]) -> None:
+        self._node = node
+        self._price = price
+        self._items: dict[str, object] | None = None
+
+    def _build(self) -> dict[str, object]:
+        if self._items is None:
+            node, (rule, backend, source) = self._node, self._price
+            args: dict[str, object] = {"op": node.op, "category": node.category}
+            if node.flops:
+                args["flops"] = node.flops
+            if node.bytes:
+                args["bytes"] = node.bytes
+            if node.category == Category.COLLECTIVE:
+                args["group"] = node.attrs.get("group")
+                args["comm_bytes"] = node.attrs.get("bytes")
+            if node.module_path:
+                args["module"] = node.module_path
+            if rule:
+                args["rule"] = f"{backend}:{rule}" if backend else rule
+                args["source"] = source
+            self._items = args
+        return self._items
+
+    def __getitem__(self, key: str) -> object:
+        return self._build()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._build())
+
+    def __len__(self) -> int:
+        return len(self._build())
 
 
 # -- whole phases ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 from attrs import evolve, field, frozen
 
 from zrt_core.errors import SpecError
@@ -48,9 +49,11 @@ def stream_group(stream: str) -> str | None:
 
 
 def _shallow_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    if isinstance(value, MappingProxyType):
-        return value
-    return MappingProxyType(dict(value or {}))
+    """A dict is copied and frozen; any other mapping is taken as read-only already (the
+    scheduler passes one that builds its items when first read)."""
+    if value is None or isinstance(value, dict):
+        return MappingProxyType(dict(value or {}))
+    return value
 
 
 @frozen
@@ -88,8 +91,9 @@ class Event:
 
 
 def _merge(intervals: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The union of intervals given sorted by start, as disjoint sorted intervals."""
     out: list[list[float]] = []
-    for a, b in sorted(intervals):
+    for a, b in intervals:
         if b <= a:
             continue
         if out and a <= out[-1][1]:
@@ -106,45 +110,49 @@ def exposure(events: Iterable[Event], *, busy_intervals: Sequence[tuple[float, f
     Exposed: the group's stream is busy and no compute runs (nor anything in
     ``busy_intervals``, used for carried communication under other regions); time exposed
     for several groups at once is split evenly. Returns ``(exposed, hidden, compute_s)``
-    where ``compute_s`` is the measure of the compute stream's busy time.
+    where ``compute_s`` is the measure of the compute stream's busy time (0 when
+    ``busy_intervals`` are given).
+
+    A sweep over every start and end: between two consecutive times each stream is active
+    or not (counts of starts minus ends so far), and the interval's length goes to the
+    groups as above.
     """
-    points: list[tuple[float, int, str]] = []
+    keys: dict[str, int] = {COMPUTE: 0}
+    times: list[float] = []
+    key_of: list[int] = []
+    delta: list[int] = []
     for e in events:
         if e.end_s > e.start_s:
-            key = COMPUTE if e.stream == COMPUTE else e.stream
-            points.append((e.start_s, 1, key))
-            points.append((e.end_s, -1, key))
-    for a, b in busy_intervals:
-        if b > a:
-            points.append((a, 1, COMPUTE))
-            points.append((b, -1, COMPUTE))
-    points.sort(key=lambda p: (p[0], p[1]))
-    active: dict[str, int] = defaultdict(int)
-    streams = {key for _, _, key in points if key != COMPUTE}
-    exposed: dict[str, float] = dict.fromkeys(streams, 0.0)
-    hidden: dict[str, float] = dict.fromkeys(streams, 0.0)
-    compute = 0.0
-    previous = points[0][0] if points else 0.0
-    for time, delta, key in points:
-        dt = time - previous
-        if dt > 0:
-            comm = [s for s, n in active.items() if n > 0 and s != COMPUTE]
-            if active[COMPUTE] > 0:
-                compute += dt
-                for s in comm:
-                    hidden[s] += dt
-            elif comm:
-                share = dt / len(comm)
-                for s in comm:
-                    exposed[s] += share
-                    hidden[s] += dt - share
-        active[key] += delta
-        previous = time
-    by_group = {stream_group(s) or s: v for s, v in exposed.items()}
-    hidden_by_group = {stream_group(s) or s: v for s, v in hidden.items()}
-    if busy_intervals:  # the "compute" measured then includes the other regions' time
-        compute = 0.0
-    return by_group, hidden_by_group, compute
+            k = keys.setdefault(e.stream, len(keys))
+            times += (e.start_s, e.end_s)
+            key_of += (k, k)
+            delta += (1, -1)
+    for lo, hi in busy_intervals:
+        if hi > lo:
+            times += (lo, hi)
+            key_of += (0, 0)
+            delta += (1, -1)
+    streams = [k for k in keys if k != COMPUTE]
+    if not times:
+        return {}, {}, 0.0
+    t = np.asarray(times)
+    order = np.lexsort((np.asarray(delta), t))     # by time, ends before starts
+    t = t[order]
+    change = np.zeros((len(keys), len(t)))
+    change[np.asarray(key_of)[order], np.arange(len(t))] = np.asarray(delta, dtype=float)[order]
+    active = np.cumsum(change, axis=1)[:, :-1] > 0.5   # during [t_i, t_{i+1})
+    dt = np.diff(t)
+    computing = active[0]
+    comm = active[1:]
+    count = comm.sum(axis=0)
+    alone = ~computing & (count > 0)
+    share = np.where(alone, dt / np.maximum(count, 1), 0.0)
+    busy = comm @ dt
+    exposed_v = comm @ share
+    exposed = {stream_group(s) or s: float(exposed_v[i]) for i, s in enumerate(streams)}
+    hidden = {stream_group(s) or s: float(busy[i] - exposed_v[i]) for i, s in enumerate(streams)}
+    compute = 0.0 if busy_intervals else float(dt[computing].sum())
+    return exposed, hidden, compute
 
 
 @frozen(eq=False)
