@@ -52,6 +52,18 @@ def _mask_context(config: Any, options: Any) -> AbstractContextManager[Any]:
     return zrt_mask_context(config, options)
 
 
+def _has_mamba(config: Any) -> bool:
+    from zrt_core.capture.mamba import uses_mamba_kernels
+
+    return uses_mamba_kernels(config)
+
+
+def _mamba_context(config: Any, options: Any) -> AbstractContextManager[Any]:
+    from zrt_core.capture.mamba import mamba_kernels_context
+
+    return mamba_kernels_context(config, options)
+
+
 def _attention_context(config: Any, options: Any) -> AbstractContextManager[Any]:
     from zrt_core.capture.attention import zrt_attention_context
 
@@ -85,6 +97,11 @@ def core_patches() -> list[ModelPatch]:
             name="zrt.balanced_experts", applies_to=_has_experts, context=_experts_context,
             description="MoE experts through dispatch → grouped GEMMs → combine under "
                         "balanced routing (or the configured imbalance)"),
+        ModelPatch(
+            name="zrt.mamba_kernels", applies_to=_has_mamba, context=_mamba_context,
+            description="Mamba-2 mixers run one SSD chunk-scan node (prefill, training) or "
+                        "one state-update node (decode), as mamba_chunk_scan_combined and "
+                        "selective_state_update do, instead of HF's einsum reference"),
         ModelPatch(
             name="zrt.llama4_experts", applies_to=_is_llama4, context=_llama4_context,
             description="Llama 4 MoE routes top-k experts instead of computing all densely"),

@@ -532,12 +532,58 @@ def zrt_op_formulas() -> list[OpFormula]:
                   category=Category.MOE_COMBINE),
         OpFormula("zrt.moe_combine_backward", moe_combine_backward_flop,
                   category=Category.MOE_DISPATCH),
+        OpFormula("zrt.ssd_chunk_scan", ssd_chunk_scan_flop, category=Category.SSM),
+        OpFormula("zrt.ssd_chunk_scan_backward", ssd_chunk_scan_backward_flop,
+                  category=Category.SSM),
+        OpFormula("zrt.ssm_state_update", ssm_state_update_flop, ssm_state_update_bytes,
+                  Category.SSM),
         # transformers' own grouped-GEMM fallback (non-bf16 experts).
         OpFormula("transformers.grouped_mm_fallback", grouped_mm_flop, grouped_mm_bytes,
                   Category.MATMUL),
         OpFormula("transformers.grouped_mm_fallback_backward", _grouped_fallback_bwd_flop,
                   category=Category.MATMUL),
     ]
+
+
+# -- Mamba-2 ------------------------------------------------------------------------------
+
+
+def ssd_chunk_scan_flop(call: OpCall) -> int:
+    """Mamba-2's chunked SSD scan as ``mamba_chunk_scan_combined`` computes it.
+
+    ``x [B,S,H,P]``, ``B``/``C`` ``[B,S,G,N]``, chunk ``Q``. Per head and token: the chunk
+    states ``Bᵀ·x`` (2·N·P) and their read-out ``C·state`` (2·N·P), the intra-chunk
+    ``(C·Bᵀ ∘ L)·x`` over the causal half of each Q×Q block ((Q+1)·P); per group and token
+    the ``C·Bᵀ`` scores ((Q+1)·N); plus 3·P per head and token for discretisation and the
+    ``D`` skip. The inter-chunk recurrence (N·P per chunk) is negligible.
+    """
+    x, _dt, _a, b = call.inputs[:4]
+    batch, seq, heads, head_dim = x.shape
+    groups, state = b.shape[2], b.shape[3]
+    chunk = int(call.attrs.get("chunk_size") or seq)
+    q1 = min(chunk, seq) + 1
+    per_head = 4 * state * head_dim + q1 * head_dim + 3 * head_dim
+    return batch * seq * (heads * per_head + groups * q1 * state)
+
+
+def ssd_chunk_scan_backward_flop(call: OpCall) -> int:
+    """Twice the forward scan (each product has an input and a weight-like gradient)."""
+    forward = OpCall(op="zrt.ssd_chunk_scan", inputs=call.inputs[2:], outputs=(),
+                     attrs=call.attrs)
+    return 2 * ssd_chunk_scan_flop(forward)
+
+
+def ssm_state_update_flop(call: OpCall) -> int:
+    """One recurrent step: ``h ← exp(Δ·A)·h + Δ·B·x`` (3 per state element: decay,
+    input, add — the exp counted once) and ``y = C·h`` (2 per element), per head."""
+    state = call.inputs[0]
+    return 5 * state.numel + 2 * call.inputs[1].numel
+
+
+def ssm_state_update_bytes(call: OpCall) -> tuple[int, int]:
+    """Reads its inputs (the state among them) and writes the output and the state."""
+    read = sum(t.nbytes for t in call.inputs)
+    return read, sum(t.nbytes for t in call.outputs) + call.inputs[0].nbytes
 
 
 def _grouped_fallback_bwd_flop(call: OpCall) -> int:

@@ -1,0 +1,91 @@
+"""Nemotron-H's Mamba-2 mixers as production kernels: one SSD scan / state-update node."""
+
+from __future__ import annotations
+
+import pytest
+
+from zrt_core.ir.graph import Category, Phase
+
+torch = pytest.importorskip("torch")
+
+
+def _mamba_ops(graph, layer=0):
+    return [n for n in graph.nodes if n.layer_index == layer and n.category == Category.SSM]
+
+
+def test_one_scan_node_per_mamba_layer_and_phase(captured):
+    r = captured("nemotron_h")
+    assert [n.op for n in _mamba_ops(r.graphs[Phase.PREFILL])] == ["zrt.ssd_chunk_scan.default"]
+    assert [n.op for n in _mamba_ops(r.graphs[Phase.TRAIN_FORWARD])] == \
+        ["zrt.ssd_chunk_scan.default"]
+    assert [n.op for n in _mamba_ops(r.graphs[Phase.DECODE])] == \
+        ["zrt.ssm_state_update.default"]
+    assert [n.op for n in _mamba_ops(r.graphs[Phase.TRAIN_BACKWARD])] == \
+        ["zrt.ssd_chunk_scan_backward.default"]
+    # no einsum-spelled scan left in the mixer: the projections and the causal conv1d
+    mixer = [(n.op, n.module_path) for n in r.graphs[Phase.PREFILL].nodes
+             if n.layer_index == 0 and n.category == Category.MATMUL]
+    assert mixer == [("aten.mm.default", "model.layers.0.mixer.in_proj"),
+                     ("aten.convolution.default", "model.layers.0.mixer"),
+                     ("aten.mm.default", "model.layers.0.mixer.out_proj")]
+
+
+def test_scan_flops_and_bytes(captured):
+    g = captured("nemotron_h").graphs[Phase.PREFILL]
+    (scan,) = _mamba_ops(g)
+    x, _dt, _a, b = scan.inputs[:4]
+    assert x.shape == (2, 16, 4, 32) and b.shape == (2, 16, 2, 16)
+    assert scan.attrs["chunk_size"] == 8
+    # per token: 4 heads · (4·16·32 + 9·32 + 3·32) + 2 groups · 9 · 16 = 10016; 2 · 16 tokens
+    assert scan.flops == 2 * 16 * 10016
+    # bytes: inputs and outputs only, no chunk intermediates
+    assert scan.bytes == sum(t.nbytes for t in scan.inputs) + sum(t.nbytes for t in scan.outputs)
+
+
+def test_decode_state_update_writes_the_state(captured):
+    g = captured("nemotron_h").graphs[Phase.DECODE]
+    (step,) = _mamba_ops(g)
+    state = step.inputs[0]
+    assert state.shape == (2, 4, 32, 16)
+    assert step.bytes_written == step.outputs[0].nbytes + state.nbytes
+    # 5 per state element + 2 per input element: 5 · 4096 + 2 · 256 = 20992
+    assert step.flops == 5 * state.numel + 2 * step.inputs[1].numel
+
+
+def test_patched_mixer_matches_hf_numerically(tiny):
+    """A real tiny Nemotron-H: logits and gradients equal with and without the patch."""
+    from transformers import AutoModelForCausalLM
+
+    from zrt_core.capture.mamba import mamba_kernels_context
+    from zrt_core.capture.sources import transformers_config
+
+    config = transformers_config({**tiny["nemotron_h"], "hybrid_override_pattern": "M*M-"})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64)
+    model.train()
+    ids = torch.randint(0, 512, (2, 12))
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach(), [p.grad.clone() for p in model.parameters()
+                                     if p.grad is not None]
+
+    ref_logits, ref_grads = run()
+    with mamba_kernels_context(config, None):
+        logits, grads = run()
+    torch.testing.assert_close(logits, ref_logits)
+    assert len(grads) == len(ref_grads)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_patch_is_scoped(captured):
+    from transformers.models.nemotron_h import modeling_nemotron_h as m
+
+    from zrt_core.capture import mamba
+
+    captured("nemotron_h")
+    assert m.mamba2_chunk_scan is not mamba._chunk_scan
+    assert m.mamba2_selective_state_update is not mamba._state_update
