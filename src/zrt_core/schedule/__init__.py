@@ -3,6 +3,7 @@ schedules composing stage times into a training step (:func:`simulate`)."""
 
 from zrt_core.schedule.pipeline import (
     SCHEDULES,
+    SPLIT_BACKWARD,
     PipelineOp,
     PipelineResult,
     RankStats,
@@ -10,7 +11,9 @@ from zrt_core.schedule.pipeline import (
     boundary_tiers,
     check_schedule,
     p2p_times_s,
+    schedule_orders,
     simulate,
+    stage_rank,
     virtual_stages,
 )
 from zrt_core.schedule.scheduler import (
@@ -25,6 +28,7 @@ from zrt_core.schedule.timeline import Event, Region, Timeline
 
 __all__ = [
     "SCHEDULES",
+    "SPLIT_BACKWARD",
     "CommPlan",
     "Event",
     "OverlapRules",
@@ -38,9 +42,11 @@ __all__ = [
     "check_schedule",
     "is_weight_grad",
     "p2p_times_s",
+    "schedule_orders",
     "schedule_phase",
     "schedule_region",
     "simulate",
+    "stage_rank",
     "virtual_stages",
     "weight_grad_s",
 ]
