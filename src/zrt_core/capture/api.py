@@ -168,6 +168,18 @@ def _resolve(model: Any, host: PluginHost) -> tuple[str, str, dict[str, Any], An
     return resolved.name, source, dict(resolved.config), config
 
 
+@frozen
+class _Recorded:
+    """What a capture run recorded, before formulas turn it into graphs."""
+
+    session: Any
+    templates: tuple[LayerTemplate, ...]
+    params: ParamCounts
+    num_layers: int
+    kv_len: int | None
+    timings_s: dict[str, float]
+
+
 class _Capture:
     """One capture run: patches → build → templates → phases → graphs."""
 
@@ -182,14 +194,7 @@ class _Capture:
         self.warnings: list[str] = []
 
     def run(self) -> CaptureResult:
-        import torch
-        import transformers
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        from zrt_core.capture import build, templates
-        from zrt_core.capture.graphs import build_graph
-        from zrt_core.capture.phases import PhaseRunner
-        from zrt_core.capture.recorder import CaptureSession, ModuleStack
+        from zrt_core.capture import build
 
         config, note = build.text_config_of(self.outer_config)
         if note:
@@ -200,12 +205,33 @@ class _Capture:
         if config is not self.outer_config and isinstance(raw.get("text_config"), Mapping):
             raw = dict(raw["text_config"])
         config_dict = {**build.config_mapping(config), **raw}
-        model_type = str(getattr(config, "model_type", ""))
         dims = self._dims(config_dict)
         self._check_positions(config)
+        recorded = self._record(config, dims)
+        graphs = self._graphs(config, recorded)
+        for phase, g in graphs.items():
+            missing = g.missing_formulas
+            if missing:
+                self.warnings.append(f"{phase}: no formula for {', '.join(missing)} "
+                                     "(counted as 0 FLOPs)")
+        checks = self._flops_checks(config_dict, graphs, recorded.kv_len)
+        return CaptureResult(
+            model=self.name, model_type=str(getattr(config, "model_type", "")),
+            source=self.source, options=self.options, graphs=graphs, params=recorded.params,
+            dims=dims, templates=recorded.templates, timings_s=recorded.timings_s,
+            flops_checks=checks, warnings=self.warnings, config=config_dict,
+        )
+
+    def _record(self, config: Any, dims: ModelDims | None) -> _Recorded:
+        """Patches entered → fake model built → kinds found → phases run and recorded."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from zrt_core.capture import build, templates
+        from zrt_core.capture.phases import PhaseRunner
+        from zrt_core.capture.recorder import CaptureSession, ModuleStack
+
         num_experts = dims.experts if dims is not None else 0
         top_k = dims.top_k if dims is not None else 0
-
         fake_mode = FakeTensorMode()
         timings: dict[str, float] = {}
         with contextlib.ExitStack() as patches:
@@ -219,16 +245,15 @@ class _Capture:
             num_layers = int(build.config_value(config, "num_hidden_layers", "n_layer",
                                                 "num_layers", default=0))
             prefix, layer_list = templates.find_layer_list(model, num_layers)
+            kinds: list[templates.LayerKind] = []
             if layer_list is None:
-                self.warnings.append(f"{model_type}: no decoder-layer list of length "
+                self.warnings.append(f"{config.model_type}: no decoder-layer list of length "
                                      f"{num_layers} found; capturing every layer")
-                kinds: list[templates.LayerKind] = []
             else:
                 kinds = templates.group_layers(list(layer_list),
                                                getattr(config, "layer_types", None),
                                                num_experts,
                                                getattr(config, "mlp_layer_types", None))
-            graph_templates = self._graph_templates(kinds)
 
             names = {m: (n, type(m).__name__) for n, m in model.named_modules()}
             param_names = {p: n for n, p in model.named_parameters()}
@@ -237,7 +262,6 @@ class _Capture:
             hooks = []
             if layer_list is not None and not self.options.full_depth:
                 hooks = templates.install_templates(layer_list, kinds)
-                # names of the stand-ins are not needed: they record nothing
             runner = PhaseRunner(model, session, ModuleStack(names), self.options, self.name)
             try:
                 with fake_mode, runner.modules:
@@ -245,16 +269,26 @@ class _Capture:
             finally:
                 for h in hooks:
                     h.remove()
-            timings.update(runner.timings_s)
-            self.warnings.extend(runner.notes)
+        timings.update(runner.timings_s)
+        self.warnings.extend(runner.notes)
+        return _Recorded(session=session, templates=self._graph_templates(kinds),
+                         params=params, num_layers=num_layers, kv_len=runner.kv_len,
+                         timings_s=timings)
+
+    def _graphs(self, config: Any, recorded: _Recorded) -> dict[str, OpGraph]:
+        import torch
+        import transformers
+
+        from zrt_core.capture.graphs import build_graph
 
         meta_base = {
-            "model": self.name, "model_type": model_type, "source": self.source,
-            "batch": self.options.batch, "seq_len": self.options.seq_len,
-            "dtype": self.options.dtype, "torch_version": torch.__version__,
+            "model": self.name, "model_type": str(getattr(config, "model_type", "")),
+            "source": self.source, "batch": self.options.batch,
+            "seq_len": self.options.seq_len, "dtype": self.options.dtype,
+            "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
             "full_depth": self.options.full_depth, "moe_imbalance": self.options.moe_imbalance,
-            "num_layers": num_layers,
+            "num_layers": recorded.num_layers,
             "logits_positions": 1 if self.options.last_token_logits else self.options.seq_len,
         }
         graphs: dict[str, OpGraph] = {}
@@ -262,24 +296,12 @@ class _Capture:
         for phase in self.options.phases:
             meta = dict(meta_base)
             if phase == Phase.DECODE:
-                meta["kv_len"] = runner.kv_len
+                meta["kv_len"] = recorded.kv_len
             if phase.startswith("train"):
                 meta["logits_positions"] = self.options.seq_len
-            raws = session.ops.get(phase, [])
-            graphs[phase] = build_graph(phase, raws, registry, graph_templates, meta,
-                                        self.warnings)
-        for phase, g in graphs.items():
-            missing = g.missing_formulas
-            if missing:
-                self.warnings.append(f"{phase}: no formula for {', '.join(missing)} "
-                                     "(counted as 0 FLOPs)")
-        checks = self._flops_checks(config_dict, graphs, runner.kv_len)
-        return CaptureResult(
-            model=self.name, model_type=model_type, source=self.source, options=self.options,
-            graphs=graphs, params=params, dims=dims,
-            templates=graph_templates, timings_s=timings, flops_checks=checks,
-            warnings=self.warnings, config=config_dict,
-        )
+            graphs[phase] = build_graph(phase, recorded.session.ops.get(phase, []), registry,
+                                        recorded.templates, meta, self.warnings)
+        return graphs
 
     def _check_positions(self, config: Any) -> None:
         from zrt_core.capture.build import config_value
