@@ -2,16 +2,19 @@
 phases at batch 1 × sequence 4096.
 
 Run: ``python benchmarks/bench_capture.py [model ...]``. Prints the import time of torch +
-transformers + zrt_core and the plugin host (once), then per model: the first capture in
-the process (which also imports the family's modeling code and, through transformers,
-torch._dynamo), the best of ``--repeat`` warm captures in wall and CPU seconds (CPU time
-is what other work on a shared machine does not inflate), each phase, and the process's
-peak RSS. Targets: DeepSeek-V3 under 2 s after import, peak RSS under 1 GiB.
+transformers + zrt_core and the plugin host, then of transformers' modeling stack and the
+models' modeling modules (``AutoModelForCausalLM`` pulls in torch._dynamo: about 2 s that
+any use of transformers pays), then per model: the first capture in the process and the
+best of ``--repeat`` warm captures, in wall and CPU seconds (CPU time is what other work on
+a shared machine does not inflate), each phase, and the process's peak RSS. Targets:
+DeepSeek-V3's first capture after import under 2 s, peak RSS under 1 GiB.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import resource
 import sys
 import time
@@ -43,6 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     host = get_plugin_manager()
     print(f"import torch+transformers+zrt_core, plugin host: "
           f"{time.perf_counter() - start:.2f} s")
+    start = time.perf_counter()
+    from transformers import AutoModelForCausalLM  # noqa: F401  (pulls in torch._dynamo)
+
+    for name in args.models:
+        model_type = host.models.get(name).model_type if name in host.models else ""
+        module = f"transformers.models.{model_type}.modeling_{model_type}"
+        if model_type and importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+    print(f"import transformers' modeling stack and the models' modeling modules: "
+          f"{time.perf_counter() - start:.2f} s")
     failed = False
     for name in args.models:
         times = []  # (wall s, CPU s of this process): CPU time is what load on a shared
@@ -58,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         total_ops = sum(g.totals().ops for g in result.graphs.values())
         kinds = ", ".join(f"{t.kind}×{t.count}" for t in result.templates)
         print(f"{name}: first capture in the process {first[0]:.2f} s wall / {first[1]:.2f} s "
-              f"CPU (imports the family's modeling code); warm {warm_wall:.2f} s wall / "
+              f"CPU; warm {warm_wall:.2f} s wall / "
               f"{warm_cpu:.2f} s CPU (best of {args.repeat}; last run: {phases}); "
               f"{ops} captured nodes standing for {total_ops} ops; layers {kinds}; "
               f"peak RSS {_peak_rss_gib():.2f} GiB")
@@ -66,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             gap = f"{check.gap:+.1%}" if check.gap is not None else "n/a"
             print(f"  {phase:15s} FLOPs {check.captured:.4e} analytic {check.analytic:.4e} "
                   f"gap {gap}")
-        if name == "deepseek-v3" and warm_cpu > TARGET_S:
-            print(f"  over target: {warm_cpu:.2f} s > {TARGET_S} s")
+        if name == "deepseek-v3" and first[1] > TARGET_S:
+            print(f"  over target: first capture {first[1]:.2f} s CPU > {TARGET_S} s")
             failed = True
     if _peak_rss_gib() > TARGET_RSS_GIB:
         print(f"peak RSS over target: {_peak_rss_gib():.2f} GiB > {TARGET_RSS_GIB} GiB")
