@@ -156,3 +156,25 @@ def test_tied_heads_stay_tied(captured):
     g = r.graphs["prefill"]
     (head,) = [n for n in g.nodes if n.module_path == "lm_head" and n.op == "aten.mm.default"]
     assert head.inputs[1].param == "transformer.wte.weight"
+
+
+def test_every_position_gets_logits_when_asked(captured):
+    r = captured("llama", phases=("prefill",), last_token_logits=False)
+    g = r.graphs["prefill"]
+    (head,) = [n for n in g.nodes if n.module_path == "lm_head" and n.op == "aten.mm.default"]
+    assert head.outputs[0].shape == (32, 512) and g.meta["logits_positions"] == 16
+
+
+def test_a_multimodal_config_captures_its_language_model(host, tiny):
+    from zrt_core.capture.api import capture
+
+    text = {**tiny["gemma3"], "model_type": "gemma3_text"}
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "intermediate_size": 128, "image_size": 32,
+              "patch_size": 8}
+    r = capture({"model_type": "gemma3", "text_config": text, "vision_config": vision},
+                phases=("prefill",), batch=1, seq_len=16, host=host)
+    assert r.model_type == "gemma3_text"
+    assert [t.kind for t in r.templates] == ["sliding_attention", "full_attention"]
+    assert any("capturing the language model" in w for w in r.warnings)
+    assert r.config["hidden_size"] == 128
