@@ -578,7 +578,8 @@ class Validator:
         report = estimate_training(case.config, case.hardware, case.parallel, case.train,
                                    host=self.host, captured=captured, overlap=case.overlap,
                                    num_gpus=case.num_gpus, attention=case.attention,
-                                   stage_split=case.stage_split)
+                                   stage_split=case.stage_split,
+                                   zero_algorithm=case.zero_algorithm)
         predicted = {"step_time_s": report.step_time_s,
                      "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu, "mfu": report.mfu}
         return predicted, case.assumptions, _notes(report.notes)
