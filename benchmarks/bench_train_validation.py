@@ -1,7 +1,7 @@
 """Predict every training record of a validation file and print the step-time errors.
 
     python benchmarks/bench_train_validation.py [FILE] [--only SUBSTR] [--json OUT]
-        [--cache DIR] [--verbose]
+        [--cache DIR] [--verbose] [--fit]
 
 For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
 fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
@@ -14,6 +14,11 @@ excluded). A record zrt cannot predict is listed with the reason and the run goe
 Two records need a layout the source did not print (``LAYOUT_FROM_SOURCE``): the README's
 strong-scaling endpoints, which the same README's 177B weak-scaling row runs as TP8 × PP6;
 they carry only an MFU, so they do not enter the step-time MAPE.
+
+``--fit`` fits each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
+``matmul_fp4`` of the hardware YAML's ``efficiency`` section) to every record on that
+hardware at that precision, by grid search on the step-time MAPE (docs/training-model.md,
+"Calibration").
 """
 
 from __future__ import annotations
@@ -84,10 +89,78 @@ def captured(case, host, cache: Path | None):
     return result
 
 
+#: Which efficiency field a record's GEMMs run at, by its precision.
+FIT_FIELD = {"bf16": "matmul", "fp16": "matmul", None: "matmul", "fp8": "matmul_fp8",
+             "mxfp8": "matmul_fp8", "nvfp4": "matmul_fp4"}
+FIT_GRID = tuple(round(0.40 + 0.01 * i, 2) for i in range(61))  # 0.40 .. 1.00
+
+
+def _estimate(case, cap, host, hw=None):
+    from zrt_core.estimate.training import estimate_case
+
+    return estimate_case(case, host=host, captured=cap, hardware=hw or case.hardware)
+
+
+def fit(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
+    """Fit each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
+    ``matmul_fp4``) to the step times of every record on that hardware at that precision:
+    the grid value with the least mean absolute percentage error. A field with fewer than
+    three records is left as it is (one record is not a fit)."""
+    from attrs import evolve as _evolve
+
+    from zrt_core.errors import ZrtError
+    from zrt_core.plugins import get_plugin_manager
+
+    host = get_plugin_manager()
+    groups: dict[tuple[str, str], list[tuple[Any, Any, float, str]]] = {}
+    for record in load_records(path):
+        if only and only not in record["id"]:
+            continue
+        measured = record.get("measured", {}).get("step_time_s")
+        if not measured:
+            continue
+        try:
+            case = record_case(record)
+            cap = captured(case, host, cache)
+        except ZrtError:
+            continue
+        key = (case.hardware, FIT_FIELD.get(record.get("precision"), "matmul"))
+        groups.setdefault(key, []).append((case, cap, measured, record["id"]))
+    out: dict[str, Any] = {}
+    for (hw_id, field), items in sorted(groups.items()):
+        hw = host.hardware_spec(hw_id)
+        current = getattr(hw.efficiency, field)
+        if len(items) < 3:
+            print(f"{hw_id:22s} {field:11s} {len(items)} record(s): not fitted "
+                  f"(stays {current})")
+            continue
+
+        def mape(value: float | None, hw=hw, field=field, items=items) -> float:
+            spec = hw if value is None else _evolve(
+                hw, efficiency=_evolve(hw.efficiency, **{field: value}))
+            errors = []
+            for case, cap, measured, _rid in items:
+                try:
+                    r = _estimate(case, cap, host, spec)
+                except ZrtError:
+                    continue
+                errors.append(abs(r.step_time_s - measured) / measured)
+            return statistics.fmean(errors) if errors else float("inf")
+
+        before = mape(None)
+        scores = {v: mape(v) for v in FIT_GRID}
+        best = min(scores, key=lambda v: (scores[v], abs(v - (current or 0))))
+        out[f"{hw_id}.{field}"] = {"records": len(items), "current": current,
+                                   "fitted": best, "mape_before": before,
+                                   "mape_after": scores[best]}
+        print(f"{hw_id:22s} {field:11s} {len(items):2d} records: {current} -> {best} "
+              f"(MAPE {before:.1%} -> {scores[best]:.1%})", flush=True)
+    return out
+
+
 def run(path: Path, only: str | None, cache: Path | None, verbose: bool
         ) -> list[dict[str, Any]]:
     from zrt_core.errors import ZrtError
-    from zrt_core.estimate.training import estimate_training
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()
@@ -101,11 +174,7 @@ def run(path: Path, only: str | None, cache: Path | None, verbose: bool
             case = record_case(record)
             cap = captured(case, host, cache)
             start = time.perf_counter()
-            report = estimate_training(case.config, case.hardware, case.parallel, case.train,
-                                       host=host, captured=cap, overlap=case.overlap,
-                                       num_gpus=case.num_gpus, attention=case.attention,
-                                       stage_split=case.stage_split,
-                                       zero_algorithm=case.zero_algorithm)
+            report = _estimate(case, cap, host)
             row["estimate_s"] = time.perf_counter() - start
         except ZrtError as exc:
             row.update(status="error", message=str(exc))
@@ -160,9 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write records and summary here")
     parser.add_argument("--cache", type=Path, help="keep captures here between runs")
     parser.add_argument("--verbose", "-v", action="store_true")
+    parser.add_argument("--fit", action="store_true",
+                        help="fit each hardware's GEMM efficiency per precision instead")
     args = parser.parse_args(argv)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
+    if args.fit:
+        result = fit(args.file, args.only, args.cache)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        return 0
     rows = run(args.file, args.only, args.cache, args.verbose)
     s = summary(rows)
     print()

@@ -347,32 +347,24 @@ def estimate_training(
     if attention not in ATTENTION_KERNELS:
         raise SpecError(f"unknown attention kernel {attention!r}",
                         f"use one of {', '.join(ATTENTION_KERNELS)}")
-    fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
-                                               config=captured.config,
-                                               tp_plan=captured.tp_plan)
-    fwd = apply_all(fwd, [Precision(plan)], ctx)
-    bwd = mark_weight_grads(fwd, bwd)
-    bwd = apply_all(bwd, [Precision(plan, forward=fwd0)], ctx)
-    bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
-    bwd = tp_overlap_hints(bwd, fwd, rules)
-    inventory = param_inventory(fwd, parallel, dims)
-    sharded_grads = train.zero >= 1 or train.fsdp
-    zero3 = train.zero == 3 or train.fsdp
-    gdtype = grad_dtype(train.precision)
     if zero_algorithm is not None and zero_algorithm not in ("ring", "pairwise"):
         raise SpecError(f"unknown ZeRO collective algorithm {zero_algorithm!r}",
                         "use ring or pairwise")
-    if zero3:
-        gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
-        fwd = apply_all(fwd, [gather], ctx)
-        bwd = apply_all(bwd, [gather], ctx)
-    fwd, bwd = direct_producer_edges(fwd), direct_producer_edges(bwd)
-    sync = GradientSync(inventory, gdtype, sharded=sharded_grads,
-                        algorithm=zero_algorithm if zero3 else None)
-    per_microbatch_sync = train.zero >= 2 or train.fsdp
-    bwd_sync = apply_all(bwd, [sync], ctx)
-    if per_microbatch_sync:
-        bwd = bwd_sync
+    key = (id(captured), captured.name, parallel, train, attention, stage_split,
+           zero_algorithm, rules, hw.id, hw.vendor, plan, id(host))
+    hit = _TRANSFORMED.get(key)
+    if hit is not None and hit[0] is captured:
+        _, fwd, bwd, bwd_sync, inventory, applied, transform_notes = hit
+        notes.extend(transform_notes)
+    else:
+        before = len(notes)
+        fwd, bwd, bwd_sync, inventory, applied = _transform(
+            captured, fwd0, bwd0, ctx, notes, attention=attention, plan=plan, rules=rules,
+            zero_algorithm=zero_algorithm, dims=dims)
+        if len(_TRANSFORMED) >= _TRANSFORMED_SIZE:
+            _TRANSFORMED.pop(next(iter(_TRANSFORMED)))
+        _TRANSFORMED[key] = (captured, fwd, bwd, bwd_sync, inventory, applied,
+                             tuple(notes[before:]))
     timings["transforms"] = time.perf_counter() - t0
 
     # -- prices -----------------------------------------------------------------------------
@@ -414,6 +406,48 @@ def estimate_training(
         fwd=fwd, bwd=bwd, dims=dims)
     timings["total"] = time.perf_counter() - started
     return evolve(report, timings_s=timings)
+
+
+#: Transformed graphs of the last few estimates (they depend on the capture, the layout, the
+#: recipe and the hardware's kind, not on its efficiencies): a calibration or a search over
+#: recipes re-prices them without re-running the transforms.
+_TRANSFORMED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_TRANSFORMED_SIZE = 8
+
+
+def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: TransformContext,
+               notes: list[str], *, attention: str, plan: PrecisionPlan, rules: OverlapRules,
+               zero_algorithm: str | None, dims: ModelDims
+               ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...]]:
+    """Every graph transform of one estimate: forward, backward for every micro-batch, the
+    last micro-batch's backward with the gradient reduction, and the parameter inventory."""
+    train = ctx.train
+    assert train is not None
+    parallel = ctx.parallel
+    fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
+                                               config=captured.config,
+                                               tp_plan=captured.tp_plan)
+    fwd = apply_all(fwd, [Precision(plan)], ctx)
+    bwd = mark_weight_grads(fwd, bwd)
+    bwd = apply_all(bwd, [Precision(plan, forward=fwd0)], ctx)
+    bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
+    bwd = tp_overlap_hints(bwd, fwd, rules)
+    inventory = param_inventory(fwd, parallel, dims)
+    sharded_grads = train.zero >= 1 or train.fsdp
+    zero3 = train.zero == 3 or train.fsdp
+    gdtype = grad_dtype(train.precision)
+    if zero3:
+        gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
+        fwd = apply_all(fwd, [gather], ctx)
+        bwd = apply_all(bwd, [gather], ctx)
+    fwd, bwd = direct_producer_edges(fwd), direct_producer_edges(bwd)
+    sync = GradientSync(inventory, gdtype, sharded=sharded_grads,
+                        algorithm=zero_algorithm if zero3 else None)
+    per_microbatch_sync = train.zero >= 2 or train.fsdp
+    bwd_sync = apply_all(bwd, [sync], ctx)
+    if per_microbatch_sync:
+        bwd = bwd_sync
+    return fwd, bwd, bwd_sync, inventory, applied
 
 
 def default_overlap(parallel: Parallel, train: TrainSpec) -> OverlapRules:
@@ -1258,6 +1292,21 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         assumptions=tuple(assumptions))
 
 
+def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
+                  captured: TrainingCapture | CaptureResult | None = None,
+                  **options: Any) -> TrainingReport:
+    """:func:`estimate_training` with every input a :class:`TrainingCase` carries (layout,
+    recipe, overlap rules, attention kernels, stage split, ZeRO collectives); ``options``
+    adds or overrides keyword arguments (``keep_timelines=True``, a hardware spec...)."""
+    kwargs: dict[str, Any] = {
+        "host": host, "captured": captured, "overlap": case.overlap,
+        "num_gpus": case.num_gpus, "attention": case.attention,
+        "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm}
+    hardware = options.pop("hardware", case.hardware)
+    kwargs.update(options)
+    return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
+
+
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
     """A :class:`TrainSpec` with Megatron's defaults for what is not given (vp > 1 →
     interleaved)."""
@@ -1274,6 +1323,7 @@ __all__ = [
     "capture_for_training",
     "case_from_record",
     "default_overlap",
+    "estimate_case",
     "estimate_training",
     "legacy_overlap",
     "saved_activation_bytes",
