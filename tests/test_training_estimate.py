@@ -167,3 +167,26 @@ def test_a_second_estimate_on_the_capture_is_fast(tiny, host) -> None:
     start = time.perf_counter()
     _estimate(tiny, host, Parallel(pp=2, dp=2), _train(recompute="full"))
     assert time.perf_counter() - start < 1.0  # budget 300 ms; slack for a shared machine
+
+
+@pytest.mark.parametrize(("schedule", "pp", "vp", "m"), [
+    ("1f1b", 4, 1, 2000), ("interleaved", 4, 3, 600), ("zb-h1", 4, 1, 1200)])
+def test_long_pipelines_extrapolate_the_steady_state_exactly(schedule, pp, vp, m) -> None:
+    from zrt_core.estimate.training import _pipeline
+    from zrt_core.schedule.pipeline import StageTimes, simulate, virtual_stages
+
+    n = virtual_stages(schedule, pp, vp)
+    # uneven stages (the first and last carry the embedding and the head) and P2P lags
+    fwd = [1.0 + 0.1 * (v % 3) + (0.5 if v == n - 1 else 0.0) for v in range(n)]
+    bwd = [2.0 * f + 0.05 for f in fwd]
+    times = StageTimes(fwd, bwd, weight_s=[0.4 * b for b in bwd],
+                       activation_bytes=[1.0] * n)
+    p2p = [0.01 * (i + 1) for i in range(pp - 1)]
+    fast = _pipeline(schedule, times, pp, vp, m, p2p, 0.05)
+    full = simulate(schedule, times, pp=pp, vp=vp, microbatches=m, p2p_s=p2p, p2p_wrap_s=0.05)
+    assert fast.extrapolated
+    assert fast.total_s == pytest.approx(full.total_s, rel=1e-9)
+    for r, stats in enumerate(full.ranks):
+        assert fast.busy_s[r] == pytest.approx(stats.busy_s, rel=1e-9)
+        assert fast.bubble_s[r] == pytest.approx(stats.bubble_s, rel=1e-9, abs=1e-9)
+        assert fast.peak_inflight[r] == stats.peak_inflight
