@@ -569,17 +569,13 @@ class Validator:
 
     def _train(self, record: Record) -> tuple[dict[str, float], tuple[str, ...], tuple[str,
                                                                                     ...]]:
-        from zrt_core.estimate.training import capture_dtype, estimate_training
+        from zrt_core.estimate.training import capture_dtype, estimate_case
 
         case = training_case(record)
         captured = self.training_capture(case.config, case.train.micro_batch,
                                          case.train.seq_len,
                                          capture_dtype(case.train.precision))
-        report = estimate_training(case.config, case.hardware, case.parallel, case.train,
-                                   host=self.host, captured=captured, overlap=case.overlap,
-                                   num_gpus=case.num_gpus, attention=case.attention,
-                                   stage_split=case.stage_split,
-                                   zero_algorithm=case.zero_algorithm)
+        report = estimate_case(case, host=self.host, captured=captured)
         predicted = {"step_time_s": report.step_time_s,
                      "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu, "mfu": report.mfu}
         return predicted, case.assumptions, _notes(report.notes)
@@ -589,16 +585,13 @@ class Validator:
         """One layer's forward and backward, from the first pipeline stage's timelines:
         the mean time of a decoder layer's region (its compute and the communication it
         waits for; the backward's includes recomputation)."""
-        from zrt_core.estimate.training import capture_dtype, estimate_training
+        from zrt_core.estimate.training import capture_dtype, estimate_case
 
         case = layer_case(record)
         captured = self.training_capture(case.config, case.train.micro_batch,
                                          case.train.seq_len,
                                          capture_dtype(case.train.precision))
-        report = estimate_training(case.config, case.hardware, case.parallel, case.train,
-                                   host=self.host, captured=captured, overlap=case.overlap,
-                                   num_gpus=case.num_gpus, attention=case.attention,
-                                   stage_split=case.stage_split, keep_timelines=True)
+        report = estimate_case(case, host=self.host, captured=captured, keep_timelines=True)
         fwd = _per_layer_s(report.timelines.get("forward"))
         bwd = _per_layer_s(report.timelines.get("backward"))
         if fwd is None or bwd is None:

@@ -143,6 +143,8 @@ def alias(tr: Tracer, x: T) -> T:
 
 def detach(tr: Tracer, x: T) -> T:
     out = tr.view_of(x, x.shape)
+    out.param = None
+    out.detached = True
     tr.call("aten.detach", [x], [out])
     return out
 
@@ -159,7 +161,7 @@ def split(tr: Tracer, x: T, size: int, dim: int) -> list[T]:
         parts = [gi if gi is not None else _zeros_like(tr, o)
                  for gi, o in zip(g, fn.outputs, strict=True)]
         out = tr.like(parts[0], fn.inputs[0].shape)
-        tr.call("aten.cat", parts, [out], {"dim": dim})
+        tr.call("aten.cat", parts, [out], {"dim": dim % len(fn.inputs[0].shape)})
         return [out]
 
     tr.call("aten.split", [x], outs, {"split_size": size, "dim": dim}, backward=bwd)

@@ -402,6 +402,7 @@ class _Run:
             for _ in range(2):
                 raw = tr.tensor((0,))
                 lifted = tr.view_of(raw, (0,))
+                lifted.detached = True
                 tr.record("aten.lift_fresh", [raw], [lifted], {})
                 empties.append(lifted)
             ek, ev = empties
@@ -582,6 +583,7 @@ def _moe_block(run: _Run, path: str, x: T) -> T:
         rows = routing_histogram(tokens, d.top_k, d.experts, run.imbalance)
         raw = tr.tensor((d.experts,), "int32")
         offs = tr.view_of(raw, (d.experts,))
+        offs.detached = True
         tr.record("aten.lift_fresh", [raw], [offs], {})
         up = aten.grouped_mm(tr, routed, gu_t, offs, rows)
         gate, upv = aten.split(tr, up, ffn, -1)

@@ -72,8 +72,8 @@ def op_name(op: str, overload: str | None = None) -> str:
 class T:
     """A symbolic tensor: shape, dtype, identity, and the autograd node that made it."""
 
-    __slots__ = ("contiguous", "dtype", "grad_fn", "is_view", "param", "requires_grad",
-                 "shape", "tid")
+    __slots__ = ("contiguous", "detached", "dtype", "grad_fn", "is_view", "param",
+                 "requires_grad", "shape", "tid")
 
     def __init__(self, shape: Sequence[int], dtype: str, tid: int, *, param: str | None = None,
                  is_view: bool = False, requires_grad: bool = False,
@@ -86,9 +86,13 @@ class T:
         self.requires_grad = requires_grad
         self.grad_fn: tuple[Fn, int] | None = None
         self.contiguous = contiguous
+        # detach / lift_fresh: the schema says alias (the op's output is recorded as a view)
+        # but the tensor itself is not a view when an operator reads it
+        self.detached = False
 
-    def meta(self) -> TensorMeta:
-        return TensorMeta(shape=self.shape, dtype=self.dtype, is_view=self.is_view,
+    def meta(self, *, as_input: bool = False) -> TensorMeta:
+        view = self.is_view and not (as_input and self.detached)
+        return TensorMeta(shape=self.shape, dtype=self.dtype, is_view=view,
                           tensor_id=self.tid, param=self.param)
 
     @property
@@ -148,13 +152,15 @@ class Tracer:
         return tid
 
     def tensor(self, shape: Sequence[int], dtype: str | None = None, **kw: Any) -> T:
-        return T(shape, dtype or self.dtype, self.new_id(), **kw)
+        """A new tensor; like every tensor, it gets its id when first recorded (inputs
+        before outputs, as the capture's recorder numbers them)."""
+        return T(shape, dtype or self.dtype, -1, **kw)
 
     def param(self, name: str, shape: Sequence[int], dtype: str | None = None) -> T:
         """The parameter ``name`` (the same tensor every time it is read)."""
         p = self._params.get(name)
-        if p is None:
-            p = self._params[name] = T(shape, dtype or self.dtype, self.new_id(), param=name,
+        if p is None:  # its id is handed out when an operator first reads it, as capture does
+            p = self._params[name] = T(shape, dtype or self.dtype, -1, param=name,
                                        requires_grad=True)
         elif p.shape != tuple(shape):
             raise AssertionError(f"parameter {name} used with two shapes")
@@ -202,12 +208,16 @@ class Tracer:
                scope: tuple[str, str, int | None] | None = None) -> None:
         name = op_name(op, overload)
         path, cls, layer = scope or self._scope
+        for t in (*inputs, *outputs):
+            if t.tid < 0:
+                t.tid = self.new_id()
         ops = self.ops[self.phase]
         local_id = len(ops)
         producers = sorted({self._producer[t.tid] for t in inputs if t.tid in self._producer})
         zero = op in VIEW_OPS or op in _FRESH_ZERO_COST
         raw = RawOp(op=name, phase=self.phase, local_id=local_id,
-                    inputs=[t.meta() for t in inputs], outputs=[t.meta() for t in outputs],
+                    inputs=[t.meta(as_input=True) for t in inputs],
+                    outputs=[t.meta() for t in outputs],
                     attrs=dict(attrs or {}), module_path=path, module_class=cls,
                     layer_index=layer, zero_cost=zero, is_view_op=op in VIEW_OPS,
                     producers=producers)
@@ -294,6 +304,7 @@ class Tracer:
     def _accumulate_param(self, param: T, grad: T) -> None:
         path = param.param.rsplit(".", 1)[0] if "." in param.param else ""
         out = T(grad.shape, grad.dtype, self.new_id(), is_view=True)
+        out.detached = True
         self.record("aten.detach", [grad], [out], {},
                     scope=(path, "AccumulateGrad", self._layer_of(path)))
 
@@ -306,13 +317,11 @@ class Tracer:
         same = shape is None or tuple(shape) == t.shape
         if contiguous is None:
             contiguous = t.contiguous if same else True
-        return T(shape if shape is not None else t.shape, dtype or t.dtype, self.new_id(),
+        return T(shape if shape is not None else t.shape, dtype or t.dtype, -1,
                  is_view=view, contiguous=contiguous)
 
     def view_of(self, t: T, shape: Sequence[int], *, contiguous: bool = True) -> T:
-        out = T(shape, t.dtype, self.new_id(), param=t.param, is_view=True,
-                contiguous=contiguous)
-        return out
+        return T(shape, t.dtype, -1, param=t.param, is_view=True, contiguous=contiguous)
 
 
 # -- shapes ------------------------------------------------------------------------------------
