@@ -58,6 +58,39 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "qwen3_moe": ("Qwen3Moe", "llama"),
     "gpt2": ("GPT2", "gpt2"),
 }
+#: What transformers' config classes (5.x) fill in for keys a config leaves out, where it
+#: changes what the model computes: the capture's ``config`` carries these defaults, and
+#: the estimators read some (``attn_pdrop`` for Megatron's unfused attention dropout).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": False, "attention_bias": False,
+              "attention_dropout": 0.0, "mlp_bias": False},
+    "mistral": {"hidden_act": "silu", "max_position_embeddings": 131072,
+                "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "sliding_window": 4096,
+                "attention_dropout": 0.0, "num_key_value_heads": 8},
+    "qwen2": {"hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": False, "use_sliding_window": False,
+              "sliding_window": None, "max_window_layers": 28, "attention_dropout": 0.0},
+    "qwen3": {"hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": False, "attention_bias": False,
+              "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28,
+              "attention_dropout": 0.0},
+    "mixtral": {"hidden_act": "silu", "max_position_embeddings": 131072,
+                "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": None,
+                "attention_dropout": 0.0, "num_key_value_heads": 8,
+                "router_jitter_noise": 0.0},
+    "qwen3_moe": {"hidden_act": "silu", "max_position_embeddings": 32768,
+                  "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                  "attention_bias": False, "use_sliding_window": False,
+                  "sliding_window": None, "attention_dropout": 0.0,
+                  "decoder_sparse_step": 1, "norm_topk_prob": False, "mlp_only_layers": [],
+                  "num_key_value_heads": 4},
+    "gpt2": {"n_positions": 1024, "activation_function": "gelu_new", "resid_pdrop": 0.1,
+             "embd_pdrop": 0.1, "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5,
+             "scale_attn_weights": True, "tie_word_embeddings": True},
+}
+#: The one activation each family's analytic model computes.
+_ACTIVATION = {"gpt2": ("activation_function", "gelu_new")}
 _QK_NORM = frozenset({"qwen3", "qwen3_moe"})
 _QKV_BIAS = frozenset({"qwen2"})
 _DTYPES = ("bfloat16", "float16", "float32")
@@ -107,6 +140,12 @@ def analytic_capture(
             f"the analytic front-end has no model of model_type {model_type!r}",
             f"it builds {', '.join(sorted(FAMILIES))}; use the capture front-end "
             "(--frontend capture) for other families")
+    cfg = {**FAMILY_DEFAULTS[model_type], **cfg}
+    key, value = _ACTIVATION.get(model_type, ("hidden_act", "silu"))
+    if str(cfg.get(key) or value) != value:
+        raise ModelError(f"the analytic {model_type} model computes {key}={value!r}, the "
+                         f"config asks for {cfg.get(key)!r}",
+                         "use the capture front-end (--frontend capture)")
     dims = ModelDims.from_config(cfg)
     spec = _Model.for_config(cfg, dims, model_type)
     templates = spec.templates()
