@@ -72,7 +72,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
               "tie_word_embeddings": False, "use_sliding_window": False,
               "sliding_window": None, "max_window_layers": 28, "attention_dropout": 0.0},
     "qwen3": {"hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-              "tie_word_embeddings": False, "attention_bias": False,
+              "head_dim": 128, "tie_word_embeddings": False, "attention_bias": False,
               "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28,
               "attention_dropout": 0.0},
     "mixtral": {"hidden_act": "silu", "max_position_embeddings": 131072,

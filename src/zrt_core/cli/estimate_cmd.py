@@ -1,0 +1,107 @@
+"""``zrt estimate --config FILE.yaml``: one training or serving estimate described in a file
+(a model — name, config or model numbers —, a hardware id, a layout and a workload; see
+docs/estimate.md), through the analytic front-end unless the file asks for the capture.
+
+Prints the same tables as ``zrt run`` (``--json`` for the report as JSON, ``--out DIR`` for
+``report.html``, ``report.json`` and ``trace.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from zrt_core.cli._output import add_json_flag, console, print_json
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("estimate", help="estimate a training step or serving from a YAML "
+                       "spec (model numbers, hardware, layout, workload)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, metavar="FILE",
+                   help="the estimate spec (docs/estimate.md; examples/*.yaml)")
+    p.add_argument("--frontend", choices=("analytic", "capture"), default=None,
+                   help="override the file's front-end (default: analytic)")
+    p.add_argument("--out", metavar="DIR", help="write report.html, report.json and "
+                   "trace.json here")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attrs import evolve
+
+    from zrt_core.analytic.spec import EstimateSpec
+    from zrt_core.plugins import get_plugin_manager
+
+    spec = EstimateSpec.from_yaml(args.config)
+    if args.frontend:
+        spec = evolve(spec, frontend=args.frontend)
+    host = get_plugin_manager()
+    hw = host.hardware_spec(spec.hardware)
+    report = estimate(spec, host, hw, keep_timelines=bool(args.out))
+    written = []
+    if spec.workload == "train":
+        if args.out:
+            from zrt_core.cli.run_train import write_training_outputs
+
+            written = write_training_outputs(report, args.out)
+    elif args.out:
+        from zrt_core.cli.run_cmd import write_outputs
+
+        written = write_outputs(report, args.out)
+    if args.json:
+        data = {"spec": spec.to_json(), **report.to_json()}
+        if written:
+            data["files"] = [str(p) for p in written]
+        print_json(data)
+        return 0
+    con = console()
+    con.print(f"{spec.model_label} on {hw.name} ({spec.parallel.describe()}), "
+              f"{spec.frontend} front-end")
+    if spec.workload == "train":
+        from zrt_core.reports.training import render
+
+        render(report, con)
+        for path in written:
+            con.print(f"wrote {path}")
+    else:
+        from zrt_core.cli.run_cmd import print_report
+
+        print_report(report, written)
+    return 0
+
+
+def estimate(spec: Any, host: Any, hw: Any, *, keep_timelines: bool = False) -> Any:
+    """The report of an :class:`~zrt_core.analytic.spec.EstimateSpec`: graphs from its
+    front-end, then :func:`~zrt_core.estimate.training.estimate_training` or
+    :func:`~zrt_core.estimate.estimate_inference`."""
+    from zrt_core.ir.graph import Phase
+
+    if spec.workload == "train":
+        from zrt_core.estimate.training import capture_dtype, estimate_training
+
+        train = spec.train
+        captured = None
+        if spec.frontend == "analytic":
+            from zrt_core.analytic.builder import analytic_capture
+
+            captured = analytic_capture(spec.model, (Phase.TRAIN_FORWARD,
+                                                     Phase.TRAIN_BACKWARD),
+                                        batch=train.micro_batch, seq_len=train.seq_len,
+                                        dtype=capture_dtype(train.precision), host=host)
+        return estimate_training(spec.model, hw, spec.parallel, train, host=host,
+                                 captured=captured, num_gpus=spec.num_gpus,
+                                 keep_timelines=keep_timelines)
+    from zrt_core.estimate import CapturedModel, estimate_inference
+
+    infer = spec.infer
+    captured = None
+    if spec.frontend == "analytic":
+        from zrt_core.analytic.builder import analytic_capture
+
+        captured = CapturedModel.from_capture(analytic_capture(
+            spec.model, (Phase.PREFILL, Phase.DECODE), batch=1, seq_len=infer.input_len,
+            dtype=infer.dtype, host=host))
+    return estimate_inference(spec.model, hw, spec.parallel, infer, host=host,
+                              captured=captured, engine=spec.engine)
