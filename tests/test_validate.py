@@ -138,19 +138,22 @@ def run(host: PluginHost, tmp_path_factory: pytest.TempPathFactory) -> Validatio
                 "model": {"name": "x", "hf_config": {**TINY_GPT2, "model_type": "grok-1"}}}
     unknown_key = {**INFER, "id": "typo", "concurency": 4}
     missing = {**TRAIN, "id": "no-seq", "seq_len": None}
+    zero_tp = {**TRAIN, "id": "tp0", "parallel": {"tp": 0}}
     path = tmp_path_factory.mktemp("validation") / "tiny.yaml"
-    path.write_text(yaml.safe_dump([TRAIN, bad_type, unknown_key, missing, INFER]))
+    path.write_text(yaml.safe_dump([TRAIN, bad_type, unknown_key, missing, zero_tp, INFER]))
     return Validator(host, use_cache=False).run(load_records(path), path=str(path))
 
 
 def test_every_record_gets_a_row_and_the_run_goes_on(run: ValidationRun) -> None:
     by_id = {r.id: r for r in run.results}
     assert [r.id for r in run.results] == ["tiny-train", "unknown-type", "typo", "no-seq",
-                                           "tiny-infer"]
+                                           "tp0", "tiny-infer"]
     assert by_id["tiny-train"].ok and by_id["tiny-infer"].ok
     assert not by_id["unknown-type"].ok and "grok-1" in by_id["unknown-type"].message
     assert by_id["typo"].message.startswith("record typo: unknown key 'concurency'")
     assert "seq_len must be a positive integer" in by_id["no-seq"].message
+    assert by_id["tp0"].message.startswith(
+        "record tp0: parallel.tp must be a positive integer or null, got 0")
     for r in run.results:
         assert "\n" not in r.message
 
@@ -177,9 +180,9 @@ def test_json_has_the_schema_shape(run: ValidationRun) -> None:
     failed = data["records"][1]
     assert failed["status"] == "error" and failed["message"]
     s = data["summary"]
-    assert (s["records"], s["ok"], s["errors"]) == (5, 2, 3)
+    assert (s["records"], s["ok"], s["errors"]) == (6, 2, 4)
     assert s["mape_step_time"] == pytest.approx(abs(run.results[0].error["step_time_s"]))
-    assert {f["id"] for f in s["failed"]} == {"unknown-type", "typo", "no-seq"}
+    assert {f["id"] for f in s["failed"]} == {"unknown-type", "typo", "no-seq", "tp0"}
 
 
 def test_summary_arithmetic() -> None:

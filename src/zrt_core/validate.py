@@ -203,6 +203,14 @@ def check_record(record: Record, seen: set[str]) -> None:
     if bad:
         raise SpecError(f"record {rid}: unknown parallel key {bad[0]!r}",
                         f"use {', '.join(sorted(_PARALLEL_KEYS))}")
+    for key in ("tp", "pp", "vp", "cp", "ep", "etp", "dp"):
+        v = (par or {}).get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise SpecError(f"record {rid}: parallel.{key} must be a positive integer or "
+                            f"null, got {v!r}")
+    if (par or {}).get("zero") not in (None, 0, 1, 2, 3):
+        raise SpecError(f"record {rid}: parallel.zero must be 0, 1, 2, 3 or null, got "
+                        f"{par['zero']!r}")
     model = raw.get("model")
     if not isinstance(model, Mapping) or not isinstance(model.get("hf_config"), Mapping):
         raise SpecError(f"record {rid}: model.hf_config is missing",
@@ -560,6 +568,12 @@ class Validator:
         except ZrtError as exc:
             return RecordResult(status="error", message=_one_line(str(exc)),
                                 elapsed_s=time.perf_counter() - start, **base)
+        except (TypeError, ValueError, KeyError, ArithmeticError) as exc:
+            # a value of the wrong type or range that reached a constructor (tp: 0): the
+            # record's problem, reported as such; the run goes on
+            return RecordResult(status="error", elapsed_s=time.perf_counter() - start,
+                                message=_one_line(f"record {record.id}: bad value: "
+                                                  f"{type(exc).__name__}: {exc}"), **base)
         measured = record.measured
         error = {k: (predicted[k] - v) / v for k, v in measured.items()
                  if k in predicted and v and math.isfinite(predicted[k])}
