@@ -5,7 +5,7 @@
 
 For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
 fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
-micro-batch, sequence and dtype (kept in ``--cache DIR`` between runs when given), the
+micro-batch, sequence and dtype (in the capture cache; ``--cache DIR`` puts it there), the
 estimate, and ``(predicted − measured) / measured`` for the step time (and tokens/s/GPU,
 MFU where the record has them). Prints a row per record, the MAPE of the step time over
 the records that measured it, the worst records, and the estimate's own time (capture
@@ -24,14 +24,11 @@ hardware at that precision, by grid search on the step-time MAPE (docs/training-
 from __future__ import annotations
 
 import argparse
-import copyreg
-import hashlib
 import json
-import pickle
+import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +39,6 @@ LAYOUT_FROM_SOURCE = {
     "megatron-readme-h100-strong-177B-96gpu": {"tp": 8, "pp": 6, "dp": 2},
     "megatron-readme-h100-strong-177B-4608gpu": {"tp": 8, "pp": 6, "dp": 96},
 }
-
-
-def _reduce_mapping(m: types.MappingProxyType) -> tuple[Any, tuple[dict[str, Any]]]:
-    from zrt_core.ir.graph import _frozen_mapping
-
-    return _frozen_mapping, (dict(m),)
-
-
-# captures hold read-only mappings; pickle them through the IR's own constructor
-copyreg.pickle(types.MappingProxyType, _reduce_mapping)
 
 
 def load_records(path: Path) -> list[dict[str, Any]]:
@@ -71,22 +58,16 @@ def record_case(record: dict[str, Any]):
 
 
 def captured(case, host, cache: Path | None):
+    """The training capture of a case, from the capture cache (``--cache DIR`` sets
+    ``ZRT_CACHE_DIR``; entries are keyed on the config, the options and the installed
+    versions, so a change to the capture code captures again)."""
     from zrt_core.estimate.training import capture_dtype, capture_for_training
 
-    dtype = capture_dtype(case.train.precision)
-    key = hashlib.sha1(json.dumps([dict(case.config), case.train.micro_batch,
-                                   case.train.seq_len, dtype], sort_keys=True,
-                                  default=str).encode()).hexdigest()[:16]
-    path = cache / f"{key}.pkl" if cache else None
-    if path is not None and path.exists():
-        with path.open("rb") as f:
-            return pickle.load(f)
-    result = capture_for_training(dict(case.config), case.train.micro_batch,
-                                  case.train.seq_len, dtype=dtype, host=host)
-    if path is not None:
-        with path.open("wb") as f:
-            pickle.dump(result, f)
-    return result
+    if cache is not None:
+        os.environ["ZRT_CACHE_DIR"] = str(cache)
+    return capture_for_training(dict(case.config), case.train.micro_batch,
+                                case.train.seq_len, dtype=capture_dtype(case.train.precision),
+                                host=host, use_cache=True)
 
 
 #: Which efficiency field a record's GEMMs run at, by its precision.

@@ -970,9 +970,10 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
             w += 2 * plan.quantized_bytes(int(dense + expert), plan.gemm_dtype or "")
         weights.append(w)
         if shard_params:
-            largest = max([inventory.layers[k].total for k in inventory.layers
-                           if any(i in templates.get(k).indices for i in layers)
-                           and templates.get(k) is not None] + [0])
+            mine_layers = set(layers)
+            largest = max([g.total for k, g in inventory.layers.items()
+                           if templates.get(k) is not None
+                           and mine_layers.intersection(templates[k].indices)] + [0])
             buffers.append(2 * largest * pbytes)  # the layer in use and the one prefetched
         else:
             buffers.append(0.0)
@@ -1080,12 +1081,9 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
     tokens = train.global_batch * train.seq_len
     peak = hw.compute.fp16_tflops if train.precision == "fp16" else hw.compute.bf16_tflops
     model_flops = _model_flops(captured, train, notes)
-    per_stage_replicas = world // pp
+    # every virtual stage runs each micro-batch on the world / pp devices of its stage
     hardware_flops = sum((s.forward_flops + s.backward_flops) * m for s in stage_reports) \
-        * per_stage_replicas
-    if schedule == "dualpipe":
-        hardware_flops = sum((s.forward_flops + s.backward_flops) * m
-                             for s in stage_reports) * per_stage_replicas
+        * (world // pp)
     mfu = model_flops / (step * world * peak * 1e12) if step else 0.0
     hfu = hardware_flops / (step * world * peak * 1e12) if step else 0.0
 
