@@ -130,6 +130,72 @@ def test_backward_tp_collective_runs_beside_the_weight_gradient() -> None:
     assert blocking.body_s == 9.0
 
 
+# -- views between a collective and the GEMM it is chunked with ------------------------------
+
+
+def view(i: int, *, phase: str = "train_forward") -> OpNode:
+    return OpNode(id=i, op="aten.view", category="view", phase=phase, zero_cost=True)
+
+
+def test_producer_gemm_is_found_behind_a_chain_of_views() -> None:
+    # GEMM 4 → view → view → reduce-scatter 2 → GEMM 3, userbuffers at 50%: the
+    # reduce-scatter is chunked with the GEMM behind the views and starts 1 s before it
+    # ends: GEMM 0→4, RS 3→5, GEMM 5→8 — as without the views. (Taking the last view as
+    # the producer, a 0 s "GEMM" hides nothing: RS 4→6, GEMM 6→9.)
+    rules = OverlapRules(tp_comm_overlap=0.5)
+    times = costs({0: 4.0, 3: 2.0, 4: 3.0})
+    ns = [node(0, "mm"), view(1), view(2), comm(3, "tp", "reduce_scatter"), node(4, "mm")]
+    region = schedule_region(OpGraph(phase="train_forward", nodes=ns, edges=chain(ns)), times,
+                             rules)
+    assert [(e.name, e.start_s, e.end_s) for e in region.body] == [
+        ("mm", 0.0, 4.0), ("comm.reduce_scatter", 3.0, 5.0), ("mm", 5.0, 8.0)]
+    plain = [ns[0], ns[3], ns[4]]
+    assert schedule_region(OpGraph(phase="train_forward", nodes=plain, edges=chain(plain)),
+                           times, rules).body_s == region.body_s == 8.0
+    # an extra direct edge from the GEMM (listed before or after the views') changes nothing
+    for extra in ([(0, 3), *chain(ns)], [*chain(ns), (0, 3)]):
+        g = OpGraph(phase="train_forward", nodes=ns, edges=extra)
+        assert schedule_region(g, times, rules).body_s == 8.0
+
+
+def test_producer_gemm_is_the_latest_behind_a_view_of_two_inputs() -> None:
+    # GEMMs 1 s and 4 s both feed a cat-like zero-cost node read by the reduce-scatter
+    # (2 s, 50%): the later one (0→... 1→5) is the producer; RS starts 1 s before it ends.
+    ns = [node(0, "mm"), node(1, "mm"), view(2), comm(3, "tp", "reduce_scatter")]
+    g = OpGraph(phase="train_forward", nodes=ns, edges=[(0, 2), (1, 2), (2, 3)])
+    region = schedule_region(g, costs({0: 1.0, 1: 4.0, 3: 2.0}),
+                             OverlapRules(tp_comm_overlap=0.5))
+    assert [(e.name, e.start_s) for e in region.body] == [
+        ("mm", 0.0), ("mm", 1.0), ("comm.reduce_scatter", 4.0)]
+
+
+def test_consumer_gemm_overlaps_a_gather_read_through_a_view() -> None:
+    # norm 1 → SP all-gather 2 → view → GEMM 3 at 50%: the GEMM starts 1 s before the
+    # gather ends, view or not: norm 0→1, gather 1→3, GEMM 2→5.
+    ns = [node(0, "norm", "norm"), comm(1, "tp", "all_gather"), view(2), node(3, "mm")]
+    g = OpGraph(phase="train_forward", nodes=ns, edges=chain(ns))
+    region = schedule_region(g, costs({0: 1.0, 1: 2.0, 3: 3.0}),
+                             OverlapRules(tp_comm_overlap=0.5))
+    assert [(e.start_s, e.end_s) for e in region.body] == [(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]
+
+
+def test_a_view_of_an_async_collective_holds_no_stream() -> None:
+    # Backward: dgrad 2 → async all-reduce 3 → view → next dgrad 2; wgrad 2 reads dgrad's
+    # input. The view is metadata: wgrad still runs under the all-reduce: dgrad 0→2,
+    # AR 2→5, wgrad 2→4, dgrad 5→7 (if the view waited for the AR on the compute stream,
+    # wgrad would run 5→7 and the layer take 9 s).
+    ns = [node(0, "dgrad", phase="train_backward"),
+          comm(1, "tp", "all_reduce", phase="train_backward"),
+          view(2, phase="train_backward"),
+          node(3, "wgrad", phase="train_backward"),
+          node(4, "dgrad", phase="train_backward")]
+    g = OpGraph(phase="train_backward", nodes=ns, edges=[(0, 1), (1, 2), (0, 3), (2, 4)])
+    region = schedule_region(g, costs({0: 2.0, 1: 3.0, 3: 2.0, 4: 2.0}))
+    assert sorted((e.start_s, e.name) for e in region.body) == [
+        (0.0, "dgrad"), (2.0, "comm.all_reduce"), (2.0, "wgrad"), (5.0, "dgrad")]
+    assert region.body_s == 7.0
+
+
 # -- EP, CP ----------------------------------------------------------------------------------
 
 

@@ -244,6 +244,11 @@ def schedule_region(
     consumer_early: dict[int, float] = {}
     prefetched: set[int] = set()
     on_comm: set[int] = set()
+    # Views and metadata ops run on no stream: their output is their input's storage. Each
+    # maps to the nodes that really produced what it reads (views of views followed), and
+    # its readers depend on those — so a collective chunked with a GEMM finds the GEMM
+    # behind a reshape, and a view of an async collective's output holds nothing up.
+    through: dict[int, tuple[int, ...]] = {}
     stream_free: dict[str, float] = {}
     compute_free = 0.0
     events: list[Event] = []
@@ -260,8 +265,13 @@ def schedule_region(
             rule, backend, source = cost.rule, cost.backend, cost.source
         durations[node.id] = duration
 
-        ready = 0.0
         inputs = preds.get(node.id, ())
+        if through and any(p in through for p in inputs):
+            inputs = _real_inputs(inputs, through)
+        if node.zero_cost and duration == 0.0 and node.category != Category.COLLECTIVE:
+            through[node.id] = tuple(inputs)
+            continue
+        ready = 0.0
         for p in inputs:
             if p in prefetched:
                 continue
@@ -315,6 +325,17 @@ def schedule_region(
                 category=node.category, layer_index=node.layer_index, phase=node.phase,
                 mode=mode, args=_NodeArgs(node, (rule, backend, source))))
     return Region.from_events(name or graph.phase, events)
+
+
+def _real_inputs(preds: Iterable[int], through: Mapping[int, tuple[int, ...]]
+                 ) -> tuple[int, ...]:
+    """``preds`` with every view replaced by the nodes it resolves to, each once."""
+    out: list[int] = []
+    for p in preds:
+        for q in through.get(p, (p,)):
+            if q not in out:
+                out.append(q)
+    return tuple(out)
 
 
 class _NodeArgs(Mapping[str, object]):
