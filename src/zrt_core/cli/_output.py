@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
+
+from zrt_core.errors import ZrtError
 
 
 def console():
@@ -40,3 +44,30 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
 
 def add_json_flag(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def positive_int(what: str) -> Callable[[str], int]:
+    """An argparse type: a positive integer, or a one-line usage error naming ``what``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, "
+                                             f"got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {value}")
+        return value
+
+    return parse
+
+
+def out_dir(out: str | Path) -> Path:
+    """Create ``--out DIR`` (and parents); an unwritable place is a one-line error."""
+    directory = Path(out)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ZrtError(f"cannot create {directory}: {exc.strerror or exc}",
+                       "choose a writable --out directory") from None
+    return directory

@@ -11,23 +11,12 @@ from __future__ import annotations
 
 import argparse
 
-from zrt_core.cli._output import add_json_flag, console, print_json, table
+from zrt_core.cli._output import add_json_flag, console, positive_int, print_json, table
 
 CAPTURED_PHASES = ("prefill", "decode", "train_forward", "train_backward")
 GAP_THRESHOLD = 0.10
 
 
-def _positive_int(what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, "
-                                             f"got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {value}")
-        return value
-    return parse
 
 
 def _phases(text: str) -> tuple[str, ...]:
@@ -63,9 +52,9 @@ def register(sub) -> None:
                         "HuggingFace id in the local cache")
     p.add_argument("--phases", type=_phases, default=CAPTURED_PHASES, metavar="LIST",
                    help="comma-separated: " + ",".join(CAPTURED_PHASES) + " (default: all)")
-    p.add_argument("--batch", type=_positive_int("--batch"), default=1, metavar="B",
+    p.add_argument("--batch", type=positive_int("--batch"), default=1, metavar="B",
                    help="sequences per step (default 1)")
-    p.add_argument("--seq-len", type=_positive_int("--seq-len"), default=2048, metavar="S",
+    p.add_argument("--seq-len", type=positive_int("--seq-len"), default=2048, metavar="S",
                    help="tokens per sequence; decode attends to S cached tokens "
                         "(default 2048)")
     p.add_argument("--out", metavar="DIR",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zrt_core.cli._output import add_json_flag, console, print_json, table
+from zrt_core.cli._output import add_json_flag, console, out_dir, positive_int, print_json, table
 from zrt_core.errors import ZrtError
 
 #: mode -> (add its argument group to the parser, run it with the parsed args)
@@ -29,17 +29,6 @@ def add_mode(name: str, add_arguments: Callable[[argparse.ArgumentParser], None]
     MODES[name] = (add_arguments, run)
 
 
-def _positive_int(what: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, "
-                                             f"got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{what} must be a positive integer, got {value}")
-        return value
-    return parse
 
 
 def add_parallel_args(p: argparse.ArgumentParser) -> None:
@@ -48,9 +37,9 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                        ("--vp", "virtual stages per pipeline rank"),
                        ("--cp", "context parallel"), ("--ep", "expert parallel"),
                        ("--dp", "data-parallel replicas")):
-        g.add_argument(flag, type=_positive_int(flag), default=1, metavar="N",
+        g.add_argument(flag, type=positive_int(flag), default=1, metavar="N",
                        help=f"{what} degree (default 1)")
-    g.add_argument("--etp", type=_positive_int("--etp"), default=None, metavar="N",
+    g.add_argument("--etp", type=positive_int("--etp"), default=None, metavar="N",
                    help="tensor parallel inside each expert (default: --tp)")
     g.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
                    help="context parallel attention (default ring)")
@@ -65,12 +54,12 @@ def add_infer_args(p: argparse.ArgumentParser) -> None:
     from zrt_core.strategy import QUANT
 
     g = p.add_argument_group("inference (--infer)")
-    g.add_argument("--batch", type=_positive_int("--batch"), default=None, metavar="B",
+    g.add_argument("--batch", type=positive_int("--batch"), default=None, metavar="B",
                    help="concurrent sequences (default: the largest that fits, offline "
                         "max-throughput as trtllm-bench runs it)")
-    g.add_argument("--input-len", type=_positive_int("--input-len"), default=1024,
+    g.add_argument("--input-len", type=positive_int("--input-len"), default=1024,
                    metavar="L", help="prompt tokens (default 1024)")
-    g.add_argument("--output-len", type=_positive_int("--output-len"), default=256,
+    g.add_argument("--output-len", type=positive_int("--output-len"), default=256,
                    metavar="O", help="generated tokens (default 256)")
     g.add_argument("--quant", choices=QUANT, default="none",
                    help="int8/int4 weight-only, fp8 (W8A8) or fp4 (NVFP4 W4A4)")
@@ -158,12 +147,7 @@ def write_outputs(report: Any, out: str) -> list[Path]:
     from zrt_core.reports.html import write_inference_html
     from zrt_core.reports.trace import merge_traces, timeline_trace, write_trace
 
-    directory = Path(out)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ZrtError(f"cannot create {directory}: {exc.strerror}",
-                       "choose a writable --out directory") from None
+    directory = out_dir(out)
     files = [write_inference_html(report, directory / "report.html")]
     path = directory / "report.json"
     path.write_text(json.dumps(report.to_json(), indent=1, default=str), encoding="utf-8")

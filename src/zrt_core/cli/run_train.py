@@ -17,20 +17,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zrt_core.cli._output import console, print_json
-from zrt_core.cli.run_cmd import _positive_int, add_mode, parallel_from_args
-from zrt_core.errors import ZrtError
+from zrt_core.cli._output import console, out_dir, positive_int, print_json
+from zrt_core.cli.run_cmd import add_mode, parallel_from_args
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
     from zrt_core.strategy import OPTIMIZERS, PP_SCHEDULES, PRECISIONS, RECOMPUTE
 
     g = p.add_argument_group("training (--train)")
-    g.add_argument("--micro-batch", type=_positive_int("--micro-batch"), default=1,
+    g.add_argument("--micro-batch", type=positive_int("--micro-batch"), default=1,
                    metavar="B", help="sequences per micro-batch (default 1)")
-    g.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None,
+    g.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
                    metavar="G", help="sequences per step (default: micro-batch × dp)")
-    g.add_argument("--seq-len", type=_positive_int("--seq-len"), default=4096, metavar="S",
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=4096, metavar="S",
                    help="tokens per sequence (default 4096)")
     g.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recomputation (default none)")
@@ -51,7 +50,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: flash (default) or unfused (Megatron-LM before "
                         "FlashAttention)")
-    g.add_argument("--num-gpus", type=_positive_int("--num-gpus"), default=None, metavar="N",
+    g.add_argument("--num-gpus", type=positive_int("--num-gpus"), default=None, metavar="N",
                    help="check that tp × cp × pp × dp equals this")
     g.add_argument("--embedding-loss-stages", action="store_true",
                    help="count the embedding and the loss as layers when splitting layers "
@@ -106,12 +105,7 @@ def write_training_outputs(report: Any, out: str) -> list[Path]:
     )
     from zrt_core.reports.training import write_training_html
 
-    directory = Path(out)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ZrtError(f"cannot create {directory}: {exc.strerror}",
-                       "choose a writable --out directory") from None
+    directory = out_dir(out)
     files = [write_training_html(report, directory / "report.html")]
     path = directory / "report.json"
     path.write_text(json.dumps(report.to_json(), indent=1, default=str), encoding="utf-8")
