@@ -17,7 +17,11 @@ from zrt_core.cli._output import add_json_flag, console, print_json
 def register(sub: Any) -> None:
     p = sub.add_parser("estimate", help="estimate a training step or serving from a YAML "
                        "spec (model numbers, hardware, layout, workload)",
-                       description=__doc__.splitlines()[0])
+                       description="One training or serving estimate described in a YAML file: a "
+                       "model (bundled name, path, config or model numbers), a hardware id, a "
+                       "parallel layout and a train or infer workload (docs/estimate.md). The "
+                       "graphs come from the analytic front-end unless the file asks for the "
+                       "capture.")
     p.add_argument("--config", required=True, metavar="FILE",
                    help="the estimate spec (docs/estimate.md; examples/*.yaml)")
     p.add_argument("--frontend", choices=("analytic", "capture"), default=None,

@@ -19,7 +19,11 @@ from zrt_core.cli._output import console, table
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="predict published measurements and print the error",
-                       description=__doc__.splitlines()[0])
+                       description="Predict every record of a validation file (the format of "
+                       "shared/validation/SCHEMA.md: published, measured training and serving "
+                       "runs) and print each error against the measurement, the MAPE of step "
+                       "time and throughput, and the worst records. A record that cannot be "
+                       "predicted is reported with its reason; the run goes on.")
     p.add_argument("file", metavar="FILE",
                    help="validation YAML (../shared/validation/public.yaml, ...)")
     p.add_argument("--json", metavar="PATH", dest="json_path",
