@@ -169,22 +169,32 @@ class InferenceReport:
         }
 
 
+def _layout(report: InferenceReport) -> str:
+    n = report.world_size
+    if n == 1:
+        return "1 device, no parallelism"
+    return f"{report.parallel.get('describe', '')} on {n} devices"
+
+
 def summary_rows(report: InferenceReport) -> list[tuple[str, str]]:
     """``(label, value)`` rows for the people's table."""
     mem = report.memory
+    # In max-throughput mode prompts and decodes share in-flight iterations: TTFT and TPOT
+    # are those of the steady state, not of an idle engine.
+    steady = " (steady state)" if report.mode == "max_throughput" else ""
     rows = [
         ("model", f"{report.model} ({report.model_type}, "
                   f"{report.params.get('total', 0) / 1e9:.2f} B params)"),
         ("hardware", f"{report.hardware_name} ({report.hardware_id})"),
-        ("layout", f"{report.parallel.get('describe', '')} on {report.world_size} devices"),
+        ("layout", _layout(report)),
         ("workload", f"input {report.workload.get('input_len')}, output "
                      f"{report.workload.get('output_len')}, quant "
                      f"{report.workload.get('quant')}, kv {report.workload.get('kv_dtype')}"),
         ("mode", f"{report.mode} ({report.engine})"),
         ("batch", f"{report.batch} sequences per replica (largest that fits: "
                   f"{report.max_batch})"),
-        ("TTFT", f"{report.ttft_s * 1e3:.2f} ms"),
-        ("TPOT", f"{report.tpot_s * 1e3:.3f} ms"),
+        ("TTFT" + steady, f"{report.ttft_s * 1e3:.2f} ms"),
+        ("TPOT" + steady, f"{report.tpot_s * 1e3:.3f} ms"),
         ("output throughput", f"{report.output_tokens_per_s:,.0f} tok/s "
                               f"({report.output_tokens_per_s_per_gpu:,.0f} per GPU)"),
     ]
