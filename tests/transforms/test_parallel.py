@@ -37,6 +37,19 @@ QWEN3_MOE = dict(model_type="qwen3_moe", hidden_size=128, intermediate_size=256,
                  num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
                  vocab_size=512, mlp_only_layers=[0])
 
+OPT = dict(model_type="opt", hidden_size=128, ffn_dim=256, num_hidden_layers=2,
+           num_attention_heads=4, vocab_size=512, word_embed_proj_dim=128,
+           max_position_embeddings=256, pad_token_id=1, bos_token_id=0, eos_token_id=0)
+BLOOM = dict(model_type="bloom", hidden_size=128, n_layer=2, n_head=4, vocab_size=512)
+MIXTRAL = dict(LLAMA, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+QWEN2 = dict(LLAMA, model_type="qwen2")
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", hidden_size=128, intermediate_size=256,
+                   moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+                   topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                   kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                   v_head_dim=32, vocab_size=512)
+
 _CAPTURES: dict[tuple, Any] = {}
 
 
@@ -293,6 +306,73 @@ def test_ulysses_all_to_all_swaps_sequence_and_heads(host, captured):
     assert [n.attrs["bytes"] for n in layer] == [4096, 2048, 2048, 4096]
     attn = _layer0(g, "self_attn", "zrt.attention.default")
     assert [t.shape for t in attn.inputs] == [(2, 2, 16, 32), (2, 1, 16, 32), (2, 1, 16, 32)]
+
+
+CP_FAMILIES = {"gpt2": GPT2, "opt": OPT, "llama": LLAMA, "qwen2": QWEN2,
+               "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE, "deepseek_v3": DEEPSEEK_V3}
+ALL_PHASES = ("prefill", "train_forward", "train_backward")
+
+
+def _token_independent(node: OpNode) -> bool:
+    """What CP leaves whole: ops with no axis of 16 tokens, 2 × 16 rows or 2 × 16 × 2 routed
+    rows (top-2 MoE) — prefill's head past the last-position slice (one rank computes the
+    logits), a tied embedding's two weight gradients summed, per-head constants."""
+    return not any({16, 32, 64} & set(t.shape) for t in (*node.inputs, *node.outputs))
+
+
+@pytest.mark.parametrize("cp_kind", ["ring", "ulysses"])
+@pytest.mark.parametrize("family", CP_FAMILIES)
+def test_context_parallel_splits_the_sequence_of_every_family(host, captured, family, cp_kind):
+    # Every rank computes 1/cp of every token-wise op (embedding lookups, norms, GEMMs,
+    # loss) and of the attention, whether the token ids reach the embedding directly or
+    # through a view (GPT-2, OPT) and the positions come from arange (GPT-2, llama's RoPE)
+    # or from a cumulative sum over an all-ones mask (OPT).
+    r = captured(CP_FAMILIES[family], ALL_PHASES)
+    out = apply_phases({p: r.graphs[p] for p in ALL_PHASES},
+                       _ctx(host, r, Parallel(cp=2, cp_kind=cp_kind)))
+    for phase in ALL_PHASES:
+        g0, g1 = r.graphs[phase], out[phase]
+        _check_structure(g1)
+        rank = g1.by_id()
+        attention = [0, 0]
+        for n in g0.nodes:
+            if not n.flops:
+                continue
+            m = rank[n.id]
+            if n.category == Category.ATTENTION:
+                attention[0] += n.flops * g0.multiplicity(n)
+                attention[1] += m.flops * g1.multiplicity(m)
+            elif _token_independent(n):
+                assert m.flops == n.flops, (phase, n.op, n.module_path)
+            else:
+                assert 2 * m.flops == n.flops, (phase, n.op, n.module_path, m.inputs)
+        assert attention[0] > 0 and 2 * attention[1] == attention[0], phase
+        layer0 = {(c.attrs["collective"], c.attrs["cp_kind"] if "cp_kind" in c.attrs else None)
+                  for c in _collectives(g1) if c.attrs["group"] == "cp" and c.layer_index == 0}
+        assert layer0 == ({("send_recv", "ring")} if cp_kind == "ring"
+                          else {("all_to_all", "ulysses")}), (phase, layer0)
+
+
+def test_context_parallel_gpt2_collectives_and_shapes(host, captured):
+    # GPT-2: hidden 128, 4 heads of 32, batch 2 × 16 tokens; cp = 2 keeps 8 tokens a rank.
+    r = captured(GPT2, ALL_PHASES)
+    out = apply_phases({p: r.graphs[p] for p in ALL_PHASES}, _ctx(host, r, Parallel(cp=2)))
+    fwd, bwd = out["train_forward"], out["train_backward"]
+    wte, wpe = [n for n in fwd.nodes if n.op == "aten.embedding.default"]
+    assert wte.inputs[1].shape == (2, 8) and wte.outputs[0].shape == (2, 8, 128)
+    assert wpe.inputs[1].shape == (1, 8)  # positions 8 of 16 (arange split like the ids)
+    c_fc = _layer0(fwd, "mlp.c_fc", "aten.addmm.default")
+    # 16 local tokens: 2 × 16 × 128 × 512 = 2,097,152 FLOPs (half of the 32 tokens')
+    assert c_fc.inputs[1].shape == (16, 128) and c_fc.flops == 2_097_152
+    # ring: K and V blocks of 2 × 4 × 8 × 32 × 2 bytes = 4096 each pass cp - 1 = 1 step:
+    # 8192 bytes forward; backward passes K, V and their gradients: 16384
+    (ring_f,) = [c for c in _collectives(fwd, "send_recv") if c.layer_index == 0]
+    (ring_b,) = [c for c in _collectives(bwd, "send_recv") if c.layer_index == 0]
+    assert (ring_f.attrs["bytes"], ring_b.attrs["bytes"]) == (8192, 16384)
+    # the loss over 16 of 32 tokens is a partial sum: its value and token count are
+    # all-reduced over cp (4-byte fp32 scalars), as Megatron averages the loss over CP
+    loss = [c for c in _collectives(fwd, "all_reduce") if c.attrs["group"] == "cp"]
+    assert [c.attrs["bytes"] for c in loss] == [4, 4]
 
 
 # -- pipeline stages -------------------------------------------------------------------------

@@ -7,7 +7,10 @@ How sharding is found
     ``rowwise`` per module) and, for parameters the plan does not name, module-name rules
     (``q/k/v/gate/up`` column-parallel, ``o/down`` row-parallel, experts by their FFN
     dimension, embedding and LM head vocabulary-parallel). Expert weights are split over
-    EP along the expert axis; the sequence of the prompt over CP. From the seeds a single
+    EP along the expert axis; the sequence over CP: integer inputs (token ids, labels)
+    and what the model builds from nothing before its first layer (positions from
+    ``arange``, OPT's all-ones mask) split along their sequence axis, however they reach
+    the embedding or the rotary tables, as Megatron slices a CP rank's batch. From the seeds a single
     pass over the dataflow carries each sharded axis through views, reshapes, transposes,
     elementwise ops, matmuls, attention and the MoE dispatch/combine, so every tensor gets
     its per-rank shape (heads/tp, ffn/tp, seq/cp, experts/ep). FLOPs and bytes are then
@@ -1235,6 +1238,21 @@ class _ParallelPass(ShapePass):
         last = max((i for i, n in enumerate(graph.nodes) if n.layer_index is not None),
                    default=-1)
         self.head_ids = {n.id for n in graph.nodes[last + 1:]} if last >= 0 else set()
+        # CP splits what the batch brings along the sequence (Megatron's
+        # get_batch_on_this_cp_rank slices tokens, labels, positions and masks): integer
+        # inputs (token ids, labels), and tensors the model makes from nothing before its
+        # first layer (cache positions, the all-ones mask OPT derives positions from).
+        self.cp_seq = 0
+        self.cp_roots: set[int] = set()
+        if self.cp > 1 and graph.phase in (Phase.PREFILL, Phase.TRAIN_FORWARD,
+                                           Phase.TRAIN_BACKWARD):
+            self.cp_seq = int(graph.meta.get("seq_len") or 0)
+            first = next((i for i, n in enumerate(graph.nodes) if n.layer_index is not None),
+                         len(graph.nodes))
+            if graph.phase != Phase.TRAIN_BACKWARD:
+                self.cp_roots = {n.id for n in graph.nodes[:first]
+                                 if n.category == Category.CREATION and not any(
+                                     t.tensor_id is not None for t in n.inputs)}
 
     # -- seeds ---------------------------------------------------------------------------
 
@@ -1257,10 +1275,17 @@ class _ParallelPass(ShapePass):
             if meta.tensor_id in self.cache_inputs:  # a KV cache split along its sequence
                 axis = self.cache_inputs[meta.tensor_id]
                 return scaled_layout(meta, {axis: ("cp", Fraction(1, self.cp))})
-            if op_base(node.op) == "embedding" and meta.dtype.startswith("int") and \
-                    self.graph.phase != Phase.DECODE and meta.shape:
-                return scaled_layout(meta, {len(meta.shape) - 1: ("cp", Fraction(1, self.cp))})
+            if meta.dtype.startswith(("int", "uint", "bool")):  # token ids, labels
+                return self._sequence_split(meta)
         return None
+
+    def _sequence_split(self, meta: TensorMeta) -> Layout | None:
+        """``meta`` split over CP along its sequence axis (the first of the captured
+        sequence length, after the batch axis), or None when it has none."""
+        axis = sequence_axis(meta.shape, self.cp_seq, self.graph.meta.get("batch"))
+        if axis is None:
+            return None
+        return scaled_layout(meta, {axis: ("cp", Fraction(1, self.cp))})
 
     def _param_seed(self, meta: TensorMeta, node: OpNode) -> Layout | None:
         name = meta.param
@@ -1345,6 +1370,9 @@ class _ParallelPass(ShapePass):
 
     def after(self, node: OpNode, ins: list[Layout], outs: list[Layout]) -> list[Layout]:
         base = op_base(node.op)
+        if node.id in self.cp_roots:
+            outs = [self._sequence_split(t) or o for t, o in zip(node.outputs, outs,
+                                                                 strict=True)]
         if base == "moe_dispatch" and self.ep_shared > 1:
             f = Fraction(1, self.ep_shared)
             outs = [_layout(node.outputs[k].shape,
@@ -1682,6 +1710,19 @@ class _ParallelPass(ShapePass):
             return lay  # an input gradient (dY·W): reduced here
         keep = frozenset(g for g in lay.partial if g not in ("cp",))
         return Layout(lay.shape, lay.axes, keep)
+
+
+def sequence_axis(shape: Sequence[int], seq_len: int, batch: object = None) -> int | None:
+    """The axis of ``shape`` that runs along a ``seq_len``-token sequence: the first of that
+    size, past a leading batch axis of the same size (``[B, S]`` token ids, ``[S]``
+    positions, ``[B, 1, S, S]`` masks: the query axis); None without one (or for one
+    token, which nothing splits)."""
+    if seq_len <= 1:
+        return None
+    axes = [i for i, d in enumerate(shape) if d == seq_len]
+    if len(axes) > 1 and axes[0] == 0 and len(shape) >= 2 and shape[0] == batch:
+        axes = axes[1:]
+    return axes[0] if axes else None
 
 
 def _covered(group: str, parallel: Parallel) -> set[str]:
