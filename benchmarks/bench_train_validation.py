@@ -11,9 +11,10 @@ MFU where the record has them). Prints a row per record, the MAPE of the step ti
 the records that measured it, the worst records, and the estimate's own time (capture
 excluded). A record zrt cannot predict is listed with the reason and the run goes on.
 
-Two records need a layout the source did not print (``LAYOUT_FROM_SOURCE``): the README's
-strong-scaling endpoints, which the same README's 177B weak-scaling row runs as TP8 × PP6;
-they carry only an MFU, so they do not enter the step-time MAPE.
+Records whose source published no layout (the README's strong-scaling endpoints) are
+estimated at the fastest feasible Megatron layout (``search_layout`` in
+``zrt_core.estimate.training``); they carry only an MFU, so they do not enter the
+step-time MAPE.
 
 ``--fit`` fits each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
 ``matmul_fp4`` of the hardware YAML's ``efficiency`` section) to every record on that
@@ -34,12 +35,6 @@ from typing import Any
 
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public.yaml"
 
-#: Layouts a record leaves null that its source states elsewhere (see the module docstring).
-LAYOUT_FROM_SOURCE = {
-    "megatron-readme-h100-strong-177B-96gpu": {"tp": 8, "pp": 6, "dp": 2},
-    "megatron-readme-h100-strong-177B-4608gpu": {"tp": 8, "pp": 6, "dp": 96},
-}
-
 
 def load_records(path: Path) -> list[dict[str, Any]]:
     import yaml
@@ -51,9 +46,6 @@ def load_records(path: Path) -> list[dict[str, Any]]:
 def record_case(record: dict[str, Any]):
     from zrt_core.estimate.training import case_from_record
 
-    layout = LAYOUT_FROM_SOURCE.get(record["id"])
-    if layout:
-        record = {**record, "parallel": {**(record.get("parallel") or {}), **layout}}
     return case_from_record(record)
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
-from zrt_core.errors import ModelError, SpecError
+from zrt_core.errors import LayoutError, ModelError, SpecError
 from zrt_core.ir.graph import Category, OpGraph, OpNode, Phase, dtype_bytes
 from zrt_core.reports.training import StageReport, TrainingMemory, TrainingReport
 from zrt_core.schedule.pipeline import (
@@ -44,7 +44,7 @@ from zrt_core.schedule.pipeline import (
 )
 from zrt_core.schedule.scheduler import OverlapRules, schedule_phase, weight_grad_s
 from zrt_core.strategy import Parallel, TrainSpec, check_layout
-from zrt_core.transforms.base import TransformContext, apply_all
+from zrt_core.transforms.base import TransformContext, apply_all, around_fusion
 from zrt_core.transforms.training import (
     RECOMPUTE_ATTR,
     STATE_BYTES,
@@ -518,10 +518,10 @@ def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
         applied.append(unfused.name)
         notes.append("attention as Megatron-LM ran it before FlashAttention: full-square "
                      f"QK^T and PV GEMMs, fused softmax, dropout {dropout:g} on the scores")
-    fusion = Fusion()
-    fwd = apply_all(fwd, [fusion], ctx)
-    bwd = apply_all(bwd, [fusion], ctx)
-    applied.append(fusion.name)
+    steps = around_fusion(ctx, Fusion())  # plugins' graph transforms around fusion
+    fwd = apply_all(fwd, steps, ctx)
+    bwd = apply_all(bwd, steps, ctx)
+    applied.extend(t.name for t in steps)
     return fwd, bwd, tuple(applied)
 
 
@@ -1175,6 +1175,9 @@ class TrainingCase:
     stage_split: str = "even"
     zero_algorithm: str | None = None
     assumptions: tuple[str, ...] = ()
+    #: the source published no layout (tp, pp, cp, vp and dp all null): :func:`estimate_case`
+    #: runs :func:`search_layout` instead of the placeholder ``parallel``
+    layout_search: bool = False
 
 
 #: Sources whose runs used Megatron-LM as of 2021-22, before overlapped gradient reduction,
@@ -1208,6 +1211,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                          "see ../shared/validation/SCHEMA.md") from None
     raw = dict(record.get("parallel") or {})
     assumptions: list[str] = []
+    layout_search = all(raw.get(k) is None for k in ("tp", "pp", "cp", "vp", "dp"))
 
     def take(key: str, default: Any, why: str) -> Any:
         value = raw.get(key)
@@ -1284,10 +1288,17 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         stage_split = "embedding-loss"
         assumptions.append(f"{layers} layers over pp × vp = {pp * vp} stages: embedding and "
                            "loss counted as layers (Megatron-Bridge recipes)")
+    if layout_search:
+        assumptions = [a for a in assumptions if not a.startswith(("tp=", "pp=", "cp=", "vp=",
+                                                                   "dp=", "sp on"))]
+        assumptions.append("layout not published: the fastest feasible Megatron layout "
+                           "(search_layout: tp within the NVLink domain dividing the heads, "
+                           "pp dividing the layers, dp the rest, the global batch divisible, "
+                           "memory within capacity)")
     return TrainingCase(config=config, hardware=str(hardware), parallel=parallel, train=train,
                         overlap=overlap, num_gpus=num_gpus, attention=attention,
                         stage_split=stage_split, zero_algorithm=zero_algorithm,
-                        assumptions=tuple(assumptions))
+                        assumptions=tuple(assumptions), layout_search=layout_search)
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
@@ -1296,6 +1307,8 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
     """:func:`estimate_training` with every input a :class:`TrainingCase` carries (layout,
     recipe, overlap rules, attention kernels, stage split, ZeRO collectives); ``options``
     adds or overrides keyword arguments (``keep_timelines=True``, a hardware spec...)."""
+    if case.layout_search:
+        return search_layout(case, host=host, captured=captured, **options)
     kwargs: dict[str, Any] = {
         "host": host, "captured": captured, "overlap": case.overlap,
         "num_gpus": case.num_gpus, "attention": case.attention,
@@ -1303,6 +1316,98 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
+
+
+#: Largest tensor-parallel degree :func:`search_layout` tries: Megatron users keep TP inside
+#: an 8-GPU board even on larger NVLink domains (TE userbuffers and the TP collectives of
+#: every layer), and no published recipe goes beyond it.
+MAX_SEARCH_TP = 8
+
+
+def layout_candidates(dims: ModelDims, num_gpus: int, global_batch: int, micro_batch: int,
+                      nvlink_domain: int | None, *, usable_bytes: float | None = None
+                      ) -> list[Parallel]:
+    """The Megatron layouts a user of the framework could run for an unpublished layout:
+    ``tp`` a divisor of the attention heads (and of the KV heads or a multiple of them, and
+    of the FFN width) within the NVLink domain and at most :data:`MAX_SEARCH_TP`; ``pp`` a
+    divisor of the layers; ``dp = GPUs / (tp × pp)`` whole, with the global batch a multiple
+    of ``micro_batch × dp``; no context or expert parallelism, no interleaving. With
+    ``usable_bytes``, layouts whose weights, fp32 gradients and sharded AdamW states alone
+    exceed it (a lower bound on what a rank holds: ``P / (tp·pp) · (2 + 4 + 12/dp)``, with
+    ``P`` counted without gated FFNs or biases) are left out."""
+    top = min(MAX_SEARCH_TP, nvlink_domain or MAX_SEARCH_TP)
+    params = dims.layers * (dims.hidden * (dims.heads + 2 * dims.kv_heads) * dims.head_dim
+                            + dims.heads * dims.head_dim * dims.hidden
+                            + 2 * dims.hidden * max(dims.ffn, dims.moe_ffn)) \
+        + dims.vocab * dims.hidden
+    out = []
+    for tp in range(1, top + 1):
+        if dims.heads % tp or (dims.kv_heads % tp and tp % dims.kv_heads) or \
+                (dims.ffn and dims.ffn % tp) or num_gpus % tp:
+            continue
+        for pp in range(1, dims.layers + 1):
+            if dims.layers % pp or num_gpus % (tp * pp):
+                continue
+            dp = num_gpus // (tp * pp)
+            if global_batch % (micro_batch * dp):
+                continue
+            if usable_bytes is not None and \
+                    params / (tp * pp) * (2 + 4 + 12 / dp) > usable_bytes:
+                continue
+            out.append(Parallel(tp=tp, pp=pp, dp=dp))
+    return out
+
+
+def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
+                  captured: TrainingCapture | CaptureResult | None = None,
+                  **options: Any) -> TrainingReport:
+    """Estimate a record whose source did not publish its layout: every candidate of
+    :func:`layout_candidates` with the case's recipe (1F1B, Megatron-Core's overlap flags),
+    and the fastest one that fits in memory (the fastest of all, noted as not fitting, when
+    none does). The report's ``parallel`` is the chosen layout and its notes say how many
+    were tried."""
+    from zrt_core.errors import ZrtError
+    from zrt_core.modelinfo import ModelDims
+
+    if host is None:
+        from zrt_core.plugins import get_plugin_manager
+
+        host = get_plugin_manager()
+    hardware = options.pop("hardware", case.hardware)
+    hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
+    dims = ModelDims.from_config(case.config)
+    usable = hw.memory.capacity_gb * 2.0 ** 30 * USABLE_MEMORY_FRACTION
+    tier0 = hw.interconnect[0].devices if hw.interconnect else None
+    candidates = layout_candidates(dims, case.num_gpus, case.train.global_batch,
+                                   case.train.micro_batch, tier0, usable_bytes=usable)
+    if not candidates:
+        raise LayoutError(
+            f"no Megatron layout of {case.num_gpus} GPUs divides the model and the global "
+            f"batch of {case.train.global_batch}",
+            "publish the layout in the record (parallel.tp, pp, dp)")
+    best: TrainingReport | None = None
+    tried = 0
+    for par in candidates:
+        train = evolve(case.train, pp_schedule="1f1b")
+        try:
+            report = estimate_training(
+                case.config, hw, par, train, host=host, captured=captured,
+                overlap=default_overlap(par, train), num_gpus=case.num_gpus,
+                attention=case.attention, zero_algorithm=case.zero_algorithm, **options)
+        except ZrtError:
+            continue
+        tried += 1
+        key = (not report.feasible, report.step_time_s)
+        if best is None or key < (not best.feasible, best.step_time_s):
+            best = report
+    if best is None:
+        raise LayoutError(f"none of the {len(candidates)} candidate layouts could be estimated")
+    p = best.parallel
+    note = (f"layout not published: searched {tried} Megatron layouts of {case.num_gpus} GPUs "
+            f"(tp ≤ {min(MAX_SEARCH_TP, tier0 or MAX_SEARCH_TP)} dividing the heads, pp "
+            f"dividing the layers, dp the rest); the fastest that fits: tp {p.tp} × pp {p.pp} "
+            f"× dp {p.dp}")
+    return evolve(best, notes=(note, *best.notes))
 
 
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
@@ -1323,8 +1428,10 @@ __all__ = [
     "default_overlap",
     "estimate_case",
     "estimate_training",
+    "layout_candidates",
     "legacy_overlap",
     "saved_activation_bytes",
+    "search_layout",
     "train_spec_defaults",
     "transient_bytes",
 ]

@@ -1,0 +1,85 @@
+"""The training estimator's framework mechanisms, each on a tiny graph with exact arithmetic:
+the layout search for records without a published layout (docs/training-model.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zrt_core.estimate.training import (
+    capture_for_training,
+    case_from_record,
+    default_overlap,
+    estimate_case,
+    layout_candidates,
+)
+from zrt_core.modelinfo import ModelDims
+from zrt_core.plugins import PluginHost, get_plugin_manager
+
+# h=64, 4 layers of 4 heads, FFN 256, vocab 128, 256 positions
+TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_inner": 256,
+        "vocab_size": 128, "n_positions": 256}
+
+
+@pytest.fixture(scope="module")
+def host() -> PluginHost:
+    return get_plugin_manager()
+
+
+def _dims(**changes) -> ModelDims:
+    base = {"model_type": "gpt2", "hidden": 64, "layers": 4, "heads": 4, "kv_heads": 4,
+            "head_dim": 16, "ffn": 256, "vocab": 128}
+    return ModelDims(**{**base, **changes})
+
+
+def test_layout_candidates_are_the_divisor_layouts_inside_the_nvlink_domain() -> None:
+    # 16 GPUs, heads 4 → tp ∈ {1, 2, 4}; layers 4 → pp ∈ {1, 2, 4}; dp = 16 / (tp·pp) must
+    # divide the global batch 8 (micro-batch 1): dp ∈ {1, 2, 4, 8}, so tp·pp ≥ 2
+    got = {(p.tp, p.pp, p.dp) for p in layout_candidates(_dims(), 16, 8, 1, 8)}
+    assert got == {(1, 2, 8), (1, 4, 4), (2, 1, 8), (2, 2, 4), (2, 4, 2), (4, 1, 4),
+                   (4, 2, 2), (4, 4, 1)}
+    # an NVLink domain of 2 caps tp at 2
+    assert {p.tp for p in layout_candidates(_dims(), 16, 8, 1, 2)} == {1, 2}
+    # GQA: 2 KV heads and tp 4 (a multiple of them) is allowed, tp 3 never divides 4 heads
+    assert {p.tp for p in layout_candidates(_dims(kv_heads=2), 16, 16, 1, 8)} == {1, 2, 4}
+
+
+def test_layout_candidates_drop_layouts_whose_states_cannot_fit() -> None:
+    # P = 4·(64·(4+8)·16 + 4·16·64 + 2·64·256) + 128·64 = 4·(12288 + 4096 + 32768) + 8192
+    #   = 204800 parameters; tp=pp=1, dp=16: P·(2 + 4 + 12/16) = 1382400 bytes
+    dims = _dims()
+    assert any((p.tp, p.pp) == (1, 1)
+               for p in layout_candidates(dims, 16, 16, 1, 8, usable_bytes=1382400))
+    assert not any((p.tp, p.pp) == (1, 1)
+                   for p in layout_candidates(dims, 16, 16, 1, 8, usable_bytes=1382399))
+
+
+def test_a_record_without_a_layout_is_estimated_at_the_fastest_feasible_one(host) -> None:
+    record = {"id": "t", "workload": "train", "source": "test", "hardware": "nvidia_h100_sxm",
+              "num_gpus": 8, "seq_len": 64, "global_batch": 8, "micro_batch": 2,
+              "model": {"hf_config": TINY},
+              "parallel": {"tp": None, "pp": None, "dp": None, "cp": None, "vp": None}}
+    case = case_from_record(record)
+    assert case.layout_search
+    assert any("layout not published" in a for a in case.assumptions)
+    tiny = capture_for_training(TINY, 2, 64, host=host, use_cache=False)
+    report = estimate_case(case, host=host, captured=tiny)
+    p = report.parallel
+    assert p.tp * p.pp * p.dp == 8 and 8 % (2 * p.dp) == 0
+    assert report.notes[0].startswith("layout not published: searched")
+    # it is the fastest of the candidates it names
+    for cand in layout_candidates(case_dims(), 8, 8, 2, 8):
+        other = estimate_case(case.__class__(**{**_fields(case), "parallel": cand,
+                                                "overlap": default_overlap(cand, case.train),
+                                                "layout_search": False}),
+                              host=host, captured=tiny)
+        assert report.step_time_s <= other.step_time_s + 1e-12
+
+
+def case_dims() -> ModelDims:
+    return ModelDims.from_config(TINY)
+
+
+def _fields(case) -> dict:
+    from attrs import asdict
+
+    return asdict(case, recurse=False)
