@@ -84,3 +84,30 @@ def test_gpt2_exact_count():
     # total 39,383,808 + 85,054,464 + 1,536 = 124,439,808
     gpt2 = next(m for m in BUNDLED if m.key == "gpt2")
     assert param_counts(gpt2.config_dict()).total == 124_439_808
+
+
+def test_a_plugin_bundles_configs_by_key_and_alias(register_plugin):
+    from zrt_core import hookimpl
+    from zrt_core.errors import PluginError
+    from zrt_core.models import BundledModel
+
+    tiny = BundledModel(key="toy-llama", name="Toy Llama", aliases=("acme/toy",),
+                        hf_config={"model_type": "llama", "hidden_size": 64})
+    clash = BundledModel(key="llama3-8b", name="Another", hf_config={"model_type": "llama"})
+
+    class Pack:
+        def __init__(self, *models):
+            self.models = list(models)
+
+        @hookimpl
+        def zrt_model_configs(self):
+            return self.models
+
+    host = register_plugin(Pack(tiny), "toy_pack", distribution="zrt-toy")
+    assert host.models.get("ACME/Toy") is tiny
+    assert host.models.distribution_of("toy-llama") == "zrt-toy"
+    assert resolve_model("acme/toy", host).config["hidden_size"] == 64
+    register_plugin(Pack(clash), "clash_pack", distribution="zrt-clash")
+    with pytest.raises(PluginError, match="'llama3-8b' is contributed twice: by 'zrt-core' "
+                                          "and by 'zrt-clash'"):
+        host.models.get("toy-llama")

@@ -1,13 +1,20 @@
 """The hooks a zrt plugin may implement.
 
-Every hook is a *contribution* hook: it takes no arguments and returns a list or tuple of
-frozen values of one type (an empty one to contribute nothing). The core calls each
-implementation at most once per plugin host, checks every value's type, records which
-distribution gave it, and rejects a duplicate name with a message naming both
-distributions. Anything else returned, or an exception raised, is a
+Two kinds:
+
+- *Contribution* hooks take no arguments and return a list or tuple of frozen values of
+  one type (an empty one to contribute nothing). The core calls each implementation at
+  most once per plugin host, checks every value's type, records which distribution gave
+  it, and rejects a duplicate name with a message naming both distributions. The core
+  registers its own defaults through these same hooks.
+- *Query* hooks (``firstresult``) take arguments and answer for them, or return None to
+  let the next plugin answer; the first non-None result wins. The core asks them only
+  where its own knowledge ends (each spec says where).
+
+For both, anything else returned, or an exception raised, is a
 :class:`~zrt_core.errors.PluginError` naming the plugin. Wrappers (``hookwrapper=True``,
-``wrapper=True``) are refused on these hooks. The core registers its own defaults through
-these same hooks.
+``wrapper=True``) are refused: the core calls implementations one by one to name them.
+``docs/plugins.md`` has a section per hook.
 
 A plugin is a module (or object) with functions marked by :data:`zrt_core.hookimpl`,
 exposed through an entry point in the group ``zrt``::
@@ -29,18 +36,20 @@ exposed through an entry point in the group ``zrt``::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
+    from zrt_core.analytic.flops import PhaseFlops
     from zrt_core.capture.patches import ModelPatch
     from zrt_core.cost.backend import CostBackendSpec
     from zrt_core.cost.measured import MeasuredTable
     from zrt_core.formulas.registry import OpFormula
     from zrt_core.hardware import HardwareSpec
     from zrt_core.models import BundledModel
+    from zrt_core.transforms.base import TransformSpec
     from zrt_core.transforms.fusion import FusionRulePack
 
 PROJECT = "zrt"
@@ -125,10 +134,54 @@ def zrt_fusion_rules() -> Sequence[FusionRulePack]:
 
 
 @hookspec
+def zrt_graph_transforms() -> Sequence[TransformSpec]:
+    """Graph transforms both estimators run on every priced graph (serving and training).
+
+    :return: a list or tuple of :class:`zrt_core.transforms.base.TransformSpec`: a unique
+        name, a factory ``(TransformContext) -> transform | None``, the point of the
+        pipeline where it runs (``before_fusion``: per-rank graphs with their captured op
+        names; ``after_fusion``: fused graphs, before the estimator's own rewrites and
+        pricing), the kernel platforms (``cuda``, ``ascend``, ``generic``; empty: all) and
+        graph phases (empty: all) it applies to, and its ``order`` among the transforms of
+        that point (ascending, then by name). Names must be unique.
+    """
+
+
+@hookspec
 def zrt_cost_backends() -> Sequence[CostBackendSpec]:
     """Cost backends that price graph nodes on a hardware spec.
 
     :return: a list or tuple of :class:`zrt_core.cost.backend.CostBackendSpec`. Backends are
         asked in descending priority; the first that prices a node wins, and the built-in
         roofline (lowest priority) prices the rest. Names must be unique.
+    """
+
+
+# -------------------------------------------------------------------------------------
+# Analytic references (query hooks)
+# -------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def zrt_reference_flops(config: Mapping[str, Any], phase: str, batch: int,
+                        seq_len: int) -> PhaseFlops | None:
+    """The analytic FLOPs of one phase of a model the core's reference does not describe.
+
+    The core's own count (:mod:`zrt_core.analytic.flops`) is authoritative for the families
+    it describes and is used first; this hook is asked only when the core raises
+    :class:`~zrt_core.errors.ModelError` for the config (a family it has no model of), so a
+    plugin that rewrites a family's capture can never move the reference that capture is
+    checked against. Stops at first non-None result.
+
+    :param config: the model's HuggingFace config as a mapping (``text_config`` nested for
+        multimodal configs); read it, never change it.
+    :param phase: ``prefill``, ``decode``, ``train_forward`` or ``train_backward``.
+    :param batch: sequences.
+    :param seq_len: tokens per sequence; for ``decode`` the cached length (the new token
+        attends to ``seq_len + 1`` keys).
+    :return: a :class:`zrt_core.analytic.flops.PhaseFlops` for the whole model (every
+        layer), with ``phase``, ``batch`` and ``seq_len`` as given and the core's
+        conventions (causal attention; logits of the last position for prefill/decode,
+        of every position for training; ``train_backward`` twice ``train_forward``), or
+        None when this plugin does not describe the model.
     """

@@ -30,12 +30,14 @@ from zrt_core import hookspecs
 from zrt_core.errors import PluginError, UnknownNameError, ZrtError
 
 if TYPE_CHECKING:
+    from zrt_core.analytic.flops import PhaseFlops
     from zrt_core.capture.patches import ModelPatch
     from zrt_core.cost.backend import CostBackendSpec
     from zrt_core.cost.measured import MeasuredTable
     from zrt_core.formulas.registry import FormulaRegistry
     from zrt_core.hardware import HardwareSpec
     from zrt_core.models import BundledModel
+    from zrt_core.transforms.base import TransformSpec
     from zrt_core.transforms.fusion import FusionRulePack
 
 ENTRY_POINT_GROUP = "zrt"
@@ -57,9 +59,16 @@ CONTRIBUTION_TYPES: Mapping[str, tuple[str, str]] = {
     "zrt_model_patches": ("zrt_core.capture.patches", "ModelPatch"),
     "zrt_op_formulas": ("zrt_core.formulas.registry", "OpFormula"),
     "zrt_fusion_rules": ("zrt_core.transforms.fusion", "FusionRulePack"),
+    "zrt_graph_transforms": ("zrt_core.transforms.base", "TransformSpec"),
     "zrt_cost_backends": ("zrt_core.cost.backend", "CostBackendSpec"),
 }
 CONTRIBUTION_HOOKS = tuple(CONTRIBUTION_TYPES)
+
+#: Each query (firstresult) hook and the class (module, name) a non-None answer must be.
+QUERY_TYPES: Mapping[str, tuple[str, str]] = {
+    "zrt_reference_flops": ("zrt_core.analytic.flops", "PhaseFlops"),
+}
+QUERY_HOOKS = tuple(QUERY_TYPES)
 
 
 def _core_version() -> str:
@@ -219,7 +228,7 @@ class PluginHost:
     def _reset(self) -> None:
         self._contributed.clear()
         for attr in ("hardware", "formulas", "models", "model_patches", "fusion_rules",
-                     "cost_backends", "measured_tables"):
+                     "cost_backends", "measured_tables", "graph_transforms"):
             self.__dict__.pop(attr, None)
 
     def distribution(self, plugin_name: str) -> str:
@@ -312,6 +321,11 @@ class PluginHost:
         return self._collect("zrt_fusion_rules", Registry("fusion rule pack", lambda p: p.name))
 
     @cached_property
+    def graph_transforms(self) -> Registry[TransformSpec]:
+        return self._collect("zrt_graph_transforms",
+                             Registry("graph transform", lambda t: t.name))
+
+    @cached_property
     def cost_backends(self) -> Registry[CostBackendSpec]:
         return self._collect("zrt_cost_backends", Registry("cost backend", lambda b: b.name))
 
@@ -327,6 +341,63 @@ class PluginHost:
     def hardware_spec(self, name: str) -> HardwareSpec:
         """A spec by id or alias; an unknown name lists the closest ids."""
         return self.hardware.get(name)
+
+    # -- queries ----------------------------------------------------------------------
+
+    def query(self, hook_name: str, **kwargs: Any) -> tuple[Any, str] | None:
+        """The first non-None answer of a query hook and the plugin that gave it, asking the
+        implementations in pluggy's order (last registered first, ``tryfirst``/``trylast``
+        respected); None when none answers.
+
+        :raises PluginError: an implementation raises, or answers with a value of the wrong
+            type; the message names the plugin and its distribution (a ``ZrtError`` keeps
+            its message and hint).
+        """
+        if hook_name not in QUERY_TYPES:
+            raise PluginError(f"{hook_name!r} is not a query hook",
+                              f"use one of {', '.join(QUERY_HOOKS)}")
+        module_name, class_name = QUERY_TYPES[hook_name]
+        expected = getattr(importlib.import_module(module_name), class_name)
+        caller = getattr(self.pm.hook, hook_name)
+        for impl in reversed(caller.get_hookimpls()):
+            who = f"plugin {impl.plugin_name!r} ({self.distribution(impl.plugin_name)})"
+            fix = f"fix the plugin, or disable it with {ENV_DISABLE}={impl.plugin_name}"
+            try:
+                answer = impl.function(*(kwargs[a] for a in impl.argnames))
+            except PluginError:
+                raise
+            except ZrtError as exc:
+                raise PluginError(f"{who} failed in {hook_name}: {exc.message}",
+                                  exc.hint or fix) from exc
+            except Exception as exc:
+                raise PluginError(f"{who} failed in {hook_name}: {_one_line(exc)}",
+                                  fix) from exc
+            if answer is None:
+                continue
+            if not isinstance(answer, expected):
+                raise PluginError(f"{who}: {hook_name} returned a {type(answer).__name__}, "
+                                  f"expected {class_name} or None",
+                                  f"build the answer with {module_name}.{class_name}")
+            return answer, impl.plugin_name
+        return None
+
+    def reference_flops(self, config: Mapping[str, Any], phase: str, batch: int,
+                        seq_len: int) -> tuple[PhaseFlops, str] | None:
+        """``zrt_reference_flops``: the first plugin's count for a model the core does not
+        describe, with the distribution that gave it; None when no plugin does. Callers
+        use :func:`zrt_core.analytic.flops.reference_flops`, which asks the core first."""
+        found = self.query("zrt_reference_flops", config=config, phase=phase, batch=batch,
+                           seq_len=seq_len)
+        if found is None:
+            return None
+        flops, plugin = found
+        if flops.phase != phase or flops.batch != batch or flops.seq_len != seq_len:
+            raise PluginError(
+                f"plugin {plugin!r} ({self.distribution(plugin)}): zrt_reference_flops "
+                f"answered for {flops.phase}/batch {flops.batch}/seq_len {flops.seq_len}, "
+                f"asked for {phase}/batch {batch}/seq_len {seq_len}",
+                "return the PhaseFlops of the phase, batch and length asked for")
+        return flops, self.distribution(plugin)
 
     # -- listing --------------------------------------------------------------------
 
@@ -363,8 +434,8 @@ def _register_checked(pm: pluggy.PluginManager, plugin: object, name: str, who: 
     """Register ``plugin`` and check it against the specs at once, so errors name it.
 
     Rejects: a hook implementation whose arguments do not match its spec, a ``zrt_*``
-    function that is no known hook, and a wrapper on a contribution hook (contributions
-    are plain values; a wrapper could not change them). On failure the plugin is
+    function that is no known hook, and a wrapper on a contribution or query hook (the
+    core calls implementations one by one, so a wrapper would never run). On failure the plugin is
     unregistered again. A ``zrt_*`` function left without ``@hookimpl`` is an error too:
     pluggy would silently ignore it, and a hardware pack would vanish without a word.
     """
@@ -388,12 +459,14 @@ def _register_checked(pm: pluggy.PluginManager, plugin: object, name: str, who: 
                     f"{who} implements {caller.name!r}, which is not a zrt hook",
                     "check the name against zrt_core.hookspecs (a typo, or a newer zrt)",
                 )
-            if caller.name in CONTRIBUTION_TYPES:
+            if caller.name in CONTRIBUTION_TYPES or caller.name in QUERY_TYPES:
+                kind = "contribution" if caller.name in CONTRIBUTION_TYPES else "query"
                 for impl in caller.get_hookimpls():
                     if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
                         raise PluginError(
-                            f"{who} wraps the contribution hook {caller.name!r}",
-                            "implement it as a plain @hookimpl returning a list",
+                            f"{who} wraps the {kind} hook {caller.name!r}",
+                            "implement it as a plain @hookimpl returning "
+                            + ("a list" if kind == "contribution" else "a value or None"),
                         )
     except PluginError:
         pm.unregister(plugin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 from zrt_deepseek.kernels import PlatformKernels, select_kernels
 
@@ -65,3 +66,41 @@ def test_the_ascend_ops_compute_what_the_cuda_ones_do():
     a = torch.ops.deepseek.mla_attention(qa, kv, kv[..., :8], idx, True, 0.3)
     b = torch.ops.deepseek.npu_sparse_flash_attention(qa, kv, kv[..., :8], idx, True, 0.3)
     assert torch.equal(a[0], b[0])
+
+
+def _toy_hardware(vendor: str) -> Any:
+    from zrt_core.hardware import HardwareSpec
+
+    return HardwareSpec.from_mapping({
+        "id": f"toy_{vendor}", "name": "Toy", "vendor": vendor,
+        "compute": {"fp32": 10, "bf16": 100, "fp16": 100, "fp8": 200},
+        "memory": {"capacity_gb": 16, "bandwidth_gb_per_s": 1000},
+        "interconnect": [{"name": "link", "bandwidth_gb_per_s": 100, "latency_us": 2,
+                          "devices": 8},
+                         {"name": "net", "bandwidth_gb_per_s": 25, "latency_us": 5,
+                          "devices": None}],
+        "efficiency": {"matmul": 0.8, "memory": 0.8, "launch_overhead_us": 2}})
+
+
+def test_the_plugin_contributes_the_transform_for_ascend_only(host):
+    (spec,) = list(host.graph_transforms)
+    assert (spec.name, spec.point, spec.platforms) == (
+        "deepseek.platform_kernels", "before_fusion", ("ascend",))
+    assert host.graph_transforms.distribution_of(spec.name) == "<local>"
+
+
+def test_serving_on_ascend_runs_the_npu_kernels(captured, host):
+    from zrt_core.estimate import estimate_inference
+    from zrt_core.strategy import InferSpec, Parallel
+
+    cap = captured("deepseek_v32", batch=1, phases=("prefill", "decode"))
+    infer = InferSpec(batch=2, input_len=16, output_len=4)
+    npu, gpu = (estimate_inference(None, _toy_hardware(v), Parallel(), infer, host=host,
+                                   captured=cap) for v in ("huawei", "nvidia"))
+    assert "deepseek.platform_kernels" in npu.transforms
+    assert "deepseek.platform_kernels" not in gpu.transforms
+    assert npu.decode.flops == gpu.decode.flops
+    # decode at the mean context 16 + 4/2 = 18 cached tokens: the indexer of each of the 3
+    # layers scores T = 19 keys for B = 2 one-token queries; the CUDA kernel writes and
+    # reads back the [B, 1, T] float32 logits, 2 · 2 · 19 · 4 = 304 bytes; 3 · 304 = 912
+    assert gpu.decode.bytes - npu.decode.bytes == 912

@@ -71,6 +71,20 @@ def test_captured_flops_match_the_analytic_count(captured, tiny):
             assert by_cat[Category.MATMUL] == ref.matmul + ref.lm_head, phase
         # the rest is norms, pooling and elementwise work the analytic count leaves out
         assert abs(g.totals().flops - ref.total) / ref.total < 0.05, phase
+        # the capture's own check found the count through zrt_reference_flops
+        check = r.flops_checks[phase]
+        assert (check.analytic, check.reference) == (ref.total, "<local>"), phase
+    assert not [w for w in r.warnings if "no analytic FLOPs" in w]
+
+
+def test_the_reference_hook_answers_for_v4_only(host, tiny):
+    from zrt_core.analytic.flops import reference_flops
+
+    assert host.reference_flops(tiny["deepseek_v3"], "prefill", 1, 16) is None
+    flops, source = reference_flops({"text_config": tiny["deepseek_v4"]}, "decode", 3, 40,
+                                    host=host)
+    assert flops == v4_phase_flops(tiny["deepseek_v4"], "decode", 3, 40)
+    assert source == "<local>"
 
 
 def test_analytic_layer_weights_match_the_built_model(captured, tiny):

@@ -48,12 +48,15 @@ Mamba layer's FLOPs, which its projections dominate anyway.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
 from zrt_core.analytic.arch import Architecture, AttentionSpec, MambaSpec, architecture
 from zrt_core.errors import ModelError
+
+if TYPE_CHECKING:
+    from zrt_core.plugins import PluginHost
 
 PHASES = ("prefill", "decode", "train_forward", "train_backward")
 
@@ -260,6 +263,35 @@ def phase_flops(model: Architecture | Mapping[str, Any], phase: str, batch: int,
     if phase == "train_backward":
         return train_backward_flops(model, batch, seq_len)
     raise ModelError(f"unknown phase {phase!r}", f"use one of {', '.join(PHASES)}")
+
+
+#: The source ``reference_flops`` names for the core's own count.
+CORE_REFERENCE = "zrt-core"
+
+
+def reference_flops(config: Mapping[str, Any], phase: str, batch: int, seq_len: int, *,
+                    host: PluginHost | None) -> tuple[PhaseFlops, str]:
+    """The reference FLOPs of ``phase`` and where they come from: the core's count
+    (:func:`phase_flops`, source ``zrt-core``) for the families it describes, else the
+    first installed plugin's ``zrt_reference_flops`` answer (source: its distribution).
+
+    The core is asked first so that a plugin rewriting a family's capture cannot move the
+    reference that capture is checked against; plugins extend the reference to families
+    the core does not describe.
+
+    :raises ModelError: an unknown phase, or neither the core nor any plugin describes the
+        model (the core's message, with a hint naming the hook).
+    """
+    if phase not in PHASES:
+        raise ModelError(f"unknown phase {phase!r}", f"use one of {', '.join(PHASES)}")
+    try:
+        return phase_flops(config, phase, batch, seq_len), CORE_REFERENCE
+    except ModelError as exc:
+        found = host.reference_flops(config, phase, batch, seq_len) if host else None
+        if found is None:
+            raise ModelError(exc.message, "no installed plugin counts it either "
+                             "(zrt_reference_flops); capture still works") from exc
+        return found
 
 
 def flops_gap(captured: float, analytic: float) -> float | None:

@@ -42,11 +42,16 @@ FLOPS_GAP_WARN = 0.10
 
 @frozen
 class FlopsCheck:
-    """Captured FLOPs of one phase against the analytic reference (whole model)."""
+    """Captured FLOPs of one phase against the analytic reference (whole model).
+
+    :param reference: who counted ``analytic``: ``zrt-core``, or the distribution of the
+        plugin whose ``zrt_reference_flops`` described a family the core does not.
+    """
 
     phase: str
     captured: int
     analytic: int
+    reference: str = "zrt-core"
 
     @property
     def gap(self) -> float | None:
@@ -55,7 +60,7 @@ class FlopsCheck:
 
     def to_json(self) -> dict[str, Any]:
         return {"phase": self.phase, "captured": self.captured, "analytic": self.analytic,
-                "gap": self.gap}
+                "gap": self.gap, "reference": self.reference}
 
 
 @frozen
@@ -350,11 +355,13 @@ class _Capture:
         for phase, g in graphs.items():
             length = kv_len if phase == Phase.DECODE and kv_len else self.options.seq_len
             try:
-                ref = analytic.phase_flops(config_dict, phase, self.options.batch, length)
+                ref, source = analytic.reference_flops(config_dict, phase, self.options.batch,
+                                                       length, host=self.host)
             except ModelError as exc:
                 self.warnings.append(f"{phase}: no analytic FLOPs to check against ({exc})")
                 continue
-            check = FlopsCheck(phase=phase, captured=g.totals().flops, analytic=ref.total)
+            check = FlopsCheck(phase=phase, captured=g.totals().flops, analytic=ref.total,
+                               reference=source)
             checks[phase] = check
             gap = check.gap
             if gap is not None and abs(gap) > FLOPS_GAP_WARN:

@@ -3,7 +3,8 @@ and a parallel layout (the model is documented in docs/inference-model.md).
 
 Pipeline per priced step: the captured phase (batch 1) → :class:`Rescale` (batch, cached
 tokens) → :class:`ParallelTransform` (TP/SP/CP/EP per-rank shapes and collectives) →
-:class:`Quantize` → :class:`Fusion` (the platform's kernels) → :class:`PagedKVCache` →
+:class:`Quantize` → plugins' ``before_fusion`` transforms → :class:`Fusion` (the
+platform's kernels) → plugins' ``after_fusion`` transforms → :class:`PagedKVCache` →
 ``price_graph`` → the serving scheduler (every collective on the critical path). The
 captures are reused for every layout, batch and output length; only their prompt length
 needs its own capture.
@@ -50,7 +51,7 @@ from zrt_core.hardware import HardwareSpec
 from zrt_core.ir.graph import Category, OpGraph, Phase, dtype_bytes
 from zrt_core.reports.inference import InferenceReport, MemoryReport, PhaseBreakdown
 from zrt_core.strategy import InferSpec, Parallel, check_layout
-from zrt_core.transforms.base import TransformContext
+from zrt_core.transforms.base import TransformContext, around_fusion
 from zrt_core.transforms.parallel import (
     DataParallelReplicas,
     ParallelTransform,
@@ -134,9 +135,7 @@ class _Estimator:
         out: list[Any] = []
         if self.infer.quant != "none" or self.kv_dtype is not None:
             out.append(Quantize(self.infer.quant, kv_dtype=self.kv_dtype))
-        fusion = _fusion_transform()
-        if fusion is not None:
-            out.append(fusion)
+        out.extend(around_fusion(self.ctx, _fusion_transform()))
         out.extend([PagedKVCache(), DataParallelReplicas()])
         return out
 

@@ -125,6 +125,12 @@ class V4Dims:
         return pairs, index
 
 
+def is_v4(config: Mapping[str, Any]) -> bool:
+    """Whether a config (or its ``text_config``) is DeepSeek-V4's."""
+    text = config.get("text_config") or {}
+    return "deepseek_v4" in (config.get("model_type"), text.get("model_type"))
+
+
 def v4_phase_flops(config: Mapping[str, Any], phase: str, batch: int, seq_len: int) -> Any:
     """Analytic FLOPs of a DeepSeek-V4 phase (whole model); ``seq_len`` is the cached length
     for decode. Returns a :class:`zrt_core.analytic.flops.PhaseFlops`."""

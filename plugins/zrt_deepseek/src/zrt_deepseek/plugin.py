@@ -5,11 +5,14 @@ Contributes DeepSeek's production attention to capture: model patches
 engines run, the FLOP/byte formulas of those kernels (``zrt_op_formulas``) and DeepSeek
 configs the core does not bundle (``zrt_model_configs``). Kernel selection per platform
 (CUDA names at capture, the Ascend DSA kernels for Ascend hardware) is the transform
-:class:`zrt_deepseek.kernels.PlatformKernels`.
+:class:`zrt_deepseek.kernels.PlatformKernels`, which both estimators run on Ascend
+hardware (``zrt_graph_transforms``). DeepSeek-V4's analytic FLOPs, which the core does not
+describe, answer ``zrt_reference_flops``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from zrt_core import hookimpl
@@ -73,3 +76,35 @@ def zrt_model_configs() -> list[Any]:
     from zrt_core.models import load_bundled
 
     return load_bundled(Path(__file__).parent / "models.yaml")
+
+
+def _platform_kernels(_ctx: Any) -> Any:
+    from zrt_deepseek.kernels import PlatformKernels
+
+    return PlatformKernels()
+
+
+@hookimpl
+def zrt_graph_transforms() -> list[Any]:
+    from zrt_core.transforms.base import TransformSpec
+
+    return [
+        TransformSpec(
+            name="deepseek.platform_kernels", factory=_platform_kernels,
+            point="before_fusion", platforms=("ascend",),
+            description="DSA kernels of Ascend hardware: deepseek.lightning_indexer → "
+                        "npu_lightning_indexer, sparse mla_attention(_backward) → "
+                        "npu_sparse_flash_attention(_backward), formulas re-evaluated"),
+    ]
+
+
+@hookimpl
+def zrt_reference_flops(config: Mapping[str, Any], phase: str, batch: int,
+                        seq_len: int) -> Any:
+    """DeepSeek-V4's analytic FLOPs (:func:`zrt_deepseek.analytic.v4_phase_flops`); None
+    for every other model."""
+    from zrt_deepseek.analytic import is_v4, v4_phase_flops
+
+    if not is_v4(config):
+        return None
+    return v4_phase_flops(config, phase, batch, seq_len)
