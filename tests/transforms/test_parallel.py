@@ -308,7 +308,7 @@ def test_ulysses_all_to_all_swaps_sequence_and_heads(host, captured):
     assert [t.shape for t in attn.inputs] == [(2, 2, 16, 32), (2, 1, 16, 32), (2, 1, 16, 32)]
 
 
-CP_FAMILIES = {"gpt2": GPT2, "opt": OPT, "llama": LLAMA, "qwen2": QWEN2,
+CP_FAMILIES = {"gpt2": GPT2, "opt": OPT, "bloom": BLOOM, "llama": LLAMA, "qwen2": QWEN2,
                "mixtral": MIXTRAL, "qwen3_moe": QWEN3_MOE, "deepseek_v3": DEEPSEEK_V3}
 ALL_PHASES = ("prefill", "train_forward", "train_backward")
 

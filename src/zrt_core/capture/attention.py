@@ -92,8 +92,9 @@ def _sub_configs(config: Any) -> list[Any]:
 
 
 # Families whose model code reads the attention mask itself (DeepSeek V3.2's lightning
-# indexer masks its scores with it), so a mask must exist under the zrt implementation.
-MASKED_TYPES = ("deepseek_v32", "glm_moe_dsa")
+# indexer masks its scores with it; MPT converts it to bool before its layers), so a mask
+# must exist under the zrt implementation.
+MASKED_TYPES = ("deepseek_v32", "glm_moe_dsa", "mpt")
 
 
 def _materialised_mask(*args: Any, **kwargs: Any) -> Any:
@@ -122,3 +123,125 @@ def zrt_mask_context(_config: Any, _options: Any) -> Iterator[None]:
             mapping.pop(ATTN_NAME, None)
         else:
             mapping[ATTN_NAME] = previous
+
+
+# -- ALiBi families ---------------------------------------------------------------------------
+#
+# BLOOM, MPT and Falcon (``alibi=True`` configs) predate transformers' attention interface:
+# their attention modules spell out full-square scores (``baddbmm``/``matmul`` + softmax +
+# ``bmm``) with the ALiBi bias added to them. Production runs them as one causal flash
+# kernel with ``alibi_slopes`` (FlashAttention 2.4+; Megatron-DeepSpeed's BLOOM), which does
+# half the work at long sequences. While the patch is open their attention modules call
+# ``zrt.attention(..., alibi=True)`` instead; projections, caches and dropout stay HF's.
+# Falcon's rotary configs take the same route without the flag (the module would otherwise
+# fall back to its eager full-square path under the zrt implementation).
+
+ALIBI_TYPES = ("bloom", "mpt", "falcon")
+
+
+def uses_alibi_patch(config: Any) -> bool:
+    """Whether :func:`alibi_attention_context` rewrites this model's attention."""
+    return getattr(config, "model_type", "") in ALIBI_TYPES
+
+
+def _bloom_attention_forward(self: Any, hidden_states: Any, residual: Any, alibi: Any,
+                             attention_mask: Any, layer_past: Any = None,
+                             use_cache: bool = False, output_attentions: bool = False,
+                             **_kwargs: Any) -> tuple[Any, None]:
+    import torch
+    from transformers.models.bloom.modeling_bloom import dropout_add
+
+    batch, q_len, _ = hidden_states.shape
+    query, key, value = self._reshape(self.query_key_value(hidden_states))  # [B, H, S, D]
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    out, _lse = torch.ops.zrt.attention(query, key, value, None, None, True, 0, 0,
+                                        float(self.inv_norm_factor), 0.0, True)
+    output = self.dense(out.reshape(batch, q_len, self.hidden_size))
+    return dropout_add(output, residual, self.hidden_dropout, self.training), None
+
+
+def _mpt_attention_forward(self: Any, hidden_states: Any, position_bias: Any,
+                           past_key_values: Any = None, attention_mask: Any = None,
+                           **_kwargs: Any) -> tuple[Any, None]:
+    import torch
+
+    batch, seq = hidden_states.shape[:2]
+    mixed = self.Wqkv(hidden_states)
+    if self.clip_qkv:
+        mixed = mixed.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+    query, key, value = (t.reshape(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
+                         for t in mixed.chunk(3, dim=2))
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, self.layer_idx)
+    out, _lse = torch.ops.zrt.attention(query, key, value, None, None, True, 0, 0,
+                                        float(self.softmax_scale), 0.0, True)
+    return self.out_proj(out.reshape(batch, seq, -1)), None
+
+
+def _falcon_attention_forward(self: Any, hidden_states: Any, alibi: Any, attention_mask: Any,
+                              position_ids: Any = None, layer_past: Any = None,
+                              use_cache: bool = False, output_attentions: bool = False,
+                              position_embeddings: Any = None, **_kwargs: Any
+                              ) -> tuple[Any, None]:
+    import torch
+    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+    kv_heads = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    query, key, value = self._split_heads(self.query_key_value(hidden_states))
+    batch, q_len = query.shape[:2]
+    query = query.transpose(1, 2).reshape(batch, self.num_heads, q_len, self.head_dim)
+    key = key.transpose(1, 2).reshape(batch, kv_heads, q_len, self.head_dim)
+    value = value.transpose(1, 2).reshape(batch, kv_heads, q_len, self.head_dim)
+    if alibi is None:
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    flags = (True,) if alibi is not None else ()
+    out, _lse = torch.ops.zrt.attention(query, key, value, None, None, True, 0, 0,
+                                        float(self.inv_norm_factor), 0.0, *flags)
+    return self.dense(out.reshape(batch, q_len, self.num_heads * self.head_dim)), None
+
+
+def _alibi_targets(model_type: str) -> list[tuple[Any, Any]]:
+    if model_type == "bloom":
+        from transformers.models.bloom import modeling_bloom
+
+        return [(modeling_bloom.BloomAttention, _bloom_attention_forward)]
+    if model_type == "mpt":
+        from transformers.models.mpt import modeling_mpt
+
+        return [(modeling_mpt.MptAttention, _mpt_attention_forward)]
+    from transformers.models.falcon import modeling_falcon
+
+    return [(modeling_falcon.FalconAttention, _falcon_attention_forward)]
+
+
+@contextlib.contextmanager
+def alibi_attention_context(config: Any, _options: Any) -> Iterator[None]:
+    """Route BLOOM/MPT/Falcon attention modules to ``zrt.attention`` while open."""
+    ensure_ops()
+    model_type = getattr(config, "model_type", "")
+    targets = _alibi_targets(model_type)
+    saved = [(cls, cls.__dict__["forward"]) for cls, _ in targets]
+    classes: dict[str, Any] = {}
+    if model_type == "falcon":  # Falcon picks its attention class by implementation name
+        from transformers.models.falcon import modeling_falcon
+
+        classes = modeling_falcon.FALCON_ATTENTION_CLASSES
+    had = ATTN_NAME in classes
+    previous = classes.get(ATTN_NAME)
+    try:
+        for cls, forward in targets:
+            cls.forward = forward
+        if model_type == "falcon":
+            classes[ATTN_NAME] = targets[0][0]
+        yield
+    finally:
+        for cls, forward in saved:
+            cls.forward = forward
+        if had:
+            classes[ATTN_NAME] = previous
+        else:
+            classes.pop(ATTN_NAME, None)

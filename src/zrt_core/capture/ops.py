@@ -10,14 +10,17 @@ node per kernel too.
 
 Operators (namespace ``zrt``):
 
-``attention(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap)``
+``attention(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap, alibi=False)``
     ``q`` ``[B, Hq, Sq, D]``, ``k`` ``[B, Hkv, Skv, D]``, ``v`` ``[B, Hkv, Skv, Dv]`` with
     ``Hq`` a multiple of ``Hkv`` (grouped-query attention without repeating K/V). Queries
     are the last ``Sq`` positions of the ``Skv`` keys (bottom-right causal alignment, as
     with a KV cache). ``window > 0`` lets a query see its last ``window`` keys (itself
     included); ``chunk > 0`` limits it to its own block of ``chunk`` positions (Llama 4);
     ``indices`` ``[B, Sq, topk]`` selects keys per query (DeepSeek sparse attention);
-    ``sinks`` ``[Hq]`` adds a per-head sink logit (GPT-OSS). Returns the output in the
+    ``sinks`` ``[Hq]`` adds a per-head sink logit (GPT-OSS); ``alibi`` adds
+    ``-slope_h · |i - j|`` to each score with Press et al.'s slopes for ``Hq`` heads
+    (BLOOM, MPT, Falcon-ALiBi; FlashAttention's ``alibi_slopes``; the attr is recorded
+    only when set). Returns the output in the
     layout HF attention functions return, ``[B, Sq, Hq, Dv]``, and the float32
     log-sum-exp ``[B, Hq, Sq]`` that a flash kernel saves for backward.
 ``attention_backward(grad_out, q, k, v, out, lse, sinks, indices, ...)``
@@ -32,6 +35,7 @@ Operators (namespace ``zrt``):
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING
 
@@ -45,8 +49,8 @@ NAMESPACE = "zrt"
 
 # Explicit schemas: the functions below are typed for readers, not for schema inference.
 _SCHEMAS = {
-    "attention": "(Tensor q, Tensor k, Tensor v, Tensor? sinks, Tensor? indices, bool is_causal, int window, int chunk, float scale, float softcap) -> (Tensor, Tensor)",
-    "attention_backward": "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sinks, Tensor? indices, bool is_causal, int window, int chunk, float scale, float softcap) -> (Tensor, Tensor, Tensor, Tensor)",
+    "attention": "(Tensor q, Tensor k, Tensor v, Tensor? sinks, Tensor? indices, bool is_causal, int window, int chunk, float scale, float softcap, bool alibi=False) -> (Tensor, Tensor)",
+    "attention_backward": "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sinks, Tensor? indices, bool is_causal, int window, int chunk, float scale, float softcap, bool alibi=False) -> (Tensor, Tensor, Tensor, Tensor)",
     "moe_dispatch": "(Tensor hidden, Tensor topk_index, int num_experts) -> (Tensor, Tensor, Tensor)",
     "moe_dispatch_backward": "(Tensor grad_routed, Tensor row_token, int tokens, int top_k) -> Tensor",
     "moe_combine": "(Tensor expert_out, Tensor row_token, Tensor topk_weights) -> Tensor",
@@ -91,7 +95,25 @@ def attention_mask(q_len: int, kv_len: int, *, is_causal: bool, window: int, chu
     return visible
 
 
-def _attention_probs(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap):
+def alibi_slopes(heads: int) -> list[float]:
+    """Press et al.'s ALiBi slopes for ``heads`` heads, as BLOOM's ``build_alibi_tensor``
+    and FlashAttention's ``alibi_slopes`` take them: ``2^(-8i/n)`` for the largest power of
+    two ``n`` ≤ heads, then every other slope of ``2n`` for the rest.
+
+    >>> alibi_slopes(4)
+    [0.25, 0.0625, 0.015625, 0.00390625]
+    """
+    closest = 2 ** math.floor(math.log2(heads))
+    base = 2.0 ** (-8.0 / closest)
+    slopes = [base ** i for i in range(1, closest + 1)]
+    if closest != heads:
+        extra = 2.0 ** (-4.0 / closest)  # the base for 2 × closest heads
+        slopes += [extra ** i for i in range(1, 1 + 2 * min(closest, heads - closest), 2)]
+    return slopes
+
+
+def _attention_probs(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap,
+                     alibi=False):
     """Softmax probabilities of the reference implementation, in at least float32.
 
     Returns ``(probs [B, Hq, Sq, Skv (+1 sink column)], k_full, v_full, capped)`` where
@@ -109,6 +131,11 @@ def _attention_probs(q, k, v, sinks, indices, is_causal, window, chunk, scale, s
         capped = torch.tanh(scores / softcap)
         scores = capped * softcap
     q_len, kv_len = q.shape[2], k.shape[2]
+    if alibi:
+        slopes = torch.tensor(alibi_slopes(q.shape[1]), dtype=ct, device=q.device)
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device).unsqueeze(1)
+        distance = (torch.arange(kv_len, device=q.device).unsqueeze(0) - q_pos).abs()
+        scores = scores - slopes.reshape(1, -1, 1, 1) * distance.to(ct)
     visible = attention_mask(q_len, kv_len, is_causal=is_causal, window=window, chunk=chunk,
                              device=q.device)
     visible = visible.expand(q.shape[0], q.shape[1], q_len, kv_len)
@@ -124,12 +151,13 @@ def _attention_probs(q, k, v, sinks, indices, is_causal, window, chunk, scale, s
     return torch.softmax(scores, dim=-1), k_full, v_full, capped
 
 
-def _attention_reference(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap):
+def _attention_reference(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap,
+                         alibi=False):
     """Plain-torch attention: the semantics the fake implementation and formulas assume."""
     import torch
 
     probs, _k_full, v_full, _capped = _attention_probs(q, k, v, sinks, indices, is_causal,
-                                                       window, chunk, scale, softcap)
+                                                       window, chunk, scale, softcap, alibi)
     kv_len = k.shape[2]
     out = torch.matmul(probs[..., :kv_len], v_full)
     lse = torch.zeros(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32, device=q.device)
@@ -137,12 +165,12 @@ def _attention_reference(q, k, v, sinks, indices, is_causal, window, chunk, scal
 
 
 def _attention_backward_reference(grad_out, q, k, v, out, sinks, indices, is_causal, window,
-                                  chunk, scale, softcap):
+                                  chunk, scale, softcap, alibi=False):
     """Closed-form gradients of :func:`_attention_reference` (the flash-attention backward)."""
     import torch
 
     probs, k_full, v_full, capped = _attention_probs(q, k, v, sinks, indices, is_causal,
-                                                     window, chunk, scale, softcap)
+                                                     window, chunk, scale, softcap, alibi)
     kv_len = k.shape[2]
     group = q.shape[1] // k.shape[1]
     p = probs[..., :kv_len]
@@ -175,13 +203,13 @@ def _define_attention() -> None:
                              schema=_SCHEMAS["attention"])
     def attention(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None,
                   indices: Tensor | None, is_causal: bool, window: int, chunk: int,
-                  scale: float, softcap: float) -> tuple[Tensor, Tensor]:
+                  scale: float, softcap: float, alibi: bool = False) -> tuple[Tensor, Tensor]:
         out, lse = _attention_reference(q, k, v, sinks, indices, is_causal, window, chunk,
-                                        scale, softcap)
+                                        scale, softcap, alibi)
         return out, lse.contiguous()
 
     @attention.register_fake
-    def _(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap):
+    def _(q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap, alibi=False):
         b, hq, sq, _d = q.shape
         out = q.new_empty((b, sq, hq, v.shape[-1]))
         lse = q.new_empty((b, hq, sq), dtype=torch.float32)
@@ -192,29 +220,33 @@ def _define_attention() -> None:
     def attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                            lse: Tensor, sinks: Tensor | None, indices: Tensor | None,
                            is_causal: bool, window: int, chunk: int, scale: float,
-                           softcap: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                           softcap: float, alibi: bool = False
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return _attention_backward_reference(grad_out, q, k, v, out, sinks, indices,
-                                             is_causal, window, chunk, scale, softcap)
+                                             is_causal, window, chunk, scale, softcap, alibi)
 
     @attention_backward.register_fake
     def _(grad_out, q, k, v, out, lse, sinks, indices, is_causal, window, chunk, scale,
-          softcap):
+          softcap, alibi=False):
         dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty((0,))
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
     def setup_context(ctx, inputs, output):
-        q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap = inputs
+        q, k, v, sinks, indices, is_causal, window, chunk, scale, softcap, *alibi = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, sinks, indices)
-        ctx.params = (is_causal, window, chunk, scale, softcap)
+        # the alibi flag travels only when set, so other models' nodes keep their attrs
+        ctx.params = (is_causal, window, chunk, scale, softcap,
+                      *((True,) if alibi and alibi[0] else ()))
         ctx.has_sinks = sinks is not None
+        ctx.n_inputs = len(inputs)
 
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse, sinks, indices = ctx.saved_tensors
         dq, dk, dv, dsinks = torch.ops.zrt.attention_backward(
             grad_out.contiguous(), q, k, v, out, lse, sinks, indices, *ctx.params)
-        return dq, dk, dv, (dsinks if ctx.has_sinks else None), None, None, None, None, \
-            None, None
+        return (dq, dk, dv, (dsinks if ctx.has_sinks else None),
+                *(None,) * (ctx.n_inputs - 4))
 
     attention.register_autograd(backward, setup_context=setup_context)
 

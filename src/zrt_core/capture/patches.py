@@ -34,6 +34,18 @@ def _is_llama4(config: Any) -> bool:
     return getattr(config, "model_type", "") in LLAMA4_TYPES
 
 
+def _has_alibi(config: Any) -> bool:
+    from zrt_core.capture.attention import uses_alibi_patch
+
+    return uses_alibi_patch(config)
+
+
+def _alibi_context(config: Any, options: Any) -> AbstractContextManager[Any]:
+    from zrt_core.capture.attention import alibi_attention_context
+
+    return alibi_attention_context(config, options)
+
+
 def _has_experts(config: Any) -> bool:
     from zrt_core.capture.moe import uses_experts_interface
 
@@ -89,6 +101,11 @@ def core_patches() -> list[ModelPatch]:
             name="zrt.attention", applies_to=_always, context=_attention_context,
             description="every attention call becomes one zrt.attention node (causal, "
                         "window, chunk, sinks, sparse indices as arguments; no mask tensors)"),
+        ModelPatch(
+            name="zrt.alibi_attention", applies_to=_has_alibi, context=_alibi_context,
+            description="BLOOM, MPT and Falcon attention modules (ALiBi or rotary) run one "
+                        "causal zrt.attention node with alibi=True, as FlashAttention's "
+                        "alibi_slopes, instead of full-square scores + softmax + bmm"),
         ModelPatch(
             name="zrt.attention_mask", applies_to=_needs_mask, context=_mask_context,
             description="materialise causal masks for model code that reads them (the "
