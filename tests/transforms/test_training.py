@@ -28,6 +28,7 @@ from zrt_core.transforms.training import (
     optimizer_graph,
     param_inventory,
     precision_plan,
+    split_layer_templates,
     stage_layer_ranges,
 )
 
@@ -233,6 +234,53 @@ def test_block_scaled_recipes_need_blackwell_units_and_fall_back_with_a_note() -
     nv = precision_plan("nvfp4", blackwell)
     # E2M1 is half a byte, one E4M3 scale per 16 values: 1024 values → 512 + 64 bytes
     assert (nv.recipe, nv.quantized_bytes(1024, "nvfp4")) == ("nvfp4", 576.0)
+
+
+def test_nvfp4_casts_read_three_times_and_hadamard_transform_the_weight_gradient_copy(
+        ) -> None:
+    fwd, _bwd = _graphs()
+    plan = precision_plan("nvfp4", _hw(fp4=400))
+    # the amax pass (the per-tensor fp32 scale), the cast, the column-wise RHT cast
+    assert (plan.amax_pass, plan.hadamard, plan.cast_reads) == (True, True, 3)
+    casts = [n for n in Precision(plan).apply(fwd, _ctx()).nodes
+             if n.op == "precision.quantize"]
+    # x (8×8 bf16): read 3 × 128 B; written 2 × (64 values × 0.5 B + 4 scales × 1 B) = 72 B;
+    # FLOPs 3 (scale, round, amax) + 32 (16-point Hadamard) per value
+    assert [(c.bytes_read, c.bytes_written, c.flops) for c in casts] == [
+        (384, 72, 64 * 35), (1536, 288, 256 * 35)]
+
+
+def test_layers_kept_in_bf16_get_a_template_of_their_own_and_no_casts() -> None:
+    fwd, bwd = _graphs()  # one template standing for layers 0 and 1
+    f2, b2 = split_layer_templates(fwd, bwd, {1})
+    assert {r: t.indices for r, t in f2.templates.items()} == {0: (0,), 1: (1,)}
+    assert {r: t.indices for r, t in b2.templates.items()} == {0: (0,), 1: (1,)}
+    # the copy follows the representative: same work, fresh ids, its own weights
+    copy = [n for n in f2.nodes if n.layer_index == 1]
+    assert [n.op for n in copy] == [n.op for n in fwd.nodes]
+    assert sum(n.flops for n in copy) == sum(n.flops for n in fwd.nodes)
+    assert {n.id for n in copy}.isdisjoint(n.id for n in fwd.nodes)
+    assert copy[0].inputs[1].param == "layers.0.up.weight@1"
+    assert copy[0].outputs[0].tensor_id not in {t.tensor_id for n in fwd.nodes
+                                                for t in n.outputs}
+    # the copy's backward reads the copy's saved activation (the gelu output, tensor 4)
+    saved = next(t for n in fwd.nodes for t in n.outputs if t.tensor_id == 4)
+    renamed = next(t for n in copy for t in n.outputs if t.shape == saved.shape
+                   and n.op == "aten.gelu.default")
+    wgrad = [n for n in b2.nodes if n.layer_index == 1][1]
+    assert wgrad.inputs[0].tensor_id == renamed.tensor_id
+    assert wgrad.attrs["fwd_seq_nr"] == 3 + 10_000_000
+    # the whole model's work is unchanged: each layer is still run once
+    assert sum(n.flops * f2.multiplicity(n) for n in f2.nodes) == \
+        sum(n.flops * fwd.multiplicity(n) for n in fwd.nodes)
+    # under nvfp4 with layer 1 kept in bf16, only layer 0 casts and runs fp4 GEMMs
+    plan = precision_plan("nvfp4", _hw(fp4=400), high_precision_layers=(1,))
+    q = Precision(plan).apply(f2, _ctx())
+    assert {n.layer_index for n in q.nodes if n.op == "precision.quantize"} == {0}
+    assert {(n.layer_index, n.inputs[0].dtype) for n in q.nodes
+            if n.category == Category.MATMUL} == {(0, "nvfp4"), (1, "bfloat16")}
+    # nothing to split: every template on one side
+    assert split_layer_templates(fwd, bwd, {0, 1}) == (fwd, bwd)
 
 
 # -- data parallelism and ZeRO ---------------------------------------------------------------

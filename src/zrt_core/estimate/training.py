@@ -62,6 +62,7 @@ from zrt_core.transforms.training import (
     optimizer_graph,
     param_inventory,
     precision_plan,
+    split_layer_templates,
     stage_layer_ranges,
     tp_overlap_hints,
 )
@@ -258,6 +259,7 @@ def estimate_training(
     use_cache: bool | None = None,
     stage_split: str = "even",
     zero_algorithm: str | None = None,
+    bf16_layers: tuple[int, int] = (0, 0),
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -285,6 +287,10 @@ def estimate_training(
         count as layers, so 61 layers split over 16 stages).
     :param zero_algorithm: how ZeRO-3/FSDP gathers and reduce-scatters run: None / ``ring``
         (NCCL) or ``pairwise`` (flat, one scale-out link per GPU: DeepSpeed as of 2021).
+    :param bf16_layers: ``(first, last)``: under an fp8/fp4 recipe, the linear layers of the
+        first ``first`` and the last ``last`` decoder layers stay bf16 (Megatron's
+        ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 first
+        --num-layers-at-end-in-bf16 last``).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -338,7 +344,13 @@ def estimate_training(
     m = train.num_microbatches(parallel)
     check_schedule(schedule, parallel.pp, parallel.vp if schedule == "interleaved" else 1, m)
     rules = overlap or default_overlap(parallel, train)
-    plan = precision_plan(train.precision, hw)
+    start, end = bf16_layers
+    keep = tuple(range(min(start, num_layers))) + tuple(range(max(0, num_layers - end),
+                                                              num_layers))
+    plan = precision_plan(train.precision, hw, high_precision_layers=keep)
+    if plan.low_precision and keep:
+        notes.append(f"{len(set(keep))} of {num_layers} decoder layers keep bf16 linear layers "
+                     f"(first {start}, last {end}: Megatron's first_last_layers_bf16)")
     if plan.note:
         notes.append(plan.note)
     ctx = TransformContext(dims=dims, hardware=hw, parallel=parallel, host=host, train=train)
@@ -427,6 +439,8 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
     fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
                                                config=captured.config,
                                                tp_plan=captured.tp_plan)
+    if plan.low_precision and plan.high_precision_layers:
+        fwd, bwd = split_layer_templates(fwd, bwd, plan.high_precision_layers)
     fwd = apply_all(fwd, [Precision(plan)], ctx)
     bwd = mark_weight_grads(fwd, bwd)
     bwd = apply_all(bwd, [Precision(plan, forward=fwd0)], ctx)
@@ -1178,6 +1192,16 @@ class TrainingCase:
     #: the source published no layout (tp, pp, cp, vp and dp all null): :func:`estimate_case`
     #: runs :func:`search_layout` instead of the placeholder ``parallel``
     layout_search: bool = False
+    #: (first, last) decoder layers whose linear layers stay bf16 under an fp8/fp4 recipe
+    bf16_layers: tuple[int, int] = (0, 0)
+
+
+#: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
+#: recipe keeps in BF16: about 15% of the linear layers ("Pretraining Large Language Models
+#: with NVFP4", NVIDIA 2025); Megatron-Bridge's Nemotron 3 Super recipe
+#: (``nemotron_3_super_bf16_with_nvfp4_mixed``): ``first_last_layers_bf16`` with the last 14
+#: of 88 layers and none at the start.
+NVFP4_BF16_TAIL = 14 / 88
 
 
 #: Sources whose runs used Megatron-LM as of 2021-22, before overlapped gradient reduction,
@@ -1284,6 +1308,12 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         layers = ModelDims.from_config(config).layers
     except ModelError:
         layers = 0
+    bf16_layers = (0, 0)
+    if str(precision) == "nvfp4" and layers:
+        bf16_layers = (0, round(layers * NVFP4_BF16_TAIL))
+        assumptions.append(f"nvfp4: the last {bf16_layers[1]} of {layers} layers keep bf16 "
+                           "linear layers (NVIDIA's NVFP4 recipe, Megatron-Bridge "
+                           "first_last_layers_bf16)")
     if layers and layers % (pp * vp):
         stage_split = "embedding-loss"
         assumptions.append(f"{layers} layers over pp × vp = {pp * vp} stages: embedding and "
@@ -1298,7 +1328,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     return TrainingCase(config=config, hardware=str(hardware), parallel=parallel, train=train,
                         overlap=overlap, num_gpus=num_gpus, attention=attention,
                         stage_split=stage_split, zero_algorithm=zero_algorithm,
-                        assumptions=tuple(assumptions), layout_search=layout_search)
+                        assumptions=tuple(assumptions), layout_search=layout_search,
+                        bf16_layers=bf16_layers)
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
@@ -1312,7 +1343,8 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
     kwargs: dict[str, Any] = {
         "host": host, "captured": captured, "overlap": case.overlap,
         "num_gpus": case.num_gpus, "attention": case.attention,
-        "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm}
+        "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
+        "bf16_layers": case.bf16_layers}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -1393,7 +1425,8 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
             report = estimate_training(
                 case.config, hw, par, train, host=host, captured=captured,
                 overlap=default_overlap(par, train), num_gpus=case.num_gpus,
-                attention=case.attention, zero_algorithm=case.zero_algorithm, **options)
+                attention=case.attention, zero_algorithm=case.zero_algorithm,
+                bf16_layers=case.bf16_layers, **options)
         except ZrtError:
             continue
         tried += 1

@@ -149,6 +149,104 @@ def mark_weight_grads(forward: OpGraph, backward: OpGraph) -> OpGraph:
     return backward.with_nodes(nodes, backward.edges) if changed else backward
 
 
+# -- layer templates --------------------------------------------------------------------------
+
+#: Added to the autograd sequence numbers of a copied layer, so the copy's backward nodes pair
+#: with its own forward nodes (weight-gradient marks, selective recompute).
+_SEQ_OFFSET = 10_000_000
+
+
+def split_layer_templates(forward: OpGraph, backward: OpGraph, subset: Iterable[int]
+                          ) -> tuple[OpGraph, OpGraph]:
+    """Give the layers of ``subset`` templates of their own where they share one with layers
+    outside it (the last layers kept in bf16 under an fp4 recipe, say), in both phases.
+
+    A template whose indices fall on both sides keeps its representative's side; the other
+    side gets a copy of the representative's nodes right after them, with the smallest of
+    its indices as the representative: fresh node ids, fresh ids for every tensor the layer
+    produces (shared between the phases, so the backward reads the copy's saved
+    activations), parameter names suffixed ``@<representative>`` (they are other layers'
+    weights), and autograd sequence numbers offset by :data:`_SEQ_OFFSET`. The counts add
+    up: every layer is still run once, by exactly one template.
+    """
+    wanted = set(subset)
+    moves: dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
+    for rep, t in forward.templates.items():
+        inside = tuple(i for i in t.indices if i in wanted)
+        outside = tuple(i for i in t.indices if i not in wanted)
+        if not inside or not outside:
+            continue
+        keep, other = (inside, outside) if rep in inside else (outside, inside)
+        moves[rep] = (min(other), keep, other)
+    if not moves:
+        return forward, backward
+    offset = _tensor_ids((forward, backward))
+    renamed: dict[tuple[int, int], int] = {}  # (representative, tensor id) -> copy's id
+    for g in (forward, backward):
+        for n in g.nodes:
+            if n.layer_index in moves:
+                for t in (t for m in (n, *n.fused_from) for t in m.outputs):
+                    if t.tensor_id is not None and t.param is None:
+                        key = (n.layer_index, t.tensor_id)
+                        if key not in renamed:
+                            renamed[key] = offset + len(renamed)
+
+    def copy_tensor(t: TensorMeta, rep: int, new_rep: int) -> TensorMeta:
+        changes: dict[str, Any] = {}
+        if t.tensor_id is not None and (rep, t.tensor_id) in renamed:
+            changes["tensor_id"] = renamed[(rep, t.tensor_id)]
+        if t.param is not None:
+            changes["param"] = f"{t.param}@{new_rep}"
+        return evolve(t, **changes) if changes else t
+
+    def split(graph: OpGraph) -> OpGraph:
+        templates = dict(graph.templates)
+        for rep, (new_rep, keep, other) in moves.items():
+            kind = templates[rep].kind if rep in templates else "layer"
+            templates[rep] = LayerTemplate(kind, rep, keep)
+            templates[new_rep] = LayerTemplate(kind, new_rep, other)
+        last_of: dict[int, int] = {}
+        for pos, n in enumerate(graph.nodes):
+            if n.layer_index in moves:
+                last_of[n.layer_index] = pos
+        next_id = _next_id(graph)
+        copies: dict[int, list[OpNode]] = {}
+        id_map: dict[int, int] = {}
+        for n in graph.nodes:
+            if n.layer_index not in moves:
+                continue
+            rep = n.layer_index
+            new_rep = moves[rep][0]
+            attrs = dict(n.attrs)
+            for key in ("seq_nr", "fwd_seq_nr"):
+                if isinstance(attrs.get(key), int):
+                    attrs[key] += _SEQ_OFFSET
+            id_map[n.id] = next_id
+            copies.setdefault(last_of[rep], []).append(evolve(
+                n, id=next_id, layer_index=new_rep, attrs=attrs,
+                inputs=tuple(copy_tensor(t, rep, new_rep) for t in n.inputs),
+                outputs=tuple(copy_tensor(t, rep, new_rep) for t in n.outputs),
+                fused_from=tuple(evolve(m, inputs=tuple(copy_tensor(t, rep, new_rep)
+                                                        for t in m.inputs),
+                                        outputs=tuple(copy_tensor(t, rep, new_rep)
+                                                      for t in m.outputs))
+                                 for m in n.fused_from)))
+            next_id += 1
+        nodes: list[OpNode] = []
+        for pos, n in enumerate(graph.nodes):
+            nodes.append(n)
+            nodes.extend(copies.get(pos, ()))
+        layer_of = {n.id: n.layer_index for n in graph.nodes}
+        edges = list(graph.edges)
+        for a, b in graph.edges:
+            if b in id_map:
+                edges.append((id_map.get(a, a) if layer_of.get(a) == layer_of.get(b) else a,
+                              id_map[b]))
+        return evolve(graph.with_nodes(nodes, edges), templates=templates)
+
+    return split(forward), split(backward)
+
+
 # -- recompute ------------------------------------------------------------------------------------
 
 
@@ -485,7 +583,15 @@ class PrecisionPlan:
     :param block: elements per scale (32 for MXFP8, 16 for NVFP4; 0 per-tensor scaling).
     :param scale_bytes: bytes of one scale.
     :param amax_pass: the recipe reads each tensor once more to find its amax before casting
-        (per-tensor current scaling); delayed scaling takes it from history.
+        (per-tensor current scaling; NVFP4's per-tensor fp32 second-level scale); delayed
+        scaling takes it from history, MXFP8's block scales need none.
+    :param hadamard: NVFP4's random Hadamard transform on the weight-gradient GEMM's inputs:
+        the column-wise copy of every activation and output gradient is cast from ``H·x``
+        (16 × 16 blocks) in a kernel of its own, which reads the tensor once more and does
+        a 16-point transform per value (32 FLOPs).
+    :param high_precision_layers: decoder-layer indices whose linear layers stay in
+        ``activation_dtype`` (Megatron's ``--first-last-layers-bf16`` with
+        ``--num-layers-at-start-in-bf16`` / ``--num-layers-at-end-in-bf16``).
     :param note: why the recipe differs from the one asked for, if it does.
     """
 
@@ -498,10 +604,29 @@ class PrecisionPlan:
     scale_bytes: int = 0
     amax_pass: bool = False
     note: str = ""
+    hadamard: bool = False
+    high_precision_layers: frozenset[int] = field(default=frozenset(), converter=frozenset)
 
     @property
     def low_precision(self) -> bool:
         return self.gemm_dtype is not None
+
+    @property
+    def cast_reads(self) -> int:
+        """Times a cast reads its bf16 tensor: the cast itself, the amax pass, the
+        column-wise Hadamard cast."""
+        return 1 + int(self.amax_pass) + int(self.hadamard)
+
+    def quantized_layer(self, template: LayerTemplate | None, index: int | None) -> bool:
+        """Whether the linear layers of a layer template run in the recipe's dtype (a
+        template stands for layers that are all kept in high precision or none is, after
+        :func:`split_layer_templates`)."""
+        if not self.low_precision or index is None:
+            return False
+        if not self.high_precision_layers:
+            return True
+        indices = template.indices if template is not None else (index,)
+        return not all(i in self.high_precision_layers for i in indices)
 
     def quantized_bytes(self, elements: int, dtype: str) -> float:
         """Bytes of ``elements`` values in ``dtype`` with their block scales."""
@@ -509,7 +634,8 @@ class PrecisionPlan:
         return elements * dtype_bytes(dtype) + scales
 
 
-def precision_plan(precision: str, hardware: HardwareSpec) -> PrecisionPlan:
+def precision_plan(precision: str, hardware: HardwareSpec, *,
+                   high_precision_layers: Iterable[int] = ()) -> PrecisionPlan:
     """Resolve a training precision on a device (docs/training-model.md, "Precision").
 
     - ``fp16`` / ``bf16`` / ``fp32``: GEMMs in that dtype (fp32 runs at the TF32 rate).
@@ -518,10 +644,16 @@ def precision_plan(precision: str, hardware: HardwareSpec) -> PrecisionPlan:
     - ``mxfp8``: ``MXFP8BlockScaling`` — E4M3 everywhere with one E8M0 scale per 32
       values, row- and column-wise copies. A Blackwell tensor-core feature: on a device
       without it (taken as one without fp4 units) it falls back to ``fp8`` with a note.
-    - ``nvfp4``: ``NVFP4BlockScaling`` — E2M1 with one E4M3 scale per 16 values (and a
-      per-tensor fp32 scale), random Hadamard transform on weight-gradient inputs; needs
-      fp4 units, else falls back to ``mxfp8`` (and on to ``fp8``) with a note.
+    - ``nvfp4``: ``NVFP4BlockScaling`` (TransformerEngine; NVIDIA, "Pretraining Large
+      Language Models with NVFP4", 2025) — E2M1 with one E4M3 scale per 16 values and a
+      per-tensor fp32 scale (an amax pass before each cast), 16 × 16 block scales for
+      weights, stochastic rounding of gradients, a random Hadamard transform on the
+      weight-gradient GEMM's inputs; needs fp4 units, else falls back to ``mxfp8`` (and on
+      to ``fp8``) with a note.
     - a device without fp8 units runs any fp8/fp4 recipe in bf16, with a note.
+
+    ``high_precision_layers``: decoder layers whose linear layers stay bf16 (Megatron's
+    ``first_last_layers_bf16``), for the low-precision recipes.
     """
     compute = hardware.compute
     if precision in ("bf16", "fp32"):
@@ -542,15 +674,18 @@ def precision_plan(precision: str, hardware: HardwareSpec) -> PrecisionPlan:
         notes.append(f"{hardware.id} has no fp8 tensor cores: {precision} runs in bf16")
         return PrecisionPlan(precision, "bf16", "bfloat16", note="; ".join(notes))
     note = "; ".join(notes)
+    keep = frozenset(high_precision_layers)
     if recipe == "fp8":
         return PrecisionPlan(precision, "fp8", "bfloat16", gemm_dtype="float8_e4m3fn",
-                             grad_dtype="float8_e5m2", note=note)
+                             grad_dtype="float8_e5m2", note=note, high_precision_layers=keep)
     if recipe == "mxfp8":
         return PrecisionPlan(precision, "mxfp8", "bfloat16", gemm_dtype="mxfp8",
-                             grad_dtype="mxfp8", block=32, scale_bytes=1, note=note)
+                             grad_dtype="mxfp8", block=32, scale_bytes=1, note=note,
+                             high_precision_layers=keep)
     if recipe == "nvfp4":
         return PrecisionPlan(precision, "nvfp4", "bfloat16", gemm_dtype="nvfp4",
-                             grad_dtype="nvfp4", block=16, scale_bytes=1, note=note)
+                             grad_dtype="nvfp4", block=16, scale_bytes=1, amax_pass=True,
+                             hadamard=True, note=note, high_precision_layers=keep)
     raise SpecError(f"unknown training precision {precision!r}",
                     "use fp32, bf16, fp16, fp8, mxfp8 or nvfp4")
 
@@ -597,7 +732,8 @@ class Precision:
                            for m in (n, *n.fused_from) for t in (*m.inputs, *m.outputs)
                            if t.tensor_id is not None}
         for n in graph.nodes:
-            if not _is_linear_gemm(n, backward):
+            if not _is_linear_gemm(n, backward) or not plan.quantized_layer(
+                    graph.templates.get(n.layer_index), n.layer_index):
                 out.append(n)
                 continue
             inputs = []
@@ -633,10 +769,12 @@ class Precision:
     def _cast(self, node_id: int, consumer: OpNode, t: TensorMeta, dtype: str) -> OpNode:
         plan = self.plan
         elements = t.numel
-        read = elements * dtype_bytes(t.dtype) * (2 if plan.amax_pass else 1)
+        read = elements * dtype_bytes(t.dtype) * plan.cast_reads
         # row-wise and column-wise (transposed) copies, each with its scales
         written = 2 * plan.quantized_bytes(elements, dtype)
         flops = 3 * elements  # scale, round, (and amax) per value
+        if plan.hadamard:
+            flops += 32 * elements  # a 16-point Hadamard transform per value
         return OpNode(
             id=node_id, op="precision.quantize", category=Category.ELEMENTWISE,
             phase=consumer.phase, inputs=(t,),
@@ -1151,7 +1289,7 @@ def optimizer_graph(
                  flops=ADAM_FLOPS_PER_ELEMENT * adam_elements,
                  read=adam_elements * (states + gbytes),
                  written=adam_elements * (states + pbytes))
-        if plan.low_precision:
+        if plan.quantized_layer(templates.get(layer) if layer is not None else None, layer):
             full = group.dense + group.expert  # every weight of the rank is cast, unsharded
             node("precision.weight_cast", Category.ELEMENTWISE, layer, kind, flops=3 * full,
                  read=full * pbytes,
