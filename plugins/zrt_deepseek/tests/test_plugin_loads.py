@@ -32,8 +32,10 @@ def test_the_registered_plugin_is_the_entry_point_module():
 
 def test_contributions(host):
     names = [p.name for p in host.model_patches]
-    assert names[-2:] == ["deepseek.mla", "deepseek.v4_attention"]
+    assert names[-3:] == ["deepseek.mla", "deepseek.v4_attention",
+                          "deepseek.v4_hyper_connections"]
     for op in ("deepseek.mla_attention", "deepseek.mla_attention_backward",
+               "deepseek.hc_split_sinkhorn", "deepseek.hc_split_sinkhorn_backward",
                "deepseek.lightning_indexer", "deepseek.sparse_attention",
                "deepseek.sparse_attention_backward", "deepseek.npu_sparse_flash_attention",
                "deepseek.npu_sparse_flash_attention_backward", "deepseek.npu_lightning_indexer"):
@@ -52,7 +54,8 @@ def test_patches_apply_to_deepseek_families_only(host, tiny):
         cfg = dict(tiny[family])
         assert applies(cfg.pop("model_type"), **cfg) == {"deepseek.mla"}
     cfg = dict(tiny["deepseek_v4"])
-    assert applies(cfg.pop("model_type"), **cfg) == {"deepseek.v4_attention"}
+    assert applies(cfg.pop("model_type"), **cfg) == {"deepseek.v4_attention",
+                                                  "deepseek.v4_hyper_connections"}
     assert applies("llama", hidden_size=64, num_attention_heads=4) == set()
 
 

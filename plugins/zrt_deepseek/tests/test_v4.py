@@ -4,7 +4,8 @@ indexer, exact FLOPs against the analytic count, numerics against transformers."
 from __future__ import annotations
 
 from zrt_deepseek.analytic import V4Dims, v4_phase_flops
-from zrt_deepseek.v4 import v4_context
+from zrt_deepseek.formulas import hc_split_sinkhorn_row_flops
+from zrt_deepseek.v4 import v4_context, v4_hyper_connection_context
 
 from zrt_core.ir.graph import Category, Phase
 
@@ -134,8 +135,52 @@ def test_numerics_match_transformers(tiny, make_real_model):
         return outs + [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     reference = run()
-    with v4_context(model.config, None):
+    with v4_context(model.config, None), v4_hyper_connection_context(model.config, None):
         ours = run()
     assert len(ours) == len(reference)
     for a, b in zip(reference, ours, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+HC = "deepseek.hc_split_sinkhorn.default"
+
+
+def test_hyper_connections_are_one_kernel_counting_what_transformers_counted(captured):
+    """Each layer's two hyper-connections compute their weights with one node; its FLOPs are
+    what transformers' elementwise ops (captured without the plugin) add up to."""
+    ours, plain = captured("deepseek_v4"), captured("deepseek_v4", plugin=False)
+    for phase in (Phase.PREFILL, Phase.DECODE, Phase.TRAIN_FORWARD):
+        g = ours.graphs[phase]
+        hc = [n for n in g.nodes if n.op == HC]
+        assert sorted(n.layer_index for n in hc) == [0, 0, 1, 1, 2, 2]
+        tokens = 2 * (1 if phase == Phase.DECODE else 16)
+        # n = hc_mult 2, hc_sinkhorn_iters 20 (transformers' default): 8·2 + 8·4 +
+        # 39·(2·4 + 2) = 438 FLOPs per token
+        assert hc_split_sinkhorn_row_flops(2, 20) == 438
+        assert {n.flops for n in hc} == {438 * tokens}
+        assert hc[0].outputs[2].shape == (2, tokens // 2, 2, 2)   # comb, float32
+        # the nodes transformers used for the same weights: every node of an attn_hc /
+        # ffn_hc module outside its norm, projection and collapse
+        replaced = [n for n in plain.graphs[phase].nodes if n.module_path.endswith("_hc")
+                    and n.layer_index == 0]
+        mine = [n for n in g.nodes if n.module_path.endswith("_hc") and n.layer_index == 0]
+        assert len(replaced) - len(mine) > 200
+        assert sum(n.flops for n in replaced) == sum(n.flops for n in mine)
+    backward = [n for n in ours.graphs[Phase.TRAIN_BACKWARD].nodes
+                if n.op == "deepseek.hc_split_sinkhorn_backward.default"]
+    assert len(backward) == 6 and {n.flops for n in backward} == {3 * 438 * 32}
+
+
+def test_the_hyper_connection_patch_restores_the_class(tiny):
+    import importlib
+
+    cls = importlib.import_module(
+        "transformers.models.deepseek_v4.modeling_deepseek_v4").DeepseekV4HyperConnection
+    original = cls.__dict__["forward"]
+    try:
+        with v4_hyper_connection_context(None, None):
+            assert cls.forward is not original
+            raise RuntimeError("inside")
+    except RuntimeError:
+        pass
+    assert cls.__dict__["forward"] is original

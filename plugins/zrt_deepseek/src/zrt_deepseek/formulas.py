@@ -262,6 +262,38 @@ def sparse_attention_backward_flop(call: OpCall) -> int:
     return 2 * q.shape[0] * q.shape[1] * v4_pairs(call, q, kv, 6) * 5 * q.shape[-1]
 
 
+def hc_split_sinkhorn_row_flops(hc_mult: int, iters: int) -> int:
+    """FLOPs of one row (token) of :func:`hc_split_sinkhorn`, counted as the core counts the
+    elementwise reference it replaces (1 per pointwise output, 1 per reduced input, 5 per
+    softmax output)::
+
+        pre   σ(m·s + b) + eps          4n   (mul, add, sigmoid, add)
+        post  2σ(m·s + b)               4n
+        comb  softmax(m·s + b) + eps    8n²  (mul, add, softmax 5, add)
+        2·iters − 1 normalisations      (2n² + n) each: sum n², + eps n, divide n²
+    """
+    n = hc_mult
+    return 8 * n + 8 * n * n + (2 * iters - 1) * (2 * n * n + n)
+
+
+def _hc_rows(mixes: TensorMeta) -> int:
+    return mixes.numel // mixes.shape[-1] if mixes.shape and mixes.shape[-1] else 0
+
+
+def hc_split_sinkhorn_flop(call: OpCall) -> int:
+    a = call.attrs
+    return _hc_rows(call.inputs[0]) * hc_split_sinkhorn_row_flops(
+        int(a.get("hc_mult") or 0), int(a.get("iters") or 0))
+
+
+def hc_split_sinkhorn_backward_flop(call: OpCall) -> int:
+    """The kernel recomputes the forward from its inputs, then runs the chain rule back
+    through every step at about twice each step's forward: 3 × the forward."""
+    a = call.attrs
+    return 3 * _hc_rows(call.inputs[3]) * hc_split_sinkhorn_row_flops(
+        int(a.get("hc_mult") or 0), int(a.get("iters") or 0))
+
+
 # -- registration ------------------------------------------------------------------------
 
 
@@ -283,5 +315,9 @@ def deepseek_formulas() -> list[OpFormula]:
         OpFormula("deepseek.sparse_attention", sparse_attention_flop, category=Category.ATTENTION),
         OpFormula("deepseek.sparse_attention_backward", sparse_attention_backward_flop,
                   category=Category.ATTENTION),
+        OpFormula("deepseek.hc_split_sinkhorn", hc_split_sinkhorn_flop,
+                  category=Category.ELEMENTWISE),
+        OpFormula("deepseek.hc_split_sinkhorn_backward", hc_split_sinkhorn_backward_flop,
+                  category=Category.ELEMENTWISE),
     ]
     return out

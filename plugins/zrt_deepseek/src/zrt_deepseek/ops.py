@@ -37,6 +37,16 @@ Operators (namespace ``deepseek``):
     window keys in ``(p − window, p]`` and the entries ``j < (p + 1) // ratio`` — all of
     them (HCA), or those in ``indices [B, Sq, K]`` (CSA, relative to the compressed part).
     ``ratio = 0``: the window only.
+``hc_split_sinkhorn(mixes, scale, base, hc_mult, iters, eps)``
+    DeepSeek-V4's hyper-connection weights in one kernel (the reference
+    ``hc_split_sinkhorn`` of V4's inference code; TensorRT-LLM's
+    ``auto_deploy::hc_split_sinkhorn``): from ``mixes [..., (2 + n)·n]`` (float32, the
+    normalised streams through ``fn``), ``pre = σ(mixes·s₀ + b) + eps``, ``post =
+    2σ(mixes·s₁ + b)``, and ``comb`` = the row softmax of ``mixes·s₂ + b`` (as ``n × n``)
+    plus eps, normalised by columns once and then by rows and columns ``iters − 1`` times
+    (Sinkhorn-Knopp). Returns ``(pre [..., n], post [..., n], comb [..., n, n])`` in
+    float32. transformers spells it as ~4·iters elementwise ops per hyper-connection, two
+    per layer (~120 graph nodes each in V4-Flash, three times that in the backward).
 """
 
 from __future__ import annotations
@@ -58,6 +68,8 @@ _SCHEMAS = {
     "lightning_indexer": "(Tensor q, Tensor k, Tensor weights, int topk, int ratio, int start_pos, float scale) -> Tensor",
     "sparse_attention": "(Tensor q, Tensor kv, Tensor sinks, Tensor? indices, int window_keys, int window, int ratio, int start_pos, float scale) -> (Tensor, Tensor)",
     "sparse_attention_backward": "(Tensor grad_out, Tensor q, Tensor kv, Tensor sinks, Tensor out, Tensor lse, Tensor? indices, int window_keys, int window, int ratio, int start_pos, float scale) -> (Tensor, Tensor, Tensor)",
+    "hc_split_sinkhorn": "(Tensor mixes, Tensor scale, Tensor base, int hc_mult, int iters, float eps) -> (Tensor, Tensor, Tensor)",
+    "hc_split_sinkhorn_backward": "(Tensor grad_pre, Tensor grad_post, Tensor grad_comb, Tensor mixes, Tensor scale, Tensor base, int hc_mult, int iters, float eps) -> (Tensor, Tensor, Tensor)",
 }
 
 #: CUDA kernel → its Ascend counterpart (same schema, same math).
@@ -83,6 +95,7 @@ def ensure_ops() -> None:
         _define_mla()
         _define_indexer()
         _define_sparse_attention()
+        _define_hc_split_sinkhorn()
         _defined = True
 
 
@@ -249,6 +262,41 @@ def sparse_attention_backward_reference(grad_out, q, kv, sinks, out, indices, wi
     return d_q.to(q.dtype), d_kv.to(kv.dtype), d_sinks.to(sinks.dtype)
 
 
+def hc_split_sinkhorn_reference(mixes, scale, base, hc_mult: int, iters: int, eps: float):
+    """transformers' ``DeepseekV4HyperConnection`` arithmetic after the ``fn`` projection,
+    in its order of operations (so the weights equal the reference model's)."""
+    import torch
+
+    hc = hc_mult
+    pre_w, post_w, comb_w = mixes.split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
+    pre_scale, post_scale, comb_scale = scale.unbind(0)
+    comb_w = comb_w.view(*comb_w.shape[:-1], hc, hc)
+    comb_b = comb_b.view(hc, hc)
+    pre = torch.sigmoid(pre_w * pre_scale + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * post_scale + post_b)
+    comb = torch.softmax(comb_w * comb_scale + comb_b, dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return pre, post, comb
+
+
+def hc_split_sinkhorn_backward_reference(grad_pre, grad_post, grad_comb, mixes, scale, base,
+                                         hc_mult: int, iters: int, eps: float):
+    """Gradients of ``mixes``, ``scale`` and ``base``: the kernel recomputes the iterations
+    from its inputs (vector-Jacobian product of the reference)."""
+    import torch
+
+    def run(m, s, b):
+        return hc_split_sinkhorn_reference(m, s, b, hc_mult, iters, eps)
+
+    _out, vjp = torch.func.vjp(run, mixes, scale, base)
+    d_mixes, d_scale, d_base = vjp((grad_pre, grad_post, grad_comb))
+    return d_mixes, d_scale, d_base
+
+
 # -- definitions -------------------------------------------------------------------------
 
 
@@ -362,3 +410,47 @@ def _define_sparse_attention() -> None:
         return d_q, d_kv, d_sinks, None, None, None, None, None, None
 
     sparse_attention.register_autograd(backward, setup_context=setup_context)
+
+
+def _define_hc_split_sinkhorn() -> None:
+    import torch
+
+    @torch.library.custom_op(f"{NAMESPACE}::hc_split_sinkhorn", mutates_args=(),
+                             schema=_SCHEMAS["hc_split_sinkhorn"])
+    def hc_split_sinkhorn(mixes: Tensor, scale: Tensor, base: Tensor, hc_mult: int, iters: int,
+                          eps: float) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(t.contiguous() for t in hc_split_sinkhorn_reference(
+            mixes, scale, base, hc_mult, iters, eps))
+
+    @hc_split_sinkhorn.register_fake
+    def _(mixes, scale, base, hc_mult, iters, eps):
+        lead = tuple(mixes.shape[:-1])
+        return (mixes.new_empty((*lead, hc_mult)), mixes.new_empty((*lead, hc_mult)),
+                mixes.new_empty((*lead, hc_mult, hc_mult)))
+
+    @torch.library.custom_op(f"{NAMESPACE}::hc_split_sinkhorn_backward", mutates_args=(),
+                             schema=_SCHEMAS["hc_split_sinkhorn_backward"])
+    def hc_split_sinkhorn_backward(grad_pre: Tensor, grad_post: Tensor, grad_comb: Tensor,
+                                   mixes: Tensor, scale: Tensor, base: Tensor, hc_mult: int,
+                                   iters: int, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+        return hc_split_sinkhorn_backward_reference(grad_pre, grad_post, grad_comb, mixes,
+                                                    scale, base, hc_mult, iters, eps)
+
+    @hc_split_sinkhorn_backward.register_fake
+    def _(grad_pre, grad_post, grad_comb, mixes, scale, base, hc_mult, iters, eps):
+        return mixes.new_empty(mixes.shape), scale.new_empty(scale.shape), \
+            base.new_empty(base.shape)
+
+    def setup_context(ctx, inputs, output):
+        mixes, scale, base, *params = inputs
+        ctx.save_for_backward(mixes, scale, base)
+        ctx.params = tuple(params)
+
+    def backward(ctx, grad_pre, grad_post, grad_comb):
+        mixes, scale, base = ctx.saved_tensors
+        d_mixes, d_scale, d_base = torch.ops.deepseek.hc_split_sinkhorn_backward(
+            grad_pre.contiguous(), grad_post.contiguous(), grad_comb.contiguous(), mixes,
+            scale, base, *ctx.params)
+        return d_mixes, d_scale, d_base, None, None, None
+
+    hc_split_sinkhorn.register_autograd(backward, setup_context=setup_context)

@@ -36,6 +36,12 @@ def _v4_context(config: Any, options: Any) -> Any:
     return v4_context(config, options)
 
 
+def _v4_hc_context(config: Any, options: Any) -> Any:
+    from zrt_deepseek.v4 import v4_hyper_connection_context
+
+    return v4_hyper_connection_context(config, options)
+
+
 def _v4_applies(config: Any) -> bool:
     from zrt_deepseek.v4 import applies_to
 
@@ -58,6 +64,13 @@ def zrt_model_patches() -> list[Any]:
             description="DeepSeek-V4 sliding/CSA/HCA attention as one sparse kernel "
                         "(deepseek.sparse_attention over window + compressed entries; the "
                         "CSA indexer as deepseek.lightning_indexer); no block masks"),
+        ModelPatch(
+            name="deepseek.v4_hyper_connections", applies_to=_v4_applies,
+            context=_v4_hc_context,
+            description="DeepSeek-V4's hyper-connection weights (sigmoid pre/post, "
+                        "Sinkhorn-normalised comb) as one deepseek.hc_split_sinkhorn kernel, "
+                        "as V4's inference code runs them, instead of ~4 x hc_sinkhorn_iters "
+                        "elementwise ops"),
     ]
 
 

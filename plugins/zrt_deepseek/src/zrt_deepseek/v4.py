@@ -31,8 +31,15 @@ what the kernel does. Inside :func:`v4_context`:
   ``[B, S, H, C]`` score tensor, and runs without gradients (its top-k is not
   differentiable; transformers trains no indexer weight through it either).
 
-Projections, norms, rotary embeddings, the grouped output projection and the
-hyper-connections stay transformers' own operators.
+Projections, norms, rotary embeddings and the grouped output projection stay
+transformers' own operators.
+
+Inside :func:`v4_hyper_connection_context`, each manifold-constrained hyper-connection
+(``DeepseekV4HyperConnection``, two per layer) keeps transformers' stream norm, ``fn``
+projection and collapse, but computes its ``pre``/``post``/``comb`` weights with one
+``deepseek::hc_split_sinkhorn`` node — the kernel V4's inference code runs
+(``hc_split_sinkhorn``) — instead of ~4·``hc_sinkhorn_iters`` elementwise ops (80 for
+V4-Flash, three times as many in the backward). Its formula counts what those ops count.
 """
 
 from __future__ import annotations
@@ -184,6 +191,37 @@ def v4_context(_config: Any, _options: Any) -> Iterator[None]:
     cls = importlib.import_module(_MODULE).DeepseekV4Attention
     original = cls.__dict__["forward"]
     cls.forward = v4_attention_forward
+    try:
+        yield
+    finally:
+        cls.forward = original
+
+
+def v4_hyper_connection_forward(self: Any, hidden_streams: Any) -> tuple[Any, Any, Any]:
+    """``DeepseekV4HyperConnection.forward`` with one ``deepseek::hc_split_sinkhorn`` node."""
+    import torch
+    import torch.nn.functional as F
+
+    batch_size, seq_len = hidden_streams.shape[:2]
+    flattened = self.input_norm(hidden_streams.view(batch_size, seq_len, -1).float())
+    mixes = F.linear(flattened, self.fn.float())
+    pre, post, comb = torch.ops.deepseek.hc_split_sinkhorn(
+        mixes, self.scale, self.base, int(self.hc_mult), int(self.hc_sinkhorn_iters),
+        float(self.hc_eps))
+    collapsed = (pre.unsqueeze(-1) * hidden_streams).sum(dim=2).to(hidden_streams.dtype)
+    return post, comb, collapsed
+
+
+@contextlib.contextmanager
+def v4_hyper_connection_context(_config: Any, _options: Any) -> Iterator[None]:
+    """Swap ``DeepseekV4HyperConnection.forward`` for :func:`v4_hyper_connection_forward`
+    while open."""
+    import importlib
+
+    ensure_ops()
+    cls = importlib.import_module(_MODULE).DeepseekV4HyperConnection
+    original = cls.__dict__["forward"]
+    cls.forward = v4_hyper_connection_forward
     try:
         yield
     finally:
