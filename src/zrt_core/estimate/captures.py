@@ -158,10 +158,26 @@ def _versions(host: PluginHost | None) -> dict[str, str]:
         for ep in metadata.entry_points(group="zrt"):
             dist = ep.dist
             if dist is not None:
-                out[f"plugin:{ep.name}"] = f"{dist.metadata['Name']}=={dist.version}"
+                out[f"plugin:{ep.name}"] = (f"{dist.metadata['Name']}=={dist.version}"
+                                            f"@{_package_stamp(ep.module)}")
     except Exception:  # listing plugins must not break estimation
         pass
     return out
+
+
+def _package_stamp(module: str) -> str:
+    """Sizes and times of the Python files of a plugin's top-level package: an editable
+    plugin's patches and formulas change what a capture records without a new version."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module.split(".")[0])
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    stats = []
+    for root in roots:
+        for f in sorted(Path(root).rglob("*.py")):
+            st = f.stat()
+            stats.append(f"{f.relative_to(root)}:{st.st_size}:{int(st.st_mtime)}")
+    return hashlib.sha256("|".join(stats).encode()).hexdigest()[:16]
 
 
 def cache_key(config: Mapping[str, Any], seq_len: int, dtype: str,
