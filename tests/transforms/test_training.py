@@ -23,6 +23,7 @@ from zrt_core.transforms.training import (
     Precision,
     Recompute,
     UnfusedAttention,
+    add_mtp_layers,
     is_expert_param,
     mark_weight_grads,
     optimizer_graph,
@@ -281,6 +282,49 @@ def test_layers_kept_in_bf16_get_a_template_of_their_own_and_no_casts() -> None:
             if n.category == Category.MATMUL} == {(0, "nvfp4"), (1, "bfloat16")}
     # nothing to split: every template on one side
     assert split_layer_templates(fwd, bwd, {0, 1}) == (fwd, bwd)
+
+
+def _with_head(fwd: OpGraph, bwd: OpGraph) -> tuple[OpGraph, OpGraph]:
+    """The toy layer plus an LM head after it (forward) and its backward before the layers."""
+    F, Bk = Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD
+    y, w, logits = _t((TOKENS, H), 6), _t((H, 16), 20, "lm_head.weight"), _t((TOKENS, 16), 21)
+    head = _node(10, "aten.mm.default", Category.MATMUL, F, (y, w), (logits,), layer=None,
+                 flops=2 * TOKENS * H * 16, seq_nr=9)
+    dlogits, dy = _t((TOKENS, 16), 22), _t((TOKENS, H), 10)
+    head_b = _node(10, "aten.mm.default", Category.MATMUL, Bk, (dlogits, w), (dy,),
+                   layer=None, flops=2 * TOKENS * H * 16, fwd_seq_nr=9)
+    return (fwd.with_nodes([*fwd.nodes, head], [*fwd.edges, (2, 10)]),
+            bwd.with_nodes([head_b, *bwd.nodes], [(10, 0), *bwd.edges]))
+
+
+def test_mtp_modules_are_copies_of_a_layer_with_their_own_head() -> None:
+    fwd, bwd = _with_head(*_graphs())  # layers 0 and 1 of one template, then the head
+    f2, b2, new = add_mtp_layers(fwd, bwd, ["dense"], 2, shared_weights=True)
+    assert new == (2, 3)
+    assert {r: t.indices for r, t in f2.templates.items()} == {0: (0, 1), 2: (2,), 3: (3,)}
+    layer_flops = sum(n.flops for n in fwd.nodes if n.layer_index == 0)
+    head_flops = 2 * TOKENS * H * 16
+    # two more layers and two more heads, forward and backward
+    assert sum(n.flops * f2.multiplicity(n) for n in f2.nodes) == \
+        4 * layer_flops + 3 * head_flops
+    # (the toy backward counts only its head's FLOPs)
+    assert sum(n.flops * b2.multiplicity(n) for n in b2.nodes) == 3 * head_flops
+    # forward: decoder layers, MTP layers, the main head, the MTP heads
+    assert [n.layer_index for n in f2.nodes] == [0, 0, 0, 2, 2, 2, 3, 3, 3, None, None, None]
+    # backward: the heads' backward first, then MTP layers (last first), then the decoder's
+    assert [n.layer_index for n in b2.nodes][:3] == [None, None, None]
+    assert [n.layer_index for n in b2.nodes][3:13] == [3] * 5 + [2] * 5
+    # repeated layer: both depths use one block's weights; the LM head is the shared one
+    params = {t.param for n in f2.nodes for t in n.inputs if t.param}
+    assert params == {"layers.0.up.weight", "layers.0.down.weight", "layers.0.up.weight@mtp",
+                      "layers.0.down.weight@mtp", "lm_head.weight"}
+    # a copy's backward reads the copy's saved activation, not the decoder layer's
+    gelu2 = next(n for n in f2.nodes if n.layer_index == 2 and n.op == "aten.gelu.default")
+    wgrad2 = [n for n in b2.nodes if n.layer_index == 2][1]
+    assert wgrad2.inputs[0].tensor_id == gelu2.outputs[0].tensor_id != 4
+    assert add_mtp_layers(fwd, bwd, ["dense"], 0) == (fwd, bwd, ())
+    with pytest.raises(SpecError, match="not among the captured templates"):
+        add_mtp_layers(fwd, bwd, ["moe"], 1)
 
 
 # -- data parallelism and ZeRO ---------------------------------------------------------------

@@ -55,6 +55,7 @@ from zrt_core.transforms.training import (
     PrecisionPlan,
     Recompute,
     UnfusedAttention,
+    add_mtp_layers,
     direct_producer_edges,
     dp_groups,
     grad_dtype,
@@ -89,6 +90,46 @@ _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "other")
 
 def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
+
+
+@frozen
+class MtpSpec:
+    """Multi-token prediction as the training recipe runs it (Megatron-Core
+    ``--mtp-num-layers``): ``depths`` MTP modules, each a block of the layer ``kinds`` (empty:
+    the kind of the last decoder layer, as DeepSeek's) with its own LM head and loss;
+    ``shared_weights``: one block's weights at every depth (``mtp_use_repeated_layer``);
+    ``bf16``: the MTP layers' linear layers stay bf16 under fp8/fp4 recipes
+    (``keep_mtp_spec_in_bf16``). :func:`zrt_core.transforms.training.add_mtp_layers`."""
+
+    depths: int
+    kinds: tuple[str, ...] = field(default=(), converter=tuple)
+    shared_weights: bool = False
+    bf16: bool = False
+
+    @property
+    def layers(self) -> int:
+        return self.depths * max(1, len(self.kinds))
+
+
+#: Nemotron-H block characters (``hybrid_override_pattern``) → captured template kinds.
+_NEMOTRON_KINDS = {"M": "mamba", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def mtp_from_config(config: Mapping[str, Any]) -> MtpSpec | None:
+    """The MTP the Megatron-Bridge recipes train with for a HF config that declares MTP
+    layers (``num_nextn_predict_layers``): DeepSeek-V3/V4 one MoE block per layer declared;
+    Nemotron 3 (Super, 3.5 Lightning) the ``mtp_hybrid_override_pattern`` block (``"*E"``)
+    run at two depths with repeated weights and kept in bf16
+    (``recipes/nemotronh``: ``mtp_num_layers = 2``, ``mtp_use_repeated_layer``,
+    ``keep_mtp_spec_in_bf16``)."""
+    n = _mtp_layers(config)
+    if not n:
+        return None
+    if str(config.get("model_type")) == "nemotron_h":
+        pattern = str(config.get("mtp_hybrid_override_pattern") or "*E")
+        kinds = tuple(_NEMOTRON_KINDS[c] for c in pattern if c in _NEMOTRON_KINDS)
+        return MtpSpec(depths=2, kinds=kinds, shared_weights=True, bf16=True)
+    return MtpSpec(depths=n)
 
 
 # -- captures ---------------------------------------------------------------------------------
@@ -260,6 +301,7 @@ def estimate_training(
     stage_split: str = "even",
     zero_algorithm: str | None = None,
     bf16_layers: tuple[int, int] = (0, 0),
+    mtp: MtpSpec | None = None,
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -291,6 +333,8 @@ def estimate_training(
         first ``first`` and the last ``last`` decoder layers stay bf16 (Megatron's
         ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 first
         --num-layers-at-end-in-bf16 last``).
+    :param mtp: multi-token prediction modules the recipe trains (:class:`MtpSpec`,
+        :func:`mtp_from_config`); they run on the last pipeline stage.
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -341,12 +385,24 @@ def estimate_training(
                      "loss_in_pipeline_split)")
     parallel = check_layout(parallel, _dims_for_layout(dims, stages, num_layers),
                             num_gpus=num_gpus, train=train)
+    mtp_count = mtp.layers if mtp is not None else 0
+    mtp_indices = tuple(range(num_layers, num_layers + mtp_count))
+    if mtp_count:
+        last = stage_ranges[-1]
+        stage_ranges = (*stage_ranges[:-1], range(last.start, last.stop + mtp_count))
+        notes.append(f"multi-token prediction: {mtp.depths} module(s) of "
+                     f"{'+'.join(mtp.kinds) or 'the last layer kind'} with their own LM head "
+                     "and loss on the last stage"
+                     + (", in bf16" if mtp.bf16 else "")
+                     + (", weights shared across depths" if mtp.shared_weights else ""))
     m = train.num_microbatches(parallel)
     check_schedule(schedule, parallel.pp, parallel.vp if schedule == "interleaved" else 1, m)
     rules = overlap or default_overlap(parallel, train)
     start, end = bf16_layers
     keep = tuple(range(min(start, num_layers))) + tuple(range(max(0, num_layers - end),
                                                               num_layers))
+    if mtp is not None and mtp.bf16:
+        keep += mtp_indices
     plan = precision_plan(train.precision, hw, high_precision_layers=keep)
     if plan.low_precision and keep:
         notes.append(f"{len(set(keep))} of {num_layers} decoder layers keep bf16 linear layers "
@@ -363,7 +419,7 @@ def estimate_training(
         raise SpecError(f"unknown ZeRO collective algorithm {zero_algorithm!r}",
                         "use ring or pairwise")
     key = (id(captured), captured.name, parallel, train, attention, stage_split,
-           zero_algorithm, rules, hw.id, hw.vendor, plan, id(host))
+           zero_algorithm, rules, hw.id, hw.vendor, plan, mtp, id(host))
     hit = _TRANSFORMED.get(key)
     if hit is not None and hit[0] is captured:
         _, fwd, bwd, bwd_sync, inventory, applied, transform_notes = hit
@@ -372,7 +428,7 @@ def estimate_training(
         before = len(notes)
         fwd, bwd, bwd_sync, inventory, applied = _transform(
             captured, fwd0, bwd0, ctx, notes, attention=attention, plan=plan, rules=rules,
-            zero_algorithm=zero_algorithm, dims=dims)
+            zero_algorithm=zero_algorithm, dims=dims, mtp=mtp)
         if len(_TRANSFORMED) >= _TRANSFORMED_SIZE:
             _TRANSFORMED.pop(next(iter(_TRANSFORMED)))
         _TRANSFORMED[key] = (captured, fwd, bwd, bwd_sync, inventory, applied,
@@ -429,7 +485,7 @@ _TRANSFORMED_SIZE = 8
 
 def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: TransformContext,
                notes: list[str], *, attention: str, plan: PrecisionPlan, rules: OverlapRules,
-               zero_algorithm: str | None, dims: ModelDims
+               zero_algorithm: str | None, dims: ModelDims, mtp: MtpSpec | None = None
                ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...]]:
     """Every graph transform of one estimate: forward, backward for every micro-batch, the
     last micro-batch's backward with the gradient reduction, and the parameter inventory."""
@@ -438,7 +494,13 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
     parallel = ctx.parallel
     fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
                                                config=captured.config,
-                                               tp_plan=captured.tp_plan)
+                                               tp_plan=None)
+    if mtp is not None and mtp.depths:
+        kinds = mtp.kinds or tuple(
+            t.kind for t in fwd.templates.values()
+            if max(i for t2 in fwd.templates.values() for i in t2.indices) in t.indices)
+        fwd, bwd, _ = add_mtp_layers(fwd, bwd, kinds, mtp.depths,
+                                     shared_weights=mtp.shared_weights)
     if plan.low_precision and plan.high_precision_layers:
         fwd, bwd = split_layer_templates(fwd, bwd, plan.high_precision_layers)
     fwd = apply_all(fwd, [Precision(plan)], ctx)
@@ -515,12 +577,19 @@ def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
                            ) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
     """The TP/SP/CP/EP transforms (:mod:`zrt_core.transforms.parallel`, forward then backward
     with shared tensor layouts, so saved activations keep their forward shapes), the
-    attention kernels, then the platform's fusion rules on the per-rank graphs."""
-    from zrt_core.estimate.captures import config_tp_plan
-    from zrt_core.transforms.fusion import Fusion
-    from zrt_core.transforms.parallel import apply_phases
+    attention kernels, then the platform's fusion rules on the per-rank graphs.
 
-    plan = tp_plan or config_tp_plan(str((config or {}).get("model_type", "")))
+    Tensor parallelism follows Megatron's layout by module names (``TPPlan()``: column-
+    parallel QKV / up / in_proj, row-parallel output / down / out_proj; routed experts split
+    by ``etp`` alone), not a transformers ``base_model_tp_plan``: those describe HF's own TP
+    (nemotron_h's splits the routed experts over TP, which Megatron does only with expert
+    TP > 1), and reading them only when transformers happened to be imported made the
+    estimate depend on whether a capture ran in the process (Nemotron 3 Super at TP 2:
+    7.3 s from the disk cache, 4.8 s right after a capture). ``tp_plan`` overrides."""
+    from zrt_core.transforms.fusion import Fusion
+    from zrt_core.transforms.parallel import TPPlan, apply_phases
+
+    plan = tp_plan or TPPlan()
     graphs = apply_phases({Phase.TRAIN_FORWARD: fwd, Phase.TRAIN_BACKWARD: bwd}, ctx, plan)
     fwd, bwd = graphs[Phase.TRAIN_FORWARD], graphs[Phase.TRAIN_BACKWARD]
     applied = ["parallel"]
@@ -1194,6 +1263,8 @@ class TrainingCase:
     layout_search: bool = False
     #: (first, last) decoder layers whose linear layers stay bf16 under an fp8/fp4 recipe
     bf16_layers: tuple[int, int] = (0, 0)
+    #: multi-token prediction the recipe trains (:func:`mtp_from_config`)
+    mtp: MtpSpec | None = None
 
 
 #: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
@@ -1308,6 +1379,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         layers = ModelDims.from_config(config).layers
     except ModelError:
         layers = 0
+    mtp = mtp_from_config(config)
+    if mtp is not None:
+        assumptions.append(f"multi-token prediction trained: {mtp.depths} depth(s) of "
+                           f"{'+'.join(mtp.kinds) or 'the last layer kind'} (the config's "
+                           "num_nextn_predict_layers; Megatron-Bridge recipes)")
     bf16_layers = (0, 0)
     if str(precision) == "nvfp4" and layers:
         bf16_layers = (0, round(layers * NVFP4_BF16_TAIL))
@@ -1329,7 +1405,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         overlap=overlap, num_gpus=num_gpus, attention=attention,
                         stage_split=stage_split, zero_algorithm=zero_algorithm,
                         assumptions=tuple(assumptions), layout_search=layout_search,
-                        bf16_layers=bf16_layers)
+                        bf16_layers=bf16_layers, mtp=mtp)
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
@@ -1344,7 +1420,7 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
         "host": host, "captured": captured, "overlap": case.overlap,
         "num_gpus": case.num_gpus, "attention": case.attention,
         "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
-        "bf16_layers": case.bf16_layers}
+        "bf16_layers": case.bf16_layers, "mtp": case.mtp}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -1426,7 +1502,7 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
                 case.config, hw, par, train, host=host, captured=captured,
                 overlap=default_overlap(par, train), num_gpus=case.num_gpus,
                 attention=case.attention, zero_algorithm=case.zero_algorithm,
-                bf16_layers=case.bf16_layers, **options)
+                bf16_layers=case.bf16_layers, mtp=case.mtp, **options)
         except ZrtError:
             continue
         tried += 1
@@ -1454,6 +1530,7 @@ def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
 
 __all__ = [
     "LEGACY_MEGATRON_SOURCES",
+    "MtpSpec",
     "TrainingCapture",
     "TrainingCase",
     "capture_for_training",
@@ -1463,6 +1540,7 @@ __all__ = [
     "estimate_training",
     "layout_candidates",
     "legacy_overlap",
+    "mtp_from_config",
     "saved_activation_bytes",
     "search_layout",
     "train_spec_defaults",
