@@ -196,6 +196,18 @@ def test_unfused_attention_counts_the_full_square_and_keeps_five_bytes_per_score
     kept = {t.tensor_id: t.nbytes for n in b2.nodes for t in n.inputs
             if t.tensor_id not in produced and t.tensor_id not in (1, 9)}
     assert sum(kept.values()) == 7680
+    # every batched GEMM writes [b, heads, s, d] — the PV product too, though the fused
+    # node's output was [b, s, heads, d]: b·h = 6 products of 16 × 8, not 32 of 3 × 8
+    from zrt_core.cost.opdims import gemm_dims
+
+    for n in (*f2.nodes, *b2.nodes):
+        if n.category == Category.MATMUL:
+            g = gemm_dims(n)
+            assert g.batch * g.m * g.n == b * h * s * (s if n.outputs[0].shape[-1] == s
+                                                       else d)
+            assert g.batch == b * h and g.m == s
+    assert [n.outputs[0].shape for n in f2.nodes][-1] == (b, h, s, d)
+    assert f2.nodes[-1].outputs[0].tensor_id == 2
 
 
 # -- precision -----------------------------------------------------------------------------

@@ -540,13 +540,19 @@ def default_overlap(parallel: Parallel, train: TrainSpec) -> OverlapRules:
     return OverlapRules(tp_comm_overlap=hidden)
 
 
-def legacy_overlap() -> OverlapRules:
+def legacy_overlap(*, tp_backward_async: bool = True) -> OverlapRules:
     """Megatron-LM as in 2021-22 (Narayanan et al., Korthikanti et al.): no grad-reduce or
-    param-gather overlap, no TP userbuffer overlap; the backward TP all-reduce already ran
-    asynchronously beside the weight-gradient GEMM (``--async-tensor-model-parallel-
-    allreduce``)."""
+    param-gather overlap, no TP userbuffer overlap. The backward TP all-reduce runs
+    asynchronously beside the weight-gradient GEMM from late 2021
+    (``--async-tensor-model-parallel-allreduce``, Korthikanti et al.'s runs); before it (the
+    runs of Narayanan et al. 2021) it was the autograd function's blocking all-reduce:
+    ``tp_backward_async=False``."""
     return OverlapRules(tp_comm_overlap=0.0, overlap_grad_reduce=False,
-                        overlap_param_gather=False)
+                        overlap_param_gather=False, tp_backward_async=tp_backward_async)
+
+
+#: Sources whose Megatron-LM predates the asynchronous backward TP all-reduce.
+SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
 
 
 def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
@@ -1367,9 +1373,12 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append("DeepSpeed ZeRO-3 of 2021: parameter gathers and gradient "
                            "reduce-scatters at one scale-out link per GPU")
     if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) != 3:
-        overlap = legacy_overlap()
+        sync_tp = any(s in source for s in SYNC_TP_BACKWARD_SOURCES)
+        overlap = legacy_overlap(tp_backward_async=not sync_tp)
         assumptions.append("Megatron-LM of 2021-22: no overlapped grad reduction, param "
-                           "gather or TP userbuffers")
+                           "gather or TP userbuffers"
+                           + ("; the backward TP all-reduce blocking (before "
+                              "--async-tensor-model-parallel-allreduce)" if sync_tp else ""))
     else:
         overlap = default_overlap(parallel, train)
     stage_split = "even"
@@ -1530,6 +1539,7 @@ def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
 
 __all__ = [
     "LEGACY_MEGATRON_SOURCES",
+    "SYNC_TP_BACKWARD_SOURCES",
     "MtpSpec",
     "TrainingCapture",
     "TrainingCase",

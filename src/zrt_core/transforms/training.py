@@ -590,7 +590,10 @@ class UnfusedAttention:
                 if self.dropout else probs
             tensor_next += 4
             q, k, v = n.inputs[0], n.inputs[1], n.inputs[2]
-            out = n.outputs[0]
+            # the batched GEMMs write [b, heads, s, d] (B = b·heads products of s × d), whatever
+            # layout the fused node's tensors had (FlashAttention's is [b, s, heads, d]): the
+            # cost model reads a GEMM's m, n and batch from its output
+            out = _bhsd(n.outputs[0], dims.b, dims.h, sq, dv)
             attrs = {k2: val for k2, val in n.attrs.items() if k2 != "seq_nr"}
             attrs[CORE_ATTENTION_ATTR] = True
             e = B * sq * sk
@@ -621,9 +624,9 @@ class UnfusedAttention:
             probs, mask, dropped = saved[key]
             B, sq, sk, d, dv = dims.b * dims.h, dims.s_q, dims.s_kv, dims.d, dims.d_v or dims.d
             grad_out, q, k, v = n.inputs[0], n.inputs[1], n.inputs[2], n.inputs[3]
-            dq = n.outputs[0]
-            dk = n.outputs[1] if len(n.outputs) > 1 else dq
-            dvt = n.outputs[2] if len(n.outputs) > 2 else dq
+            dq = _bhsd(n.outputs[0], dims.b, dims.h, sq, d)
+            dk = _bhsd(n.outputs[1], dims.b, dims.h, sk, d) if len(n.outputs) > 1 else dq
+            dvt = _bhsd(n.outputs[2], dims.b, dims.h, sk, dv) if len(n.outputs) > 2 else dq
             dtype = q.dtype
             shape = (dims.b, dims.h, sq, sk)
             d_dropped = TensorMeta(shape, dtype, tensor_id=tensor_next)
@@ -677,6 +680,14 @@ class UnfusedAttention:
                       layer_kind=like.layer_kind, flops=int(flops), bytes_read=int(read),
                       bytes_written=int(written), formula=op,
                       attrs={k: v for k, v in attrs.items() if v is not None})
+
+
+def _bhsd(t: TensorMeta, b: int, h: int, s: int, d: int) -> TensorMeta:
+    """``t`` (same storage, same id) seen as ``[b, heads, s, d]`` when it holds that many
+    values (a fused attention node's ``[b, s, heads, d]`` output, say)."""
+    if t.numel != b * h * s * d or t.shape == (b, h, s, d):
+        return t
+    return evolve(t, shape=(b, h, s, d))
 
 
 def _rewired(nodes: Sequence[OpNode]) -> list[tuple[int, int]]:
