@@ -31,6 +31,7 @@ from zrt_core.transforms.training import (
     precision_plan,
     split_layer_templates,
     stage_layer_ranges,
+    unfused_cross_entropy,
 )
 
 H, S, B, FFN = 8, 4, 2, 32  # hidden, sequence, batch, FFN width of the toy layer
@@ -208,6 +209,29 @@ def test_unfused_attention_counts_the_full_square_and_keeps_five_bytes_per_score
             assert g.batch == b * h and g.m == s
     assert [n.outputs[0].shape for n in f2.nodes][-1] == (b, h, s, d)
     assert f2.nodes[-1].outputs[0].tensor_id == 2
+
+
+def test_megatron_cross_entropy_runs_fp32_passes_over_the_logits() -> None:
+    F, Bk = Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD
+    logits, labels = _t((TOKENS, 16), 30), _t((TOKENS,), 31, dtype="int64")
+    soft, loss = _t((TOKENS, 16), 32, dtype="float32"), _t((), 33, dtype="float32")
+    fwd = OpGraph(F, [_node(0, "fused.cross_entropy", "loss", F, (logits, labels),
+                            (soft, loss), layer=None)])
+    grad = _t((TOKENS, 16), 34)
+    bwd = OpGraph(Bk, [_node(0, "fused.cross_entropy_backward", "loss", Bk,
+                             (_t((), 35, dtype="float32"), soft, labels), (grad,),
+                             layer=None)])
+    f2, b2 = unfused_cross_entropy(fwd, bwd)
+    assert [n.op for n in f2.nodes] == ["megatron.ce.to_float", "megatron.ce.max",
+                                        "megatron.ce.sub_max", "megatron.ce.exp",
+                                        "megatron.ce.sum", "megatron.ce.softmax"]
+    # 8 × 16 = 128 logits: 38 bytes each forward (2 + 4 read, 4 written by the cast; ...)
+    assert sum(n.bytes for n in f2.nodes) == 38 * 128
+    assert sum(n.bytes for n in b2.nodes) == 14 * 128
+    # the chain keeps the fused node's tensors at its ends and is wired in order
+    assert f2.nodes[0].inputs == (logits, labels) and f2.nodes[-1].outputs == (soft, loss)
+    assert b2.nodes[-1].outputs == (grad,)
+    assert list(f2.edges) == [(1, 2), (2, 3), (3, 4), (4, 5), (5, 6)]
 
 
 # -- precision -----------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from zrt_core.transforms.training import (
     split_layer_templates,
     stage_layer_ranges,
     tp_overlap_hints,
+    unfused_cross_entropy,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ USABLE_MEMORY_FRACTION = 0.95
 MAX_SIMULATED_OPS = 6000
 _EXTRAPOLATED = frozenset({"1f1b", "interleaved", "zb-h1"})
 ATTENTION_KERNELS = ("flash", "unfused")
+CROSS_ENTROPY_KERNELS = ("fused", "megatron")
 STAGE_SPLITS = ("even", "embedding-loss")
 _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "other")
 
@@ -302,6 +304,7 @@ def estimate_training(
     zero_algorithm: str | None = None,
     bf16_layers: tuple[int, int] = (0, 0),
     mtp: MtpSpec | None = None,
+    cross_entropy: str = "fused",
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -335,6 +338,10 @@ def estimate_training(
         --num-layers-at-end-in-bf16 last``).
     :param mtp: multi-token prediction modules the recipe trains (:class:`MtpSpec`,
         :func:`mtp_from_config`); they run on the last pipeline stage.
+    :param cross_entropy: ``fused`` (one loss kernel: TransformerEngine's, Megatron's
+        ``--cross-entropy-loss-fusion``) or ``megatron`` (``vocab_parallel_cross_entropy``'s
+        fp32 passes over the logits: :func:`~zrt_core.transforms.training.
+        unfused_cross_entropy`).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -418,8 +425,11 @@ def estimate_training(
     if zero_algorithm is not None and zero_algorithm not in ("ring", "pairwise"):
         raise SpecError(f"unknown ZeRO collective algorithm {zero_algorithm!r}",
                         "use ring or pairwise")
+    if cross_entropy not in CROSS_ENTROPY_KERNELS:
+        raise SpecError(f"unknown cross-entropy kernel {cross_entropy!r}",
+                        f"use one of {', '.join(CROSS_ENTROPY_KERNELS)}")
     key = (id(captured), captured.name, parallel, train, attention, stage_split,
-           zero_algorithm, rules, hw.id, hw.vendor, plan, mtp, id(host))
+           zero_algorithm, rules, hw.id, hw.vendor, plan, mtp, cross_entropy, id(host))
     hit = _TRANSFORMED.get(key)
     if hit is not None and hit[0] is captured:
         _, fwd, bwd, bwd_sync, inventory, applied, transform_notes = hit
@@ -428,7 +438,7 @@ def estimate_training(
         before = len(notes)
         fwd, bwd, bwd_sync, inventory, applied = _transform(
             captured, fwd0, bwd0, ctx, notes, attention=attention, plan=plan, rules=rules,
-            zero_algorithm=zero_algorithm, dims=dims, mtp=mtp)
+            zero_algorithm=zero_algorithm, dims=dims, mtp=mtp, cross_entropy=cross_entropy)
         if len(_TRANSFORMED) >= _TRANSFORMED_SIZE:
             _TRANSFORMED.pop(next(iter(_TRANSFORMED)))
         _TRANSFORMED[key] = (captured, fwd, bwd, bwd_sync, inventory, applied,
@@ -485,7 +495,8 @@ _TRANSFORMED_SIZE = 8
 
 def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: TransformContext,
                notes: list[str], *, attention: str, plan: PrecisionPlan, rules: OverlapRules,
-               zero_algorithm: str | None, dims: ModelDims, mtp: MtpSpec | None = None
+               zero_algorithm: str | None, dims: ModelDims, mtp: MtpSpec | None = None,
+               cross_entropy: str = "fused"
                ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...]]:
     """Every graph transform of one estimate: forward, backward for every micro-batch, the
     last micro-batch's backward with the gradient reduction, and the parameter inventory."""
@@ -495,6 +506,10 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
     fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
                                                config=captured.config,
                                                tp_plan=None)
+    if cross_entropy == "megatron":
+        fwd, bwd = unfused_cross_entropy(fwd, bwd)
+        notes.append("cross-entropy as Megatron's vocab_parallel_cross_entropy without loss "
+                     "fusion: fp32 passes over the logits (52 bytes per logit)")
     if mtp is not None and mtp.depths:
         kinds = mtp.kinds or tuple(
             t.kind for t in fwd.templates.values()
@@ -550,6 +565,11 @@ def legacy_overlap(*, tp_backward_async: bool = True) -> OverlapRules:
     return OverlapRules(tp_comm_overlap=0.0, overlap_grad_reduce=False,
                         overlap_param_gather=False, tp_backward_async=tp_backward_async)
 
+
+#: Sources whose recipes fuse the loss (Megatron-Bridge ``_benchmark_common``:
+#: ``cross_entropy_loss_fusion`` with TransformerEngine's kernel); every other Megatron-LM /
+#: NeMo source runs ``vocab_parallel_cross_entropy`` unfused, the default then.
+FUSED_CROSS_ENTROPY_SOURCES = ("Megatron-Bridge",)
 
 #: Sources whose Megatron-LM predates the asynchronous backward TP all-reduce.
 SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
@@ -1271,6 +1291,8 @@ class TrainingCase:
     bf16_layers: tuple[int, int] = (0, 0)
     #: multi-token prediction the recipe trains (:func:`mtp_from_config`)
     mtp: MtpSpec | None = None
+    #: the loss kernels (``fused`` or ``megatron``)
+    cross_entropy: str = "fused"
 
 
 #: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
@@ -1388,6 +1410,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         layers = ModelDims.from_config(config).layers
     except ModelError:
         layers = 0
+    cross_entropy = "fused"
+    if not any(s in source for s in FUSED_CROSS_ENTROPY_SOURCES):
+        cross_entropy = "megatron"
+        assumptions.append("cross-entropy unfused (Megatron-LM / NeMo default before "
+                           "--cross-entropy-loss-fusion; Megatron-Bridge recipes fuse it)")
     mtp = mtp_from_config(config)
     if mtp is not None:
         assumptions.append(f"multi-token prediction trained: {mtp.depths} depth(s) of "
@@ -1414,7 +1441,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         overlap=overlap, num_gpus=num_gpus, attention=attention,
                         stage_split=stage_split, zero_algorithm=zero_algorithm,
                         assumptions=tuple(assumptions), layout_search=layout_search,
-                        bf16_layers=bf16_layers, mtp=mtp)
+                        bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy)
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
@@ -1429,7 +1456,8 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
         "host": host, "captured": captured, "overlap": case.overlap,
         "num_gpus": case.num_gpus, "attention": case.attention,
         "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
-        "bf16_layers": case.bf16_layers, "mtp": case.mtp}
+        "bf16_layers": case.bf16_layers, "mtp": case.mtp,
+        "cross_entropy": case.cross_entropy}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -1511,7 +1539,8 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
                 case.config, hw, par, train, host=host, captured=captured,
                 overlap=default_overlap(par, train), num_gpus=case.num_gpus,
                 attention=case.attention, zero_algorithm=case.zero_algorithm,
-                bf16_layers=case.bf16_layers, mtp=case.mtp, **options)
+                bf16_layers=case.bf16_layers, mtp=case.mtp,
+                cross_entropy=case.cross_entropy, **options)
         except ZrtError:
             continue
         tried += 1
