@@ -388,7 +388,10 @@ def test_boundary_tier_with_stages_straddling_domains() -> None:
 
 @pytest.mark.parametrize(("schedule", "pp", "vp", "m"), [
     ("gpipe", 4, 1, 64), ("1f1b", 8, 1, 96), ("interleaved", 4, 2, 96), ("zb-h1", 6, 1, 80),
-    ("zb-v", 4, 1, 64), ("dualpipe", 4, 1, 96), ("dualpipev", 6, 1, 80)])
+    ("zb-v", 4, 1, 64), ("dualpipe", 4, 1, 96), ("dualpipev", 6, 1, 80),
+    # deeper pipelines: rank r of ZB-H1 holds W passes back r blocks (an input on its own
+    # rank, which never binds), interleaved blocks of 2·pp·vp rows
+    ("zb-h1", 16, 1, 400), ("zb-v", 8, 1, 160), ("interleaved", 8, 2, 512)])
 def test_skipping_the_periodic_steady_state_is_exact(schedule: str, pp: int, vp: int, m: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Uneven stages, F/B/W ratios and P2P that make the steady state periodic with a cycle

@@ -16,6 +16,7 @@ the last the head and loss, so uneven stages are just uneven times.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -346,64 +347,101 @@ class _Seq:
     """Every rank's order as kind/stage sequences built from repeated patterns.
 
     ``put`` appends a pattern ``times`` times to the current rank; ``next_rank`` closes it.
-    ``rows()`` numbers the micro-batches first-in first-out per rank, pass and stage: a
-    stage's forwards (F and FBW's forward half) in order, its backwards (B, BW and FBW's
-    backward half) in order, its W passes in order. A W given without a stage takes the
+    Micro-batches are numbered first-in first-out per rank, pass and stage: a stage's
+    forwards (F and FBW's forward half) in order, its backwards (B, BW and FBW's backward
+    half) in order, its W passes in order. ``put`` numbers its pattern from the rank's
+    running counters (a key seen ``q`` times in the pattern advances ``q`` per repetition),
+    so ``rows()`` only expands the patterns. A W given without a stage takes the
     micro-batch and stage of the oldest split B on its rank not yet followed by its W (the
     FIFO DualPipe's WeightGradStore keeps).
     """
 
     def __init__(self) -> None:
-        self.kinds: list[np.ndarray] = []
-        self.stages: list[np.ndarray] = []
-        self.seconds: list[np.ndarray] = []
+        # the patterns, one after another: kind, stage, stage2, base and step of the
+        # micro-batch numbers of each half (rep t numbers base + t·step)
+        self.columns: tuple[list[int], ...] = ([], [], [], [], [], [], [])
+        self.seg_plen: list[int] = []
+        self.seg_times: list[int] = []
+        self.seg_rank: list[int] = []
         self.lengths: list[int] = []
         self._open = 0
+        self._count: dict[tuple[int, int], int] = {}
 
     def put(self, kinds: Sequence[int], stages: Sequence[int], seconds: Sequence[int] | None
             = None, times: int = 1) -> None:
         if times <= 0:
             return
-        self.kinds.append(np.tile(np.asarray(kinds, dtype=np.int32), times))
-        self.stages.append(np.tile(np.asarray(stages, dtype=np.int32), times))
-        self.seconds.append(np.tile(np.asarray(seconds if seconds is not None
-                                               else [-1] * len(kinds), dtype=np.int32), times))
-        self._open += len(kinds) * times
+        kind = [int(k) for k in kinds]
+        stage = [int(x) for x in stages]
+        plen = len(kind)
+        second = [int(x) for x in seconds] if seconds is not None else [-1] * plen
+        base1, base2 = [-1] * plen, [-1] * plen
+        step1, step2 = [0] * plen, [0] * plen
+        stage2 = [-1] * plen
+        count = self._count
+        seen: dict[tuple[int, int], int] = {}
+        numbered: list[tuple[int, int, tuple[int, int]]] = []  # (position, half, key)
+        for p, k in enumerate(kind):
+            if k != W or stage[p] >= 0:
+                key = (0 if k in (F, FBW) else 1 if k in (B, BW) else 2, stage[p])
+                numbered.append((p, 1, key))
+            if k == FBW:  # the backward half is counted after the forward half
+                stage2[p] = second[p]
+                numbered.append((p, 2, (1, second[p])))
+        for p, half, key in numbered:
+            index = seen.get(key, 0)
+            seen[key] = index + 1
+            (base1 if half == 1 else base2)[p] = count.get(key, 0) + index
+        for p, half, key in numbered:
+            (step1 if half == 1 else step2)[p] = seen[key]
+        for key, q in seen.items():
+            count[key] = count.get(key, 0) + q * times
+        for column, values in zip(self.columns, (kind, stage, stage2, base1, step1, base2,
+                                                 step2), strict=True):
+            column.extend(values)
+        self.seg_plen.append(plen)
+        self.seg_times.append(times)
+        self.seg_rank.append(len(self.lengths))
+        self._open += plen * times
 
     def next_rank(self) -> None:
         self.lengths.append(self._open)
         self._open = 0
+        self._count = {}
 
     def rows(self) -> np.ndarray:
-        kinds = np.concatenate(self.kinds)
-        n = len(kinds)
-        out = np.full((n, 5), -1, dtype=np.int32)
-        out[:, 0] = kinds
-        out[:, 1] = np.concatenate(self.stages)
-        pair = kinds == FBW
-        out[pair, 3] = np.concatenate(self.seconds)[pair]
-        rank = np.repeat(np.arange(len(self.lengths)), self.lengths)
-        span = int(out[:, [1, 3]].max()) + 2
-        fwd = (kinds == F) | pair
-        bwd = (kinds == B) | (kinds == BW)
-        staged_w = (kinds == W) & (out[:, 1] >= 0)
-        # key = (rank, slot, stage); an FBW row holds a forward-half key and a backward-half
-        # key, counted in that order
-        slot_1 = np.where(fwd, 0, np.where(bwd, 1, 2))
-        stage_1 = out[:, 1]
-        has_1 = fwd | bwd | staged_w
-        key_1 = (rank * 3 + slot_1) * span + stage_1
-        key_2 = (rank * 3 + 1) * span + out[:, 3]
-        keys = np.stack((key_1, key_2), axis=1).reshape(-1)
-        valid = np.stack((has_1, pair), axis=1).reshape(-1)
-        numbers = np.full(2 * n, -1, dtype=np.int32)
-        numbers[valid] = _fifo(keys[valid])
-        numbers = numbers.reshape(n, 2)
-        out[has_1, 2] = numbers[has_1, 0]
-        out[pair, 4] = numbers[pair, 1]
-        queued = np.flatnonzero((kinds == W) & (out[:, 1] < 0))
+        plens = np.array(self.seg_plen)
+        sizes = plens * np.array(self.seg_times)
+        n = int(sizes.sum())
+        out = np.empty((n, 5), dtype=np.int32)
+        # row r of segment g is pattern row (r - start_g) mod plen_g, repetition (...) // plen_g
+        seg = np.repeat(np.arange(len(plens), dtype=np.int32), sizes)
+        within = np.arange(n, dtype=np.int32)
+        within -= np.repeat((np.cumsum(sizes) - sizes).astype(np.int32), sizes)
+        plen = plens.astype(np.int32)[seg]
+        rep, pos = np.divmod(within, plen)
+        src = pos
+        src += (np.cumsum(plens) - plens).astype(np.int32)[seg]
+        del seg, within, plen, pos
+
+        def column(c: int) -> np.ndarray:
+            return np.array(self.columns[c], dtype=np.int32)[src]
+
+        kind = column(0)
+        out[:, 0] = kind
+        out[:, 1] = column(1)
+        base, step = column(3), column(4)
+        out[:, 2] = np.where(base >= 0, base + rep * step, -1)
+        if FBW in self.columns[0]:
+            out[:, 3] = column(2)
+            base, step = column(5), column(6)
+            out[:, 4] = np.where(base >= 0, base + rep * step, -1)
+        else:
+            out[:, 3:] = -1
+        queued = np.flatnonzero((kind == W) & (out[:, 1] < 0))
         if len(queued):
-            split = np.flatnonzero(kinds == B)
+            rank = np.repeat(np.array(self.seg_rank), sizes)
+            split = np.flatnonzero(kind == B)
             first_split = np.searchsorted(rank[split], rank[queued])
             source = split[first_split + _fifo(rank[queued])]
             out[queued, 1] = out[source, 1]
@@ -433,27 +471,30 @@ def _one_f_one_b(pp: int, m: int) -> _Seq:
     return seq
 
 
-def _interleaved(pp: int, vp: int, m: int) -> _Seq:
+def _interleaved(pp: int, vp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     # Megatron's forward_backward_pipelining_with_interleaving: virtual micro-batch k runs
     # model chunk (k mod pp·vp) // pp (reversed for backward) on micro-batch
     # (k // (pp·vp))·pp + k mod pp; rank r warms up with 2(pp - r - 1) + (vp - 1)·pp
-    # virtual micro-batches, then alternates one forward and one backward.
+    # virtual micro-batches, then alternates one forward and one backward. That micro-batch
+    # is also each stage's first-in first-out count, so the rows are built at once.
     total = m * vp
-    k = np.arange(total)
-    fchunk = (k % (pp * vp)) // pp
-    bchunk = vp - 1 - fchunk
-    seq = _Seq()
-    for r in range(pp):
-        warmup = min(2 * (pp - r - 1) + (vp - 1) * pp, total)
-        steady = total - warmup
-        fwd, bwd = fchunk * pp + r, bchunk * pp + r
-        pairs = np.empty(2 * steady, dtype=np.int64)
-        pairs[0::2], pairs[1::2] = fwd[warmup:], bwd[:steady]
-        seq.put([F] * warmup, fwd[:warmup])
-        seq.put([F, BW] * steady, pairs)
-        seq.put([BW] * warmup, bwd[steady:])
-        seq.next_rank()
-    return seq
+    ranks = np.arange(pp)
+    warmup = np.minimum(2 * (pp - ranks - 1) + (vp - 1) * pp, total)[:, None]
+    steady = total - warmup
+    p = np.arange(2 * total)[None, :]                       # position in the rank's order
+    in_steady = (p >= warmup) & (p < warmup + 2 * steady)
+    idx = p - warmup
+    forward = (p < warmup) | (in_steady & (idx % 2 == 0))
+    k = np.where(p < warmup, p,
+                 np.where(in_steady, np.where(forward, warmup + idx // 2, idx // 2),
+                          p - warmup - steady))             # the cool-down's backwards
+    chunk = (k % (pp * vp)) // pp
+    chunk = np.where(forward, chunk, vp - 1 - chunk)
+    rows = np.full((pp, 2 * total, 5), -1, dtype=np.int32)
+    rows[:, :, 0] = np.where(forward, F, BW)
+    rows[:, :, 1] = chunk * pp + ranks[:, None]
+    rows[:, :, 2] = (k // (pp * vp)) * pp + k % pp
+    return rows.reshape(-1, 5), np.full(pp, 2 * total)
 
 
 def _zb_h1(pp: int, m: int) -> _Seq:
@@ -551,7 +592,7 @@ def _orders(schedule: str, pp: int, m: int, vp: int) -> tuple[np.ndarray, np.nda
     elif schedule == "1f1b":
         seq = _one_f_one_b(pp, m)
     elif schedule == "interleaved":
-        seq = _interleaved(pp, vp, m)
+        return _interleaved(pp, vp, m)
     elif schedule == "zb-h1":
         seq = _zb_h1(pp, m)
     elif schedule == "zb-v":
@@ -700,9 +741,10 @@ def simulate(
     b_comm = np.array(t.backward_comm_s)[model_stage] if t.backward_comm_s else np.zeros(num_v)
 
     rows, lengths = _orders(schedule, pp, microbatches, vp)
-    kind, v, mb, v2, mb2 = rows.T
+    kind, v, mb, v2, mb2 = (np.ascontiguousarray(c) for c in rows.T)
     pair = kind == FBW
-    v2s = np.where(pair, v2, 0)  # a safe index where there is no second half
+    has_pairs = bool(pair.any())
+    v2s = np.where(pair, v2, 0) if has_pairs else np.zeros_like(v)  # a safe index
 
     # Per (kind, stage) tables, then one gather per column. Operation ids are
     # (slot · num_v + stage) · per_chain + micro-batch, slot 0 = F, 1 = B/BW, 2 = W.
@@ -717,15 +759,22 @@ def simulate(
     lag_table = np.stack((f_lag, b_lag, np.zeros(num_v), b_lag, f_lag))
     duration_table = np.stack((fwd, whole - wgt, wgt, whole, np.zeros(num_v)))
 
-    first_op = (slot_of[kind] * num_v + v) * per_chain + mb
-    second_op = np.where(pair, (num_v + v2s) * per_chain + mb2, -1)
-    key = input_key[kind, v]
-    dep = np.where(key >= 0, key * per_chain + mb, -1)
-    lag = lag_table[kind, v]
-    dep2 = np.where(pair, bwd_input[v2s] * per_chain + mb2, -1)
-    lag2 = np.where(pair, b_lag[v2s], 0.0)
-    duration = duration_table[kind, v]
-    if pair.any():
+    kv = kind * np.int32(num_v) + v                     # one flat index into the tables
+    first_op = slot_of.astype(np.int32)[kind] * np.int32(num_v) + v
+    first_op *= np.int32(per_chain)
+    first_op += mb
+    key = input_key.astype(np.int32).ravel()[kv]
+    dep = np.where(key >= 0, key * np.int32(per_chain) + mb, np.int32(-1))
+    lag = lag_table.ravel()[kv]
+    duration = duration_table.ravel()[kv]
+    if not has_pairs:
+        second_op = dep2 = np.full(len(kind), -1, dtype=np.int32)
+        lag2 = np.zeros(len(kind))
+    else:
+        second_op = np.where(pair, (num_v + v2s) * per_chain + mb2, -1)
+        dep2 = np.where(pair, bwd_input[v2s] * per_chain + mb2, -1)
+        lag2 = np.where(pair, b_lag[v2s], 0.0)
+    if has_pairs:
         pv, pv2 = v[pair], v2s[pair]
         serial = fwd[pv] + whole[pv2]
         ideal = np.maximum(fwd[pv] - f_comm[pv] + whole[pv2] - b_comm[pv2],
@@ -734,16 +783,24 @@ def simulate(
     is_fwd = (kind == F) | pair
 
     offsets = np.concatenate(([0], np.cumsum(lengths)))
-    engine = _Engine(offsets, 3 * num_v * per_chain,
-                     (first_op, second_op, duration, dep, lag, dep2, lag2))
+    # An input made earlier on the consumer's own rank (a W's B, the turn of a V, the last
+    # stage's backward after its forward) has ended before the rank is free: it never
+    # binds, so the event loop drops it, and the periodic shortcut need not look back to it.
+    rank_col = np.repeat(np.arange(pp, dtype=np.int32), lengths)
+    # the rank each input key's stage runs on (-1: no input)
+    key_rank = np.where(input_key >= 0, rank_of[input_key % num_v], -1).astype(np.int32)
+    run_dep = _cross_rank(dep, key_rank.ravel()[kv], rank_col)
+    run_dep2 = dep2 if not has_pairs else _cross_rank(
+        dep2, np.where(pair, rank_of[bwd_input[v2s] % num_v], -1), rank_col)
+    columns = (first_op, second_op, duration, run_dep, lag, run_dep2, lag2)
+    engine = _Engine(offsets, 3 * num_v * per_chain, columns)
     fast = _fast_forward(engine, rows, offsets, _STEADY.get(schedule), pp, vp,
-                         first_op, second_op, dep, dep2)
+                         first_op, second_op, run_dep, run_dep2)
     if fast is None:
-        engine = _Engine(offsets, 3 * num_v * per_chain,
-                         (first_op, second_op, duration, dep, lag, dep2, lag2))
+        engine = _Engine(offsets, 3 * num_v * per_chain, columns)
         engine.run()
         engine.check_done()
-        start, skipped = np.array(engine.start_of), 0
+        start, skipped = engine.starts().copy(), 0
     else:
         start, skipped = fast
     end = start + duration
@@ -765,7 +822,6 @@ def simulate(
         global_mb2 = np.where(pair & (v2s >= pp), per_chain + mb2, mb2)
     else:
         global_mb, global_mb2 = mb, mb2
-    rank_col = np.repeat(np.arange(pp), lengths)
 
     firsts = offsets[:-1]
     n_rows = len(kind)
@@ -803,6 +859,12 @@ def simulate(
     return PipelineResult(schedule=schedule, pp=pp, vp=vp, microbatches=microbatches,
                           total_s=total, ranks=tuple(ranks), critical_rank=critical,
                           simulated_ops=len(kind) - skipped, _table=table)
+
+
+def _cross_rank(dep: np.ndarray, producer_rank: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """``dep`` with every input produced on the consumer's own rank replaced by -1 (a valid
+    order runs it earlier on that rank: ``check_schedule``'s orders never deadlock)."""
+    return np.where(producer_rank == rank, -1, dep)
 
 
 def _p2p(p2p_s: float | Sequence[float], p2p_wrap_s: float | None, pp: int
@@ -845,14 +907,19 @@ class _Engine:
         self.waiter = [-1] * num_ops
         self.free = [0.0] * ranks
         self.pos = [0] * ranks
-        self.start_of = [0.0] * self.offsets[-1]
+        # a flat double buffer: stored to from the loop, read by numpy without a copy
+        self.start_of = array("d", bytes(8 * self.offsets[-1]))
         self.limit = list(self.lengths)
         self.todo = list(range(ranks - 1, -1, -1))
+        # one op id and one input per operation: the lighter loop, and no columns for the rest
+        self.single = not (columns[1] >= 0).any() and not (columns[5] >= 0).any()
+        self._used = (0, 2, 3, 4) if self.single else tuple(range(len(columns)))
 
     def _build(self, rank: int, upto: int) -> None:
         lo, base = self.built[rank], self.offsets[rank]
-        for target, column in zip(self.rank_columns[rank], self.columns, strict=True):
-            target.extend(column[base + lo:base + upto].tolist())
+        targets, columns = self.rank_columns[rank], self.columns
+        for c in self._used:
+            targets[c].extend(columns[c][base + lo:base + upto].tolist())
         self.built[rank] = upto
 
     def jump(self, rank: int, position: int, free: float) -> None:
@@ -878,6 +945,9 @@ class _Engine:
                 end[op] = e
 
     def run(self) -> None:
+        if self.single:
+            self._run_single()
+            return
         end, waiter, free, pos = self.end, self.waiter, self.free, self.pos
         start_of, limit, offsets = self.start_of, self.limit, self.offsets
         todo = self.todo
@@ -922,6 +992,49 @@ class _Engine:
                         push(waiter[b])
                 i += 1
             pos[r], free[r] = i + cb, t
+
+    def _run_single(self) -> None:
+        """:meth:`run` for orders whose operations have one input and one op id each
+        (every schedule but DualPipe's paired chunks): the same loop, less per step."""
+        end, waiter, free, pos = self.end, self.waiter, self.free, self.pos
+        start_of, limit, offsets = self.start_of, self.limit, self.offsets
+        todo = self.todo
+        pop, push = todo.pop, todo.append
+        while todo:
+            r = pop()
+            if self.built[r] < limit[r]:
+                self._build(r, limit[r])
+            ops, _second, durations, deps, lags, _deps2, _lags2 = self.rank_columns[r]
+            cb = self.column_base[r]
+            i, t, n, base = pos[r] - cb, free[r], limit[r] - cb, offsets[r] + cb
+            while i < n:
+                d = deps[i]
+                if d >= 0:
+                    e = end[d]
+                    if e < 0.0:
+                        waiter[d] = r
+                        break
+                    e += lags[i]
+                    if e > t:
+                        start_of[base + i] = e
+                        t = e + durations[i]
+                    else:
+                        start_of[base + i] = t
+                        t += durations[i]
+                else:
+                    start_of[base + i] = t
+                    t += durations[i]
+                a = ops[i]
+                end[a] = t
+                w = waiter[a]
+                if w >= 0:
+                    push(w)
+                i += 1
+            pos[r], free[r] = i + cb, t
+
+    def starts(self) -> np.ndarray:
+        """Every row's start so far (a view of the loop's buffer)."""
+        return np.frombuffer(self.start_of, dtype=np.float64)
 
     def done(self) -> bool:
         return self.pos == self.lengths
@@ -1035,7 +1148,7 @@ def _fast_forward(engine: _Engine, rows: np.ndarray, offsets: np.ndarray,
             return None
     if not run_to(list(engine.lengths)):
         return None
-    start = np.array(engine.start_of)
+    start = engine.starts().copy()
     for idx, values in zip(skipped_rows, skipped_starts, strict=True):
         start[idx] = values
     return start, sum(len(idx) for idx in skipped_rows)
@@ -1119,25 +1232,8 @@ def _skip_phase(engine: _Engine, plan: _PhasePlan, first_arr: np.ndarray, length
     while j + 1 < last:
         if not run_to(limits_at(j)):
             return False
-        cycles = np.arange(1, min(max_cycle, j - window) + 1)
-        history = rows_of(j - window - len(cycles), j)     # ranks × (window + C) × length
-        start_of = engine.start_of
-        hist = np.array([start_of[i] for i in history.ravel().tolist()]).reshape(history.shape)
-        recent = hist[:, -window:, :]
-        earlier = hist[:, (len(cycles) - cycles)[:, None] + np.arange(window)[None, :], :]
-        diff = recent[:, None, :, :] - earlier              # ranks × C × window × length
-        spread = diff.max(axis=(2, 3)) - diff.min(axis=(2, 3))   # ranks × C
-        step = diff[:, :, 0, 0]                                   # ranks × C
-        tolerance = 1e-9 * max(float(np.abs(recent).max()), 1e-30)
-        ok = (spread <= tolerance).all(axis=0) & (step > 0).all(axis=0)
-        # a rank may run ahead of one it takes inputs from only if those inputs never bind:
-        # the giver must not drift later (step of the giver ≤ step of the taker)
-        for taker, giver in needs:
-            ok &= step[giver] <= step[taker] + tolerance
-        good = np.flatnonzero(ok)
-        if len(good):
-            c = int(cycles[good[0]])
-            found = (c, step[:, good[0]], hist[:, -c:, :])
+        found = _find_period(engine.starts(), rows_of, j, window, max_cycle, needs)
+        if found is not None:
             break
         j += stride
     if found is None:
@@ -1168,6 +1264,48 @@ def _skip_phase(engine: _Engine, plan: _PhasePlan, first_arr: np.ndarray, length
     return True
 
 
+def _find_period(starts: np.ndarray, rows_of: Callable[[int, int], np.ndarray], j: int,
+                 window: int, max_cycle: int, needs: tuple[tuple[int, int], ...]
+                 ) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """The smallest cycle ``c`` such that, on every rank, the last ``window`` blocks before
+    global block ``j`` equal the ``window`` blocks ``c`` earlier shifted by one step
+    ``Δ_r > 0`` (to ``1e-9`` of the latest start), with no rank taking inputs from one
+    that drifts later (``Δ_giver ≤ Δ_taker``): ``(c, Δ per rank, the last c blocks)``.
+
+    Candidates are screened on the last block alone (a cycle whose last block does not
+    repeat cannot hold over the window), then the first that passes is checked in full.
+    """
+    cycles = min(max_cycle, j - window)
+    if cycles < 1:
+        return None
+    # the last block and the ``cycles`` blocks before it: ranks × (cycles + 1) × length
+    tail = rows_of(j - 1 - cycles, j)
+    tail_t = starts[tail]
+    last = tail_t[:, -1:, :]
+    diff = last - tail_t[:, -2::-1, :]                  # ranks × C × length, c = 1..C
+    spread = diff.max(axis=2) - diff.min(axis=2)
+    tolerance = 1e-9 * max(float(np.abs(last).max()), 1e-30)
+    screened = np.flatnonzero((spread <= tolerance).all(axis=0))
+    if not len(screened):
+        return None
+    hist = starts[rows_of(j - window - cycles, j)]        # ranks × (window + C) × length
+    for index in screened.tolist():
+        c = index + 1
+        recent = hist[:, -window:, :]
+        earlier = hist[:, cycles - c:cycles - c + window, :]
+        d = recent - earlier                             # ranks × window × length
+        step = d[:, 0, 0]
+        tol = 1e-9 * max(float(np.abs(recent).max()), 1e-30)
+        if ((d.max(axis=(1, 2)) - d.min(axis=(1, 2))) > tol).any() or (step <= 0).any():
+            continue
+        # a rank may run ahead of one it takes inputs from only if those inputs never bind:
+        # the giver must not drift later (step of the giver ≤ step of the taker)
+        if any(step[giver] > step[taker] + tol for taker, giver in needs):
+            continue
+        return c, step, hist[:, -c:, :]
+    return None
+
+
 def _p2p_waits(start: np.ndarray, end: np.ndarray, duration: np.ndarray, offsets: np.ndarray,
                first_op: np.ndarray, second_op: np.ndarray, dep: np.ndarray, lag: np.ndarray,
                dep2: np.ndarray, lag2: np.ndarray) -> list[float]:
@@ -1176,19 +1314,28 @@ def _p2p_waits(start: np.ndarray, end: np.ndarray, duration: np.ndarray, offsets
     An operation that starts after its rank frees up waited on the input that arrived last;
     of that wait, the part inside the input's transfer (at most its lag) is exposed P2P,
     the rest is the bubble. Ties go as in the engine: the rank's own free time first, then
-    the first input.
+    the first input. Only operations that started late are looked at.
     """
     n = len(start)
+    free = np.empty(n)
+    free[0] = 0.0
+    free[1:] = end[:-1]
+    firsts = offsets[:-1]
+    free[firsts[firsts < n]] = 0.0
+    late = np.flatnonzero(start > free)
+    if not len(late):
+        return [0.0] * (len(offsets) - 1)
     end_of_op = np.zeros(int(max(first_op.max(), second_op.max())) + 1)
     end_of_op[first_op] = end
     paired = second_op >= 0
     end_of_op[second_op[paired]] = end[paired]
-    free = np.concatenate(([0.0], end[:-1]))
-    free[offsets[:-1][offsets[:-1] < n]] = 0.0
-    ready_a = np.where(dep >= 0, end_of_op[np.maximum(dep, 0)] + lag, -np.inf)
-    ready_b = np.where(dep2 >= 0, end_of_op[np.maximum(dep2, 0)] + lag2, -np.inf)
-    take_a = ready_a > free
-    first = np.where(take_a, ready_a, free)
-    binding = np.where(ready_b > first, lag2, np.where(take_a, lag, 0.0))
-    wait = np.where((binding > 0) & (start > free), np.minimum(start - free, binding), 0.0)
-    return [float(x) for x in np.add.reduceat(wait, offsets[:-1])]
+    free_l, start_l = free[late], start[late]
+    d, d2 = dep[late], dep2[late]
+    ready_a = np.where(d >= 0, end_of_op[np.maximum(d, 0)] + lag[late], -np.inf)
+    ready_b = np.where(d2 >= 0, end_of_op[np.maximum(d2, 0)] + lag2[late], -np.inf)
+    take_a = ready_a > free_l
+    first = np.where(take_a, ready_a, free_l)
+    binding = np.where(ready_b > first, lag2[late], np.where(take_a, lag[late], 0.0))
+    wait = np.where(binding > 0, np.minimum(start_l - free_l, binding), 0.0)
+    rank = np.searchsorted(firsts, late, side="right") - 1
+    return np.bincount(rank, weights=wait, minlength=len(firsts)).tolist()
