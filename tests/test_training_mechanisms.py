@@ -83,3 +83,26 @@ def _fields(case) -> dict:
     from attrs import asdict
 
     return asdict(case, recurse=False)
+
+
+def test_fp8_amax_reduction_blocks_each_stage_forward_and_backward(host) -> None:
+    from zrt_core.cost.collectives import collective_cost
+    from zrt_core.estimate.training import estimate_training
+    from zrt_core.strategy import Parallel, TrainSpec
+
+    tiny = capture_for_training(TINY, 2, 64, host=host, use_cache=False)
+    par = Parallel(tp=2, dp=2)
+    train = TrainSpec(micro_batch=2, global_batch=8, seq_len=64, precision="fp8")
+    kw = dict(host=host, captured=tiny)
+    none = estimate_training(TINY, "nvidia_h100_sxm", par, train, amax_reduction="none", **kw)
+    both = estimate_training(TINY, "nvidia_h100_sxm", par, train, amax_reduction="dp_tp", **kw)
+    tp = estimate_training(TINY, "nvidia_h100_sxm", par, train, amax_reduction="tp", **kw)
+    # 4 layers × 4 linear GEMMs, 3 fp32 amaxes each; over dp × tp = 4 ranks (or tp = 2)
+    hw = host.hardware_spec("nvidia_h100_sxm")
+    one = collective_cost("all_reduce", 3 * 4 * 16, 4, 4, hw).time_s
+    one_tp = collective_cost("all_reduce", 3 * 4 * 16, 2, 2, hw).time_s
+    m = 8 // (2 * 2)  # micro-batches per replica, one stage: each runs a forward and a backward
+    assert both.step_time_s - none.step_time_s == pytest.approx(2 * m * one, rel=1e-9)
+    assert tp.step_time_s - none.step_time_s == pytest.approx(2 * m * one_tp, rel=1e-9)
+    assert both.exposed_comm_s["dp"] - none.exposed_comm_s.get("dp", 0.0) == \
+        pytest.approx(2 * m * one, rel=1e-9)

@@ -305,6 +305,7 @@ def estimate_training(
     bf16_layers: tuple[int, int] = (0, 0),
     mtp: MtpSpec | None = None,
     cross_entropy: str = "fused",
+    amax_reduction: str = "dp_tp",
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -342,6 +343,11 @@ def estimate_training(
         ``--cross-entropy-loss-fusion``) or ``megatron`` (``vocab_parallel_cross_entropy``'s
         fp32 passes over the logits: :func:`~zrt_core.transforms.training.
         unfused_cross_entropy`).
+    :param amax_reduction: under fp8 delayed scaling, the group TransformerEngine all-reduces
+        each autocast region's amaxes over (``reduce_amax``): ``dp_tp`` (Megatron-Core's
+        default amax-reduction group, data × tensor (× context) parallel), ``tp``
+        (``tp_only_amax_red``) or ``none``. The reduction blocks at the end of every
+        virtual stage's forward and backward of every micro-batch.
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -459,9 +465,13 @@ def estimate_training(
     t0 = time.perf_counter()
     saved = saved_activation_bytes(fwd, bwd)
     transient = transient_bytes(bwd)
+    amax_s = _amax_reduction_s(fwd, plan, parallel, hw, amax_reduction, len(stage_ranges))
+    if amax_s:
+        notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
+                     f"({amax_s * 1e6:.0f} µs) after every stage's forward and backward")
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
-        keep_timelines=keep_timelines)
+        keep_timelines=keep_timelines, sync_s=amax_s)
     timings["schedule"] = time.perf_counter() - t0
 
     # -- pipeline ---------------------------------------------------------------------------
@@ -570,6 +580,11 @@ def legacy_overlap(*, tp_backward_async: bool = True) -> OverlapRules:
 #: ``cross_entropy_loss_fusion`` with TransformerEngine's kernel); every other Megatron-LM /
 #: NeMo source runs ``vocab_parallel_cross_entropy`` unfused, the default then.
 FUSED_CROSS_ENTROPY_SOURCES = ("Megatron-Bridge",)
+
+#: Sources whose fp8 runs reduce amaxes over the TP group only (NVIDIA's MLPerf Training
+#: v4.1 GPT-3 configs: ``tp_only_amax_red: True``; v3.1's reduce over DP × TP, Megatron's
+#: default).
+TP_ONLY_AMAX_SOURCES = ("MLPerf Training v4.1",)
 
 #: Sources whose Megatron-LM predates the asynchronous backward TP all-reduce.
 SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
@@ -787,9 +802,11 @@ def transient_bytes(backward: OpGraph) -> dict[int | str, float]:
 def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, Mapping[int,
             NodeCost]], rules: OverlapRules, schedule: str, parallel: Parallel,
             ranges: Sequence[range], saved: Mapping[int | str, float],
-            transient: Mapping[int | str, float], *, keep_timelines: bool
+            transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
+    """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
+    stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``."""
     kind_of: dict[int, int] = {}
     for rep, t in fwd.templates.items():
         for i in t.indices:
@@ -867,10 +884,13 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             idle = tl.idle_s
             if idle > 1e-12:
                 exposed["other"] = exposed.get("other", 0.0) + idle
+        if sync_s:
+            exposed["dp"] = exposed.get("dp", 0.0) + 2 * sync_s
         reports.append(StageReport(
             stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
             if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
-            last=last, forward_s=ft.makespan_s, backward_s=bt.makespan_s, weight_s=wgrad,
+            last=last, forward_s=ft.makespan_s + sync_s, backward_s=bt.makespan_s + sync_s,
+            weight_s=wgrad,
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
             activation_bytes=act, transient_bytes=trans, forward_flops=ff, backward_flops=bf))
@@ -884,6 +904,31 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         weight_s=[r.weight_s for r in reports] if schedule in SPLIT_BACKWARD else None,
         activation_bytes=[r.activation_bytes for r in reports])
     return reports, times, dp_tails, timelines
+
+
+AMAX_REDUCTIONS = ("dp_tp", "tp", "none")
+
+
+def _amax_reduction_s(fwd: OpGraph, plan: PrecisionPlan, parallel: Parallel,
+                      hw: HardwareSpec, group: str, stages: int = 1) -> float:
+    """One amax all-reduce of fp8 delayed scaling (TransformerEngine ``DelayedScaling`` with
+    ``reduce_amax``: ``FP8GlobalStateManager.reduce_and_update_fp8_tensors`` at every
+    autocast exit, over Megatron's amax-reduction group): 3 fp32 amaxes (input, weight,
+    gradient) per linear GEMM of a (virtual) stage — latency-bound."""
+    if plan.recipe != "fp8" or group == "none":
+        return 0.0
+    if group not in AMAX_REDUCTIONS:
+        raise SpecError(f"unknown amax reduction group {group!r}",
+                        f"use one of {', '.join(AMAX_REDUCTIONS)}")
+    from zrt_core.cost.collectives import collective_cost
+
+    size = parallel.tp * parallel.cp * (parallel.dp if group == "dp_tp" else 1)
+    if size <= 1:
+        return 0.0
+    gemms = sum(fwd.multiplicity(n) for n in fwd.nodes
+                if n.attrs.get("precision") == plan.recipe and n.category == Category.MATMUL)
+    per_stage = math.ceil(gemms / max(1, stages))
+    return collective_cost("all_reduce", 3 * 4 * max(1, per_stage), size, size, hw).time_s
 
 
 def _p2p_message_bytes(fwd: OpGraph, parallel: Parallel, train: TrainSpec, dims: ModelDims,
@@ -1293,6 +1338,8 @@ class TrainingCase:
     mtp: MtpSpec | None = None
     #: the loss kernels (``fused`` or ``megatron``)
     cross_entropy: str = "fused"
+    #: fp8 delayed scaling's amax-reduction group (``dp_tp``, ``tp``, ``none``)
+    amax_reduction: str = "dp_tp"
 
 
 #: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
@@ -1415,6 +1462,10 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         cross_entropy = "megatron"
         assumptions.append("cross-entropy unfused (Megatron-LM / NeMo default before "
                            "--cross-entropy-loss-fusion; Megatron-Bridge recipes fuse it)")
+    amax_reduction = "dp_tp"
+    if any(s in source for s in TP_ONLY_AMAX_SOURCES):
+        amax_reduction = "tp"
+        assumptions.append("fp8 amax reduction over TP only (tp_only_amax_red)")
     mtp = mtp_from_config(config)
     if mtp is not None:
         assumptions.append(f"multi-token prediction trained: {mtp.depths} depth(s) of "
@@ -1441,7 +1492,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         overlap=overlap, num_gpus=num_gpus, attention=attention,
                         stage_split=stage_split, zero_algorithm=zero_algorithm,
                         assumptions=tuple(assumptions), layout_search=layout_search,
-                        bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy)
+                        bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
+                        amax_reduction=amax_reduction)
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
@@ -1457,7 +1509,7 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
         "num_gpus": case.num_gpus, "attention": case.attention,
         "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
         "bf16_layers": case.bf16_layers, "mtp": case.mtp,
-        "cross_entropy": case.cross_entropy}
+        "cross_entropy": case.cross_entropy, "amax_reduction": case.amax_reduction}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -1540,7 +1592,8 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
                 overlap=default_overlap(par, train), num_gpus=case.num_gpus,
                 attention=case.attention, zero_algorithm=case.zero_algorithm,
                 bf16_layers=case.bf16_layers, mtp=case.mtp,
-                cross_entropy=case.cross_entropy, **options)
+                cross_entropy=case.cross_entropy, amax_reduction=case.amax_reduction,
+                **options)
         except ZrtError:
             continue
         tried += 1
