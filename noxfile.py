@@ -34,6 +34,8 @@ RUFF = "ruff==0.17.6"
 PYTEST_ARGS = ("-ra", "--import-mode=importlib", "-p", "no:cacheprovider")
 #: The interpreter: the one nox runs on (CI makes one fresh venv and runs nox from it).
 PYTHON = None
+#: Runs every benchmarks/bench_*.py in its own process and summarises PASS/MISS per target.
+BENCHMARK_RUNNER = "benchmarks/run_all.py"
 
 nox.options.error_on_missing_interpreters = True
 nox.options.default_venv_backend = "virtualenv"
@@ -94,3 +96,12 @@ def all_packages(session: nox.Session) -> None:
     """Every package installed together; the core's and every plugin's tests in one run."""
     _install(session, *(f"plugins/{p}" for p in PLUGINS))
     _pytest(session, "tests", *(f"plugins/{p}/tests" for p in PLUGINS))
+
+
+@nox.session(python=PYTHON, default=False)
+def benchmarks(session: nox.Session) -> None:
+    """Every benchmark against the installed packages: targets met or missed, and a summary."""
+    _install(session, *(f"plugins/{p}" for p in PLUGINS))
+    # run_all gives each script a temporary capture cache and working directory, finds the
+    # validation file in ../shared (--shared DIR to point elsewhere) and writes nothing here
+    session.run("python", BENCHMARK_RUNNER, *session.posargs)

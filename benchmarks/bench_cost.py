@@ -15,12 +15,15 @@ import argparse
 import statistics
 import time
 
+from _bench import result
+
 from zrt_core.cost.pricing import build_backends, node_price_key, price_graph
 from zrt_core.ir.graph import LayerTemplate, OpGraph, OpNode, TensorMeta
 from zrt_core.plugins import get_plugin_manager
 
 LAYERS = 60
 NODES_PER_LAYER = 500
+TARGET_MS = 100.0
 
 
 def _t(*shape: int, dtype: str = "bfloat16") -> TensorMeta:
@@ -94,6 +97,7 @@ def main() -> None:
               f"best {best * 1e3:.1f} ms, median {median * 1e3:.1f} ms "
               f"({median / len(graph.nodes) * 1e6:.2f} us/node); "
               f"serial time {costed.total_time_s * 1e3:.1f} ms")
+        result(f"pricing {len(graph.nodes)} nodes, {label}", best * 1e3, TARGET_MS, "ms")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _bench import result
+
 LAYER_TARGET_MS = 10.0
 PIPELINE_TARGET_MS = 100.0
 
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     wall, cpu, _ = _best(lambda: schedule_region(graph, costs), args.repeat)
     print(f"{'layer region, ' + str(args.nodes) + ' nodes':44s} {wall:8.1f} {cpu:8.1f}  "
           f"< {LAYER_TARGET_MS:.0f} ms")
+    result(f"schedule a {args.nodes}-node layer region, CPU", cpu, LAYER_TARGET_MS, "ms")
     wall, cpu, tl = _best(lambda: schedule_phase(graph, costs), args.repeat)
     print(f"{f'phase, {args.layers} layers from one template':44s} {wall:8.1f} {cpu:8.1f}  "
           f"({tl.num_events} events, makespan {tl.makespan_s * 1e3:.1f} ms)")
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{schedule} (m={m}{f', vp={vp}' if vp > 1 else ''})"
         print(f"{label:44s} {wall:8.1f} {cpu:8.1f}  < {PIPELINE_TARGET_MS:.0f} ms  "
               f"(ran {r.simulated_ops} of {r.num_ops} ops, bubble {r.bubble_fraction:.1%})")
+        result(f"simulate {label} at pp={args.pp}, CPU", cpu, PIPELINE_TARGET_MS, "ms")
     wall, cpu, trace = _best(lambda: pipeline_trace(r), 1)
     print(f"{'  its trace (capped)':44s} {wall:8.1f} {cpu:8.1f}  "
           f"({len(trace['traceEvents'])} trace events)")
