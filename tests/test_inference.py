@@ -16,13 +16,12 @@ import pytest
 
 from zrt_core.estimate import CapturedModel, estimate_inference
 from zrt_core.estimate.engine import engine_profile, trtllm_bench_settings
-from zrt_core.estimate.memory import kv_cache_size, weights_bytes
+from zrt_core.estimate.memory import cache_states, kv_cache_size, weights_bytes
 from zrt_core.estimate.serving import PagedKVCache, Rescale
 from zrt_core.hardware import HardwareSpec
 from zrt_core.ir.graph import Category
 from zrt_core.plugins import get_plugin_manager
 from zrt_core.strategy import InferSpec, Parallel
-from zrt_core.transforms.parallel import cache_inputs
 
 LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
@@ -99,8 +98,9 @@ def test_memory_from_per_rank_graphs(host, captured):
         # tp=2 halves every split weight; the two norms per layer and the final norm stay
         assert weights_bytes(graphs) == weights
         # KV per token: 2 layers x (K and V) x 2 heads x 32 x 2 bytes = 512; half per rank
-        size = kv_cache_size(graphs[1], caches=cache_inputs(captured.graph("decode")))
-        assert size.per_token == kv
+        states = cache_states(captured.graph("decode"), captured.graph("prefill"))
+        size = kv_cache_size(graphs[1], caches=states)
+        assert (size.per_token, size.per_sequence_fixed) == (kv, 0)
 
 
 def test_latency_mode_identities(host, captured):
@@ -160,6 +160,35 @@ def test_trtllm_bench_settings_follow_its_heuristic():
     assert engine_profile("vllm").settings(
         total_params=1, weight_bytes_per_param=1, kv_bytes_per_token_model=1, device_gib=1,
         tp=1, pp=1, input_len=1, output_len=1).max_batch == 1024
+
+
+def test_trtllm_bench_takes_hybrid_models_extra_cache_as_it_does():
+    # 8e9 params x 2 bytes = 14.90 GiB; (80 - 14.90) x 0.9² = 52.73 GiB of cache for a
+    # hybrid; a request holds 16 KiB x 2048 tokens + 50 MiB of Mamba state = 82 MiB:
+    # 658.48 requests -> 2 x floor(658.48 / 2) = 658 (no optimistic rounding);
+    # tokens 658.48 x 2 = 1317 -> 2048
+    kwargs = dict(total_params=8_000_000_000, weight_bytes_per_param=2.0,
+                  kv_bytes_per_token_model=16384, extra_bytes_per_request_model=50 * 2**20,
+                  device_gib=80, gpus=1, pp=1, input_len=1024, output_len=1024,
+                  kv_fraction=0.9)
+    s = trtllm_bench_settings(hybrid=True, **kwargs)
+    assert (s.max_batch, s.max_num_tokens) == (658, 2048)
+    # not a hybrid: (80 - 14.90) x 0.9 / 82 MiB = 731.6 -> 128 x ceil(731.6 / 128) = 768
+    s = trtllm_bench_settings(**kwargs)
+    assert (s.max_batch, s.max_num_tokens) == (768, 2048)
+
+
+def test_trtllm_bench_inputs_come_from_the_graphs_caches(host, captured):
+    from zrt_core.estimate.inference import _Estimator
+    from zrt_core.strategy import check_layout
+
+    infer = InferSpec(input_len=32, output_len=32)
+    for tp, per_token in ((1, 512), (2, 512), (4, 1024)):
+        est = _Estimator(captured, _toy(), check_layout(Parallel(tp=tp), captured.dims),
+                         infer, host, "trtllm")
+        # 2 layers x (K and V) x max(tp, 2 KV heads) x 32 x 2 bytes: at tp 4 each rank
+        # holds one of the 2 KV heads, replicated, and trtllm-bench counts every rank's
+        assert est._kv_bytes_model() == (per_token, 0, False)
 
 
 def test_a_model_that_does_not_fit_is_reported_not_raised(host, captured):

@@ -1,11 +1,14 @@
 """Serving-engine profiles: how much memory the KV cache gets and how large a batch the
 engine runs, as each engine decides it (docs/inference-model.md cites the sources).
 
-``trtllm`` follows ``trtllm-bench`` (TensorRT-LLM ``bench/build/tuning.py``,
+``trtllm`` follows ``trtllm-bench`` (TensorRT-LLM ``bench/tuning/heuristics.py``,
 ``calc_engine_setting`` / ``finetune_setting``): the max batch size and max number of
 tokens per iteration come from a KV-capacity estimate (parameters × bytes per element,
-2 × layers × max(tp, kv heads) × head size × KV bytes per token, the GPU memory fraction),
-rounded up "optimistically"; at run time the KV cache takes
+the whole model's KV bytes per token — 2 × layers × max(tp, kv heads) × head size × KV
+bytes for GQA, layers × (kv_lora_rank + rope dim) × KV bytes for MLA — plus a fixed
+"extra cache" per request for hybrid Mamba models, the GPU memory fraction, squared for
+hybrids), rounded up "optimistically" (exactly, to an even count, for hybrids); zrt reads
+the KV bytes from the captured graph's caches; at run time the KV cache takes
 ``kv_cache_free_gpu_mem_fraction`` of the memory left after weights and warm-up
 activations, and the capacity scheduler (GUARANTEED_NO_EVICT) admits a request only with
 room for its whole input + output.
@@ -92,7 +95,8 @@ class EngineProfile:
 
     def settings(self, *, total_params: int, weight_bytes_per_param: float,
                  kv_bytes_per_token_model: float, device_gib: float, tp: int, pp: int,
-                 input_len: int, output_len: int) -> EngineSettings:
+                 input_len: int, output_len: int, kv_extra_bytes_per_request_model: float = 0.0,
+                 recurrent_state: bool = False) -> EngineSettings:
         """Max batch and max tokens per iteration (per pipeline stage for trtllm)."""
         if self.fixed_max_batch:
             return EngineSettings(self.fixed_max_batch, self.fixed_max_tokens)
@@ -100,7 +104,9 @@ class EngineProfile:
             total_params=total_params, weight_bytes_per_param=weight_bytes_per_param,
             kv_bytes_per_token_model=kv_bytes_per_token_model, device_gib=device_gib,
             gpus=tp * pp, pp=pp, input_len=input_len, output_len=output_len,
-            kv_fraction=self.kv_fraction)
+            kv_fraction=self.kv_fraction,
+            extra_bytes_per_request_model=kv_extra_bytes_per_request_model,
+            hybrid=recurrent_state)
 
     def kv_budget_bytes(self, capacity_bytes: float, weights: float, activations: float
                         ) -> float:
@@ -114,22 +120,30 @@ class EngineProfile:
 
 def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
                           kv_bytes_per_token_model: float, device_gib: float, gpus: int,
-                          pp: int, input_len: int, output_len: int, kv_fraction: float
+                          pp: int, input_len: int, output_len: int, kv_fraction: float,
+                          extra_bytes_per_request_model: float = 0.0, hybrid: bool = False
                           ) -> EngineSettings:
     """``trtllm-bench``'s ``calc_engine_setting`` + ``finetune_setting`` (see the module
     docstring): all in GiB as it computes them.
 
-    :param kv_bytes_per_token_model: 2 × layers × max(tp, kv heads) × head size × KV
-        bytes — the whole model's KV bytes per token, as trtllm-bench counts them.
+    :param kv_bytes_per_token_model: the whole model's KV bytes per token, as trtllm-bench
+        counts them (2 × layers × max(tp, kv heads) × head size × KV bytes for GQA).
+    :param extra_bytes_per_request_model: the whole model's cache bytes per request that do
+        not grow with it (trtllm-bench's ``extra_model_cache_in_gb``: Mamba states).
+    :param hybrid: a model with recurrent state (trtllm-bench's ``NemotronHybridConfig``):
+        the cache fraction is squared and the batch is not rounded up.
     """
     engine_gib = total_params * weight_bytes_per_param / GIB
     available = device_gib * gpus - engine_gib
-    cache = available * kv_fraction
-    per_request = kv_bytes_per_token_model / GIB * (input_len + output_len)
+    cache = available * (kv_fraction ** 2 if hybrid else kv_fraction)
+    per_request = (kv_bytes_per_token_model * (input_len + output_len)
+                   + extra_bytes_per_request_model) / GIB
     kv_requests = cache / per_request if per_request > 0 else 0.0
     raw_bs = min(kv_requests, 4096) / pp
     raw_tokens = min(raw_bs * (1 + input_len / output_len), 32768)
-    if raw_bs < 256:
+    if hybrid:
+        max_bs = 2 * math.floor(raw_bs / 2)
+    elif raw_bs < 256:
         max_bs = max(64, 32 * math.ceil(raw_bs / 32))
     elif raw_bs < 1024:
         max_bs = 128 * math.ceil(raw_bs / 128)

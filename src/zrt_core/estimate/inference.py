@@ -42,7 +42,9 @@ from zrt_core.errors import SpecError, ZrtError
 from zrt_core.estimate.captures import CapturedModel, load_or_capture
 from zrt_core.estimate.engine import GIB, EngineProfile, engine_profile
 from zrt_core.estimate.memory import (
+    KVCacheSize,
     activation_peak_bytes,
+    cache_states,
     kv_cache_size,
     weights_bytes,
 )
@@ -56,7 +58,6 @@ from zrt_core.transforms.parallel import (
     DataParallelReplicas,
     ParallelTransform,
     PipelinePlan,
-    cache_inputs,
     op_base,
     replace_graph,
     stage_graph,
@@ -129,7 +130,7 @@ class _Estimator:
         self._graphs: dict[tuple[str, int, int, bool], OpGraph] = {}
         self._priced: dict[tuple[str, int, int], list[CostedGraph]] = {}
         self.notes: list[str] = []
-        self.cache_ids = cache_inputs(captured.graph(Phase.DECODE))
+        self.caches = cache_states(captured.graph(Phase.DECODE), captured.graph(Phase.PREFILL))
 
     def _transforms(self) -> list[Any]:
         out: list[Any] = []
@@ -200,27 +201,29 @@ class _Estimator:
         decode = self.graph(Phase.DECODE, 1, self.infer.input_len, kernels=False)
         stages = [set(s.layers) for s in self.plan.stages]
         weights = 0.0
-        kv_token = 0.0
-        kv_fixed = 0.0
+        kv = KVCacheSize(0.0)
+        tokens = self._sequence_tokens()
         per_rank_stages: dict[int, list[set[int]]] = {}
         for st, layers in zip(self.plan.stages, stages, strict=True):
             per_rank_stages.setdefault(st.rank, []).append(layers)
         for rank_layers in per_rank_stages.values():
             all_layers = set().union(*rank_layers)
             w = _stage_weights([prefill, decode], all_layers, self.plan, rank_layers)
-            kv = kv_cache_size(decode, all_layers, caches=self.cache_ids)
+            rank_kv = kv_cache_size(decode, all_layers, caches=self.caches)
             if w > weights:
                 weights = w
-            if kv.per_token > kv_token:
-                kv_token, kv_fixed = kv.per_token, kv.per_sequence_fixed
+            if rank_kv.for_sequence(tokens) > kv.for_sequence(tokens):
+                kv = rank_kv
         act_per_token = activation_peak_bytes(prefill) / max(self.infer.input_len, 1)
-        return {"weights": weights, "kv_token": kv_token, "kv_fixed": kv_fixed,
-                "act_per_token": act_per_token}
+        return {"weights": weights, "kv": kv, "act_per_token": act_per_token}
+
+    def _sequence_tokens(self) -> int:
+        """Tokens a sequence holds cache for: input + output, in whole KV blocks."""
+        block = self.engine.kv_block_tokens
+        return math.ceil((self.infer.input_len + self.infer.output_len) / block) * block
 
     def _kv_per_sequence(self, memory: Mapping[str, Any]) -> float:
-        block = self.engine.kv_block_tokens
-        tokens = math.ceil((self.infer.input_len + self.infer.output_len) / block) * block
-        return memory["kv_token"] * tokens + memory["kv_fixed"]
+        return memory["kv"].for_sequence(self._sequence_tokens())
 
     def _memory_report(self, memory: Mapping[str, Any], activation_tokens: int, batch: int
                        ) -> tuple[MemoryReport, int]:
@@ -245,7 +248,9 @@ class _Estimator:
                        f"device but {budget / gb:.1f} GB is left ({max_batch} fit)")
         report = MemoryReport(capacity=capacity, weights=weights, activations=activations,
                               reserve=reserve, kv_budget=max(budget, 0.0),
-                              kv_per_token=memory["kv_token"], kv_per_sequence=per_seq,
+                              kv_per_token=memory["kv"].per_token, kv_per_sequence=per_seq,
+                              kv_fixed_per_sequence=memory["kv"].per_sequence_fixed,
+                              kv_by_layer_kind=memory["kv"].by_kind,
                               kv_in_use=min(in_use, max(budget, 0.0)) if fits else in_use,
                               fits=fits, message=message)
         return report, max_batch
@@ -276,10 +281,12 @@ class _Estimator:
                         ) -> InferenceReport:
         isl, osl = self.infer.input_len, self.infer.output_len
         p, pp = self.p, self.p.pp
+        kv_per_token_model, kv_extra_model, recurrent = self._kv_bytes_model()
         settings = self.engine.settings(
             total_params=self.cap.total_params,
             weight_bytes_per_param=_engine_bytes_per_param(self.infer),
-            kv_bytes_per_token_model=self._kv_bytes_model(),
+            kv_bytes_per_token_model=kv_per_token_model,
+            kv_extra_bytes_per_request_model=kv_extra_model, recurrent_state=recurrent,
             device_gib=self.hw.memory.capacity_gb, tp=p.tp, pp=pp,
             input_len=isl, output_len=osl)
         budget_tokens = settings.max_num_tokens
@@ -364,12 +371,26 @@ class _Estimator:
                              prompts * prompt[s]["attention"] + head)
         return per_stage
 
-    def _kv_bytes_model(self) -> float:
-        """trtllm-bench's KV bytes per token of the whole model: 2 × layers × max(tp, kv
-        heads) × head size × KV bytes."""
-        d = self.dims
-        kv_bytes = dtype_bytes(self.kv_dtype or self.infer.dtype)
-        return 2 * d.layers * max(self.p.tp, d.kv_heads) * d.head_dim * kv_bytes
+    def _kv_bytes_model(self) -> tuple[float, float, bool]:
+        """The whole model's KV bytes per token, its fixed bytes per request and whether it
+        holds recurrent state, as trtllm-bench's heuristic takes them — read from the
+        graph's caches: a cache TP splits counts on each of the tp ranks (GQA: 2 × layers ×
+        max(tp, kv heads) × head size × KV bytes, heads replicated when tp exceeds them),
+        one every rank holds whole counts once (MLA's latent row: layers × (kv_lora_rank +
+        rope dim) × KV bytes, as trtllm-bench counts it); sliding-window layers count as
+        full layers (trtllm-bench does not know windows); SSM and convolution states are
+        its "extra cache" per request."""
+        captured = self.cap.graph(Phase.DECODE)
+        rank = self.graph(Phase.DECODE, 1, self.infer.input_len, kernels=False)
+        shapes = {t.tensor_id: t.shape[1:] for n in captured.nodes for t in n.inputs
+                  if t.tensor_id in self.caches}
+        factors = {}
+        for n in rank.nodes:
+            for t in n.inputs:
+                if t.tensor_id in shapes and t.tensor_id not in factors:
+                    factors[t.tensor_id] = 1 if t.shape[1:] == shapes[t.tensor_id] else self.p.tp
+        kv = kv_cache_size(rank, None, caches=self.caches, factors=factors)
+        return kv.per_token + kv.window_row_bytes, kv.recurrent_fixed, kv.recurrent
 
     # -- the report --------------------------------------------------------------------
 

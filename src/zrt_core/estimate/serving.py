@@ -36,11 +36,14 @@ if TYPE_CHECKING:
 
 
 def cache_length(graph: OpGraph) -> int:
-    """Cached tokens a decode graph attends to besides the new one (0 for prefill)."""
-    caches = cache_inputs(graph)
-    by_id = {t.tensor_id: t for n in graph.nodes for t in n.inputs if t.tensor_id in caches}
-    return max((by_id[tid].shape[axis] for tid, axis in caches.items() if tid in by_id),
-               default=0)
+    """Cached tokens a decode graph attends to besides the new one (0 for prefill): the
+    tokens of the capture or the last rescale (``meta``), so a model whose every layer has
+    a sliding window (DeepSeek-V4) does not read its window as the context."""
+    if not cache_inputs(graph):
+        return 0
+    from zrt_core.estimate.memory import cached_tokens
+
+    return cached_tokens(graph)
 
 
 class Rescale:
@@ -48,7 +51,8 @@ class Rescale:
 
     :param batch: sequences per step (None: as captured).
     :param cache_len: cached tokens per sequence in decode (None: as captured). A cache
-        shorter than the captured length (a sliding window) keeps its size.
+        shorter than the captured length (a sliding window) keeps its size; so do
+        compressed caches (one entry per ``ratio`` tokens), whose entries stay as captured.
     """
 
     name = "rescale"

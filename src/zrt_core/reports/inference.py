@@ -70,7 +70,15 @@ class PhaseBreakdown:
 @frozen
 class MemoryReport:
     """Memory of one device, bytes. ``fits`` is False when weights, activations and the
-    runtime reserve leave nothing for the KV cache, or the batch's cache exceeds it."""
+    runtime reserve leave nothing for the KV cache, or the batch's cache exceeds it.
+
+    :param kv_per_token: cache bytes each token of a sequence adds.
+    :param kv_per_sequence: cache bytes of one sequence of input + output tokens (whole KV
+        blocks), fixed state included.
+    :param kv_fixed_per_sequence: the part that does not grow with the sequence (sliding
+        windows, SSM and convolution states).
+    :param kv_by_layer_kind: layer kind → (bytes per token, fixed bytes) of its layers.
+    """
 
     capacity: float
     weights: float
@@ -82,6 +90,8 @@ class MemoryReport:
     kv_in_use: float
     fits: bool
     message: str = ""
+    kv_fixed_per_sequence: float = 0.0
+    kv_by_layer_kind: Mapping[str, tuple[float, float]] = field(factory=dict)
 
     @property
     def total_in_use(self) -> float:
@@ -93,6 +103,9 @@ class MemoryReport:
                 "kv_budget_gb": self.kv_budget / GB, "kv_cache_gb": self.kv_in_use / GB,
                 "kv_bytes_per_token": self.kv_per_token,
                 "kv_bytes_per_sequence": self.kv_per_sequence,
+                "kv_fixed_bytes_per_sequence": self.kv_fixed_per_sequence,
+                "kv_by_layer_kind": {k: {"bytes_per_token": v[0], "fixed_bytes": v[1]}
+                                     for k, v in self.kv_by_layer_kind.items()},
                 "total_gb": self.total_in_use / GB, "fits": self.fits,
                 "message": self.message}
 
