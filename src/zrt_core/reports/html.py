@@ -29,6 +29,16 @@ CATEGORY_COLORS = {
     "moe_combine": "#aec7e8", "reduction": "#ffbb78", "optimizer": "#98df8a",
     "loss": "#ff9896", "ssm": "#c5b0d5", "creation": "#c49c94", "other": "#dbdb8d",
 }
+#: Colours for parts that are not op categories (step-time parts, memory items), in order.
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+            "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def _color(key: str, index: int) -> str:
+    """A category's own colour, or the palette's ``index``-th for any other part."""
+    return CATEGORY_COLORS.get(key) or _PALETTE[index % len(_PALETTE)]
+
+
 _STYLE = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
 max-width:1100px;color:#222;padding:0 1em}
@@ -124,12 +134,12 @@ def breakdown_figure(series: Mapping[str, Mapping[str, float]], *, unit: str = "
         left = 0.0
         values = series[name]
         total = sum(v for v in values.values() if v > 0) or 1.0
-        for k in keys:
+        for i, k in enumerate(keys):
             v = values.get(k, 0.0)
             if v <= 0:
                 continue
-            ax.barh([0], [v / total * 100], left=left, color=CATEGORY_COLORS.get(
-                k, "#999999"), label=k, edgecolor="white")
+            ax.barh([0], [v / total * 100], left=left, color=_color(k, i), label=k,
+                    edgecolor="white")
             if v / total > 0.06:
                 ax.text(left + v / total * 50, 0, f"{k}\n{v:.3g} {unit}", ha="center",
                         va="center", fontsize=7, color="white")
@@ -197,23 +207,23 @@ def timeline_figure(timeline: Timeline, *, title: str, max_events: int = 600,
     return figure_svg(fig)
 
 
-def memory_figure(parts: Mapping[str, float], capacity: float, *, title: str) -> str:
-    """One stacked bar of memory use (GB) against the device's capacity."""
+def memory_figure(parts: Mapping[str, float], capacity: float, *, title: str,
+                  unit: str = "GB") -> str:
+    """One stacked bar of memory use (in ``unit``) against the device's capacity."""
     plt = _pyplot()
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#9467bd", "#8c564b"]
-    fig, ax = plt.subplots(figsize=(9, 1.6))
+    fig, ax = plt.subplots(figsize=(9, 1.4))
     left = 0.0
-    for (name, value), color in zip(parts.items(), colors, strict=False):
+    for i, (name, value) in enumerate(parts.items()):
         if value <= 0:
             continue
-        ax.barh([0], [value], left=left, color=color, label=f"{name} {value:.1f} GB",
-                edgecolor="white")
+        ax.barh([0], [value], left=left, color=_PALETTE[i % len(_PALETTE)],
+                label=f"{name} {value:.1f} {unit}", edgecolor="white")
         left += value
-    ax.axvline(capacity, color="#d62728", linestyle="--", label=f"capacity {capacity:.1f} GB")
+    ax.axvline(capacity, color="#d62728", linestyle="--", label=f"capacity {capacity:.1f} {unit}")
     ax.set_yticks([])
-    ax.set_xlabel("GB per device")
+    ax.set_xlabel(f"{unit} per device")
     ax.set_xlim(0, max(capacity, left) * 1.05)
-    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.55))
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return figure_svg(fig)

@@ -383,7 +383,7 @@ def training_sections(report: TrainingReport) -> list[Any]:
                "transient": mem.transient_bytes / GIB,
                "buffers": mem.comm_buffer_bytes / GIB}
         sections.append(Section("Memory per device", memory_figure(
-            gib, mem.usable_bytes / GIB, title=f"rank {mem.rank} (GiB; line: usable)") +
+            gib, mem.usable_bytes / GIB, title=f"rank {mem.rank} (line: usable)", unit="GiB") +
             table_html(("item", "GiB"), [*gib.items(), ("peak", mem.peak_bytes / GIB),
                                         ("usable", mem.usable_bytes / GIB)]) +
             f"<p>{mem.inflight_microbatches} micro-batches in flight on rank {mem.rank}; "
