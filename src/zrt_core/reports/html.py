@@ -225,7 +225,6 @@ def memory_figure(parts: Mapping[str, float], capacity: float, *, title: str,
     ax.set_xlim(0, max(capacity, left) * 1.05)
     ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.55))
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
     return figure_svg(fig)
 
 
