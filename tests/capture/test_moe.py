@@ -111,3 +111,35 @@ def test_every_moe_family_uses_the_grouped_path(captured, family):
     g = captured(family).graphs[Phase.PREFILL]
     has_experts = any(n.op == "zrt.moe_dispatch.default" for n in g.nodes)
     assert has_experts == (family != "nemotron_h")  # the tiny Nemotron-H has no MoE block
+
+
+ROUTER_OPS = {
+    # family: the scoring and selection ops its router runs in prefill (besides casts)
+    "mixtral": {"aten._softmax.default", "aten.topk.default", "aten.sum.dim_IntList",
+                "aten.div_.Tensor"},
+    "qwen3_moe": {"aten._softmax.default", "aten.topk.default"},
+    "gpt_oss": {"aten._softmax.default", "aten.topk.default"},
+    # group-limited routing: sigmoid scores, per-group top-2 sums, top groups, mask, top-k
+    "deepseek_v3": {"aten.sigmoid.default", "aten.topk.default", "aten.masked_fill.Scalar",
+                    "aten.gather.default", "aten.scatter_.value"},
+    "llama4": {"aten.topk.default", "aten.sigmoid.default"},
+}
+
+
+@pytest.mark.parametrize("family", sorted(ROUTER_OPS))
+def test_router_ops_are_moe_router_and_the_gate_gemm_a_gemm(captured, family):
+    r = captured(family)
+    for phase, g in r.graphs.items():
+        router = [n for n in g.nodes if not n.zero_cost and (
+            n.module_class.endswith("Router") or n.attrs.get("moe_router"))]
+        assert router, phase
+        gemms = [n for n in router if n.category == Category.MATMUL]
+        # the gate GEMM (and its input and weight gradients in the backward)
+        assert {n.op.split(".")[1] for n in gemms} <= {"mm", "addmm"}
+        assert len(gemms) == (2 if phase == Phase.TRAIN_BACKWARD else 1) * len(
+            {n.layer_index for n in gemms})
+        assert all(n.category == Category.MOE_ROUTER for n in router if n not in gemms)
+        if phase == Phase.PREFILL:
+            assert ROUTER_OPS[family] <= {n.op for n in router}
+        # nothing outside a router is called one
+        assert all(n in router for n in g.nodes if n.category == Category.MOE_ROUTER)

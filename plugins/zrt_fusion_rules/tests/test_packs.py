@@ -25,6 +25,14 @@ TINY: dict[str, dict[str, Any]] = {
                       num_key_value_heads=2, head_dim=32, num_experts=8,
                       num_experts_per_tok=2, vocab_size=512, mlp_only_layers=[0]),
     "gemma2": dict(model_type="gemma2", head_dim=32, sliding_window=8, **_LLAMA_LIKE),
+    # group-limited routing: pointwise masks and casts around the router's top-k
+    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=128, intermediate_size=256,
+                        moe_intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                        num_experts_per_tok=2, n_group=2, topk_group=1,
+                        n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32,
+                        q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=32,
+                        v_head_dim=32, vocab_size=512),
 }
 
 
@@ -75,6 +83,23 @@ def test_every_rule_of_a_platform_fuses_something(packs, graphs, platform):
             used.update(fused_counts(fuse(graph, chosen)))
     own = {f"{p.name}/{r.name}" for p in chosen if p.platform == platform for r in p.rules}
     assert own - used == set()
+
+
+def test_router_ops_stay_router_kernels_on_every_platform(packs, graphs):
+    """The capture marks a router's ops moe_router; whatever each platform fuses of them
+    (its router kernel, the generic pointwise rule for the rest) keeps that category."""
+    for platform in PLATFORMS:
+        chosen = packs_for_platform(platform, packs)
+        for phase, graph in graphs["deepseek_v3"].items():
+            fused = fuse(graph, chosen)
+            router = [n for n in fused.nodes if n.module_class.endswith("Router")
+                      and not n.zero_cost]
+            assert router, (platform, phase)
+            gemm = [n for n in router if n.category == "matmul"]
+            assert gemm and all(n.op == "aten.mm.default" for n in gemm)
+            assert {n.category for n in router} == {"matmul", "moe_router"}, (platform, phase)
+        counts = fused_counts(fuse(graphs["deepseek_v3"]["prefill"], chosen))
+        assert counts.get("generic/router_pointwise", 0) >= 1, platform
 
 
 def test_llama_on_cuda(packs, graphs):

@@ -179,9 +179,10 @@ def _llama4_moe_forward(self: Any, hidden_states: Any) -> tuple[Any, Any]:
     import torch.nn.functional as F
 
     hidden = hidden_states.reshape(-1, self.hidden_dim)
-    router_logits = F.linear(hidden, self.router.weight, self.router.bias)
-    top_value, top_index = torch.topk(router_logits, self.top_k, dim=1)
-    scores = torch.sigmoid(top_value.float()).to(hidden.dtype)
+    with annotate(moe_router=True):  # the router's work, recorded outside its module
+        router_logits = F.linear(hidden, self.router.weight, self.router.bias)
+        top_value, top_index = torch.topk(router_logits, self.top_k, dim=1)
+        scores = torch.sigmoid(top_value.float()).to(hidden.dtype)
     experts = self.experts
 
     def activate(gate_up: Any) -> Any:
