@@ -172,3 +172,36 @@ class _Config:
     def __init__(self, model_type: str) -> None:
         self.model_type = model_type
         self.kv_lora_rank = 32
+
+
+def test_decode_shards_and_rescales_through_the_kernels(captured, host):
+    """Serving a batch of 3 at tp = 2: the kernels' outputs follow their queries (the
+    formulas declare layout="attention"), so the heads split and the batch is counted once
+    — matched by axis sizes alone, the batch-1 capture's size-1 axes took the batch twice."""
+    from zrt_core.estimate import CapturedModel
+    from zrt_core.estimate.inference import _Estimator
+    from zrt_core.hardware import HardwareSpec
+    from zrt_core.strategy import InferSpec, Parallel, check_layout
+
+    hw = HardwareSpec.from_mapping({
+        "id": "toy", "name": "Toy", "vendor": "nvidia",
+        "compute": {"fp32": 10, "bf16": 100, "fp16": 100},
+        "memory": {"capacity_gb": 16, "bandwidth_gb_per_s": 1000},
+        "interconnect": [{"name": "link", "bandwidth_gb_per_s": 100, "latency_us": 2,
+                          "devices": 8}, {"name": "net", "bandwidth_gb_per_s": 25,
+                                          "latency_us": 5, "devices": None}]})
+    for family in ("deepseek_v3", "deepseek_v32"):
+        cap = CapturedModel.from_capture(captured(family, batch=1, seq_len=24,
+                                                  phases=("prefill", "decode")))
+        est = _Estimator(cap, hw, check_layout(Parallel(tp=2), cap.dims),
+                         InferSpec(input_len=24, output_len=8), host, "trtllm")
+        g = est.graph("decode", 3, 30, kernels=False)
+        attn = [n for n in g.nodes if n.op == "deepseek.mla_attention.default"]
+        assert attn, family
+        for n in attn:
+            # out [B 3, 1 token, 4 heads / 2, kv_lora_rank 32], lse [3, 2, 1]
+            assert [t.shape for t in n.outputs] == [(3, 1, 2, 32), (3, 2, 1)], family
+        o_proj = [n for n in g.nodes if n.module_path.endswith("o_proj")
+                  and n.op == "aten.mm.default"]
+        # 3 rows (sequences x 1 token) of 2 heads x v_head_dim 20
+        assert o_proj and all(n.inputs[0].shape == (3, 40) for n in o_proj), family

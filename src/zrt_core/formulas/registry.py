@@ -16,7 +16,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from zrt_core.errors import PluginError
+from zrt_core.errors import PluginError, SpecError
 from zrt_core.ir.graph import TensorMeta, _frozen_mapping
 
 FlopFn = Callable[["OpCall"], int]
@@ -44,6 +44,10 @@ def default_bytes(call: OpCall) -> tuple[int, int]:
     return read, written
 
 
+#: The layout rules an :class:`OpFormula` may name (``transforms.parallel.LAYOUT_RULES``).
+FORMULA_LAYOUTS = ("attention", "leading", "gradients")
+
+
 @frozen
 class OpFormula:
     """FLOPs (and optionally bytes and category) of one operator name.
@@ -53,12 +57,25 @@ class OpFormula:
     :param bytes: ``(read, written)`` bytes of one call; None uses :func:`default_bytes`.
     :param category: the :class:`zrt_core.ir.Category` of the op; None leaves it to the
         capture's category table.
+    :param layout: how the parallel and rescale transforms carry a split of the inputs to
+        the outputs, for an op the core has no rule for (a plugin's kernel): one of
+        :data:`zrt_core.transforms.parallel.LAYOUT_RULES` — ``attention`` (outputs
+        ``[b, s_q, h, d]`` and ``[b, h, s_q]`` follow the query ``[b, h, s_q, d]``, input
+        0), ``leading`` (every output's leading axes follow input 0's axes but its last),
+        ``gradients`` (each output follows the last input of its shape); None: matched by
+        axis sizes, which size-1 axes (batch 1, one decode token) can mislead.
     """
 
     op: str
     flops: FlopFn
     bytes: BytesFn | None = None
     category: str | None = None
+    layout: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.layout is not None and self.layout not in FORMULA_LAYOUTS:
+            raise SpecError(f"op formula {self.op!r}: unknown layout {self.layout!r}",
+                            f"use one of {', '.join(FORMULA_LAYOUTS)}, or None")
 
 
 class FormulaRegistry:

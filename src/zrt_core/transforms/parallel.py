@@ -285,7 +285,7 @@ class ShapePass:
             # hooks may have replaced inputs (a reduced or gathered tensor)
             metas_in = [self._current_meta(t) for t in node.inputs]
             ins = [self.layout_of(t, node) for t in metas_in]
-            outs = rule_for(node)(node, metas_in, ins)
+            outs = rule_for(node, self.registry)(node, metas_in, ins)
             if op_base(node.op) == "cat":
                 ins = self._unify_cat_inputs(node, metas_in, ins, outs)
             outs = self.after(node, ins, outs)
@@ -601,7 +601,13 @@ def _rewire(graph: OpGraph, nodes: Sequence[OpNode]) -> list[tuple[int, int]]:
 Rule = Callable[[OpNode, list[TensorMeta], list[Layout]], list[Layout]]
 
 
-def rule_for(node: OpNode) -> Rule:
+def rule_for(node: OpNode, registry: FormulaRegistry | None = None) -> Rule:
+    """The layout rule of a node: the one its formula declares (``OpFormula.layout``, for
+    plugin kernels), else the core's rule for its op."""
+    if registry is not None:
+        formula = registry.lookup(node.op)
+        if formula is not None and formula.layout is not None:
+            return LAYOUT_RULES[formula.layout]
     base = op_base(node.op)
     if node.op.startswith("comm."):
         return _rule_same
@@ -1017,6 +1023,66 @@ def _rule_attention(node: OpNode, metas: list[TensorMeta], ins: list[Layout]
             continue
         outs.append(_layout(out.shape, axes, partial))
     return outs
+
+
+def _rule_query_attention(node: OpNode, metas: list[TensorMeta], ins: list[Layout]
+                          ) -> list[Layout]:
+    """A plugin's attention kernel: outputs follow the query ``[b, h, s_q, d]`` (input 0)
+    alone — ``[b, s_q, h, d]`` and ``[b, h, s_q]`` — whatever the keys look like (a latent
+    cache, window and compressed entries, top-k indices)."""
+    if not ins or len(metas[0].shape) != 4:
+        return _rule_broadcast(node, metas, ins)
+    lq = ins[0]
+    partial: set[str] = set()
+    for lay in ins:
+        partial |= lay.partial
+    outs = []
+    for out in node.outputs:
+        if len(out.shape) == 4:
+            axes = [lq.axes[0], lq.axes[2], lq.axes[1], ()]
+        elif len(out.shape) == 3:
+            axes = [lq.axes[0], lq.axes[1], lq.axes[2]]
+        else:
+            outs.append(Layout.plain(out))
+            continue
+        outs.append(_layout(out.shape, axes, partial))
+    return outs
+
+
+def _rule_leading(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """Row-wise kernels: each output's leading axes follow input 0's axes but its last (the
+    rows: batch, tokens); the outputs' own trailing axes stay whole."""
+    if not ins or not metas[0].shape:
+        return _rule_broadcast(node, metas, ins)
+    lead = ins[0].axes[:-1]
+    outs = []
+    for out in node.outputs:
+        axes = [lead[j] if j < len(lead) else () for j in range(len(out.shape))]
+        outs.append(_layout(out.shape, axes, ins[0].partial))
+    return outs
+
+
+def _rule_gradients(node: OpNode, metas: list[TensorMeta], ins: list[Layout]
+                    ) -> list[Layout]:
+    """A plugin kernel's backward: each output (a gradient) takes the layout of the last
+    input of its captured shape (the forward input it is the gradient of)."""
+    outs = []
+    for out in node.outputs:
+        match = None
+        for m, lay in zip(metas, ins, strict=True):
+            if m.shape == out.shape:
+                match = lay
+        outs.append(_layout(out.shape, match.axes) if match is not None
+                    else Layout.plain(out))
+    return outs
+
+
+#: Layout rules a formula may name (``OpFormula.layout``) for ops the core has no rule for.
+LAYOUT_RULES: Mapping[str, Rule] = {
+    "attention": _rule_query_attention,
+    "leading": _rule_leading,
+    "gradients": _rule_gradients,
+}
 
 
 def _rule_embedding(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:

@@ -298,26 +298,30 @@ def hc_split_sinkhorn_backward_flop(call: OpCall) -> int:
 
 
 def deepseek_formulas() -> list[OpFormula]:
-    """Every ``deepseek::`` kernel, CUDA and Ascend names alike."""
+    """Every ``deepseek::`` kernel, CUDA and Ascend names alike. Layouts (how TP and
+    rescaling carry splits through the kernel): the attention kernels' outputs follow their
+    query, backward outputs the inputs they are gradients of, the hyper-connection
+    weights their rows; the indexer's outputs match its inputs by axis sizes."""
     out = []
     for prefix in ("", "npu_"):
         mla = "npu_sparse_flash_attention" if prefix else "mla_attention"
         out += [
             OpFormula(f"deepseek.{mla}", mla_attention_flop, mla_attention_bytes,
-                      Category.ATTENTION),
+                      Category.ATTENTION, layout="attention"),
             OpFormula(f"deepseek.{mla}_backward", mla_attention_backward_flop,
-                      mla_attention_backward_bytes, Category.ATTENTION),
+                      mla_attention_backward_bytes, Category.ATTENTION, layout="gradients"),
             OpFormula(f"deepseek.{prefix}lightning_indexer", lightning_indexer_flop,
                       npu_lightning_indexer_bytes if prefix else lightning_indexer_bytes,
                       Category.ATTENTION),
         ]
     out += [
-        OpFormula("deepseek.sparse_attention", sparse_attention_flop, category=Category.ATTENTION),
+        OpFormula("deepseek.sparse_attention", sparse_attention_flop, category=Category.ATTENTION,
+                  layout="attention"),
         OpFormula("deepseek.sparse_attention_backward", sparse_attention_backward_flop,
-                  category=Category.ATTENTION),
+                  category=Category.ATTENTION, layout="gradients"),
         OpFormula("deepseek.hc_split_sinkhorn", hc_split_sinkhorn_flop,
-                  category=Category.ELEMENTWISE),
+                  category=Category.ELEMENTWISE, layout="leading"),
         OpFormula("deepseek.hc_split_sinkhorn_backward", hc_split_sinkhorn_backward_flop,
-                  category=Category.ELEMENTWISE),
+                  category=Category.ELEMENTWISE, layout="gradients"),
     ]
     return out
