@@ -170,6 +170,10 @@ class Efficiency:
     :param launch_overhead_us: fixed cost added to every kernel.
     :param matmul_int8: large int8 GEMMs (None: same as ``matmul_fp8``).
     :param vector: arithmetic of non-GEMM kernels, fraction of the fp32 (CUDA-core) peak.
+    :param matmul_sustained: the fraction of its isolated-benchmark rate a GEMM sustains
+        inside a whole workload (every unit busy under the power limit, collectives' kernels
+        beside it); applied to roofline and measured-table GEMM prices alike. Fitted per
+        hardware on whole-step records (docs/cost-model.md); 1 where none separates it.
     :param matmul_overhead_us: a GEMM's fixed cost on top of ``launch_overhead_us``
         (pipeline fill and epilogue of a tensor-core kernel).
     :param parallel_units: output tiles a kernel computes at once (SMs on NVIDIA, cube
@@ -195,6 +199,7 @@ class Efficiency:
     matmul_int8: float | None = None
     vector: float = 0.5
     matmul_overhead_us: float = 0.0
+    matmul_sustained: float = 1.0
     parallel_units: int = 0
     matmul_tile_m: int = 128
     matmul_tile_n: int = 128

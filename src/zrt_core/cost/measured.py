@@ -46,7 +46,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from zrt_core.cost.backend import NodeCost, PriceSource
 from zrt_core.cost.opdims import (
@@ -356,12 +356,23 @@ class MeasuredBackend:
             return None
         row = self._exact.get((wanted.op, wanted.dtype, wanted.key))
         if row is not None:
-            return NodeCost(
+            cost = NodeCost(
                 time_s=row.time_s, backend=NAME, rule=f"{row.op}_exact",
                 source=PriceSource.MEASURED, bound=self._bound(wanted),
                 detail={"table": row.table, "line": row.line, "source": row.source,
                         "time_us": row.time_s * 1e6, "shape": row.shape})
-        return self.interpolate(wanted)
+        else:
+            cost = self.interpolate(wanted)
+        return self._sustained(cost, wanted)
+
+    def _sustained(self, cost: NodeCost | None, wanted: NodeKey) -> NodeCost | None:
+        """A GEMM row is an isolated-kernel time: inside a workload it runs at
+        ``efficiency.matmul_sustained`` of that rate (1: as measured)."""
+        factor = self.hardware.efficiency.matmul_sustained
+        if cost is None or factor == 1.0 or "gemm" not in wanted.op:
+            return cost
+        return evolve(cost, time_s=cost.time_s / factor,
+                      detail={**cost.detail, "sustained": factor})
 
     def interpolate(self, wanted: NodeKey) -> NodeCost | None:
         points = self._points(wanted.group, wanted.dtype)

@@ -19,7 +19,10 @@ GEMM (category ``matmul``: mm, addmm, bmm, linear, _grouped_mm, fused matmuls)
                     per-tile prologue and epilogue: a fixed time, so worth twice the K
                     elements at fp8's twice-bf16 rate
         shape     = wave · padding · k_loop
-        compute_s = FLOPs / (peak[dtype] · efficiency.matmul[dtype] · shape)
+        compute_s = FLOPs / (peak[dtype] · efficiency.matmul[dtype] · shape · sustained)
+
+    ``sustained`` (``efficiency.matmul_sustained``) is the fraction of the benchmarked rate a
+    GEMM keeps inside a whole workload; 1 unless fitted on whole-step records.
 
     With H100 numbers (132 units, 128×128 tiles, k_overhead 128, 0.86, 5.5 µs fixed) this
     reproduces OpenXLA's 192 published H100 bf16 GEMM timings (256..4096 per dimension) to
@@ -162,7 +165,10 @@ class RooflineBackend:
             rule = "grouped_gemm" if dims.grouped else "gemm"
         else:
             shape, rule = 1.0, "gemm_unshaped"
-        compute_s = flops / (peak * efficiency * shape) if flops else 0.0
+        sustained = self.eff.matmul_sustained
+        if sustained != 1.0:
+            detail["sustained"] = sustained
+        compute_s = flops / (peak * efficiency * shape * sustained) if flops else 0.0
         return self._finish(rule, compute_s, nbytes / self.hbm_bytes_per_s, self.gemm_fixed_s,
                             detail)
 

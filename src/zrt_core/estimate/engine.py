@@ -162,9 +162,9 @@ ENGINES: dict[str, EngineProfile] = {
     "trtllm": EngineProfile(
         name="trtllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=32,
         chunked_prefill=False,
-        # end-to-end GEMM rate over the calibrated kernel rate, one value per precision
-        # class fitted over every record of that class (docs/inference-model.md)
-        gemm_derate={"fp8": 0.90, "fp4": 0.58},
+        # no derate: the hardware packs' GEMM efficiencies (matmul_sustained, the B200's
+        # NVFP4 rate) are fitted across serving and training records alike
+        # (docs/cost-model.md; they replace the former fp8 0.90 / fp4 0.58)
         description="TensorRT-LLM as trtllm-bench runs it (kv_cache_free_gpu_mem_fraction "
                     "0.90, tokens_per_block 32, GUARANTEED_NO_EVICT)"),
     "vllm": EngineProfile(
