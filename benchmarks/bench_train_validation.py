@@ -1,7 +1,7 @@
 """Predict every training record of a validation file and print the step-time errors.
 
     python benchmarks/bench_train_validation.py [FILE] [--only SUBSTR] [--json OUT]
-        [--cache DIR] [--verbose] [--fit]
+        [--cache DIR] [--verbose] [--fit | --fit-sustained]
 
 For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
 fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
@@ -15,6 +15,10 @@ Records whose source published no layout (the README's strong-scaling endpoints)
 estimated at the fastest feasible Megatron layout (``search_layout`` in
 ``zrt_core.estimate.training``); they carry only an MFU, so they do not enter the
 step-time MAPE.
+
+``--fit-sustained`` fits each hardware's ``matmul_sustained`` on all its records, training and
+serving (never raising the serving records' MAPE), as the packs' values were fitted
+(docs/cost-model.md).
 
 ``--fit`` fits each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
 ``matmul_fp4`` of the hardware YAML's ``efficiency`` section) to every record on that
@@ -137,6 +141,96 @@ def fit(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
     return out
 
 
+SUSTAINED_GRID = tuple(round(0.70 + 0.01 * i, 2) for i in range(31))  # 0.70 .. 1.00
+
+
+def fit_sustained(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
+    """Fit each hardware's ``matmul_sustained`` (the fraction of its isolated-kernel rate a
+    GEMM keeps inside a whole workload; docs/cost-model.md) to every record on it — training
+    step times and serving output tokens/s alike, since both estimators read it: the grid
+    value with the least joint MAPE among those that do not raise the serving records' MAPE
+    above its value at the current setting (the serving goal is already met there). Fewer
+    than three records: not fitted."""
+    import contextlib
+
+    from attrs import evolve as _evolve
+
+    from zrt_core.errors import ZrtError
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.validate import Validator
+    from zrt_core.validate import load_records as load_all
+
+    host = get_plugin_manager()
+    train: dict[str, list[tuple[Any, Any, float]]] = {}
+    for record in load_records(path):
+        measured = record.get("measured", {}).get("step_time_s")
+        if (only and only not in record["id"]) or not measured:
+            continue
+        try:
+            case = record_case(record)
+            cap = captured(case, host, cache)
+        except ZrtError:
+            continue
+        train.setdefault(case.hardware, []).append((case, cap, measured))
+    serve: dict[str, list[Any]] = {}
+    for record in load_all(path):
+        if record.workload == "infer" and (not only or only in record.id):
+            serve.setdefault(record.hardware, []).append(record)
+    original = host.hardware_spec
+    out: dict[str, Any] = {}
+    for hw_id in sorted(set(train) | set(serve)):
+        items, served = train.get(hw_id, []), serve.get(hw_id, [])
+        hw = original(hw_id)
+        current = hw.efficiency.matmul_sustained
+        if len(items) + len(served) < 3:
+            print(f"{hw_id:22s} matmul_sustained: {len(items) + len(served)} record(s), "
+                  f"not fitted (stays {current})")
+            continue
+
+        def scores(value: float, hw=hw, items=items, served=served, hw_id=hw_id
+                   ) -> tuple[list[float], list[float]]:
+            spec = _evolve(hw, efficiency=_evolve(hw.efficiency, matmul_sustained=value))
+            t = []
+            for case, cap, measured in items:
+                with contextlib.suppress(ZrtError):
+                    t.append(abs(_estimate(case, cap, host, spec).step_time_s - measured)
+                             / measured)
+            s_ = []
+            host.hardware_spec = lambda x, _s=spec, _h=hw_id: _s if x == _h else original(x)
+            try:
+                validator = Validator(host)
+                for record in served:
+                    e = validator.predict(record).error.get("output_tokens_per_s")
+                    if e is not None:
+                        s_.append(abs(e))
+            finally:
+                host.hardware_spec = original
+            return t, s_
+
+        grid = {v: scores(v) for v in SUSTAINED_GRID}
+        base_t, base_s = scores(current)
+        limit = (statistics.fmean(base_s) + 0.0005) if base_s else float("inf")
+
+        def joint(v: float, grid=grid) -> float:
+            t, s_ = grid[v]
+            return statistics.fmean(t + s_) if t + s_ else float("inf")
+
+        allowed = [v for v in grid if not grid[v][1] or statistics.fmean(grid[v][1]) <= limit]
+        best = min(allowed or grid, key=lambda v: (joint(v), abs(v - current)))
+        t, s_ = grid[best]
+        out[f"{hw_id}.matmul_sustained"] = {
+            "train_records": len(items), "serve_records": len(served), "current": current,
+            "fitted": best, "train_mape": statistics.fmean(t) if t else None,
+            "serve_mape": statistics.fmean(s_) if s_ else None}
+        print(f"{hw_id:22s} matmul_sustained {len(items):2d} train + {len(served):2d} serve: "
+              f"{current} -> {best} (train "
+              f"{statistics.fmean(base_t) if base_t else float('nan'):.1%} -> "
+              f"{statistics.fmean(t) if t else float('nan'):.1%}, serve "
+              f"{statistics.fmean(base_s) if base_s else float('nan'):.1%} -> "
+              f"{statistics.fmean(s_) if s_ else float('nan'):.1%})", flush=True)
+    return out
+
+
 def run(path: Path, only: str | None, cache: Path | None, verbose: bool
         ) -> list[dict[str, Any]]:
     from zrt_core.errors import ZrtError
@@ -210,11 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true")
     parser.add_argument("--fit", action="store_true",
                         help="fit each hardware's GEMM efficiency per precision instead")
+    parser.add_argument("--fit-sustained", action="store_true",
+                        help="fit each hardware's matmul_sustained on its training and "
+                             "serving records instead")
     args = parser.parse_args(argv)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
-    if args.fit:
-        fitted = fit(args.file, args.only, args.cache)
+    if args.fit or args.fit_sustained:
+        fitted = (fit_sustained if args.fit_sustained else fit)(args.file, args.only,
+                                                                args.cache)
         if args.json:
             args.json.write_text(json.dumps(fitted, indent=1))
         return 0
