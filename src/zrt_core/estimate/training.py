@@ -577,9 +577,10 @@ def legacy_overlap(*, tp_backward_async: bool = True) -> OverlapRules:
 
 
 #: Sources whose recipes fuse the loss (Megatron-Bridge ``_benchmark_common``:
-#: ``cross_entropy_loss_fusion`` with TransformerEngine's kernel); every other Megatron-LM /
-#: NeMo source runs ``vocab_parallel_cross_entropy`` unfused, the default then.
-FUSED_CROSS_ENTROPY_SOURCES = ("Megatron-Bridge",)
+#: ``cross_entropy_loss_fusion`` with TransformerEngine's kernel; NVIDIA's MLPerf Training
+#: v4.1 GPT-3 config: ``cross_entropy_loss_fusion: True``); every other Megatron-LM / NeMo
+#: source runs ``vocab_parallel_cross_entropy`` unfused, the default then.
+FUSED_CROSS_ENTROPY_SOURCES = ("Megatron-Bridge", "MLPerf Training v4.1")
 
 #: Sources whose fp8 runs reduce amaxes over the TP group only (NVIDIA's MLPerf Training
 #: v4.1 GPT-3 configs: ``tp_only_amax_red: True``; v3.1's reduce over DP × TP, Megatron's
