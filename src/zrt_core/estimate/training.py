@@ -56,7 +56,6 @@ from zrt_core.transforms.training import (
     Recompute,
     UnfusedAttention,
     add_mtp_layers,
-    direct_producer_edges,
     dp_groups,
     grad_dtype,
     mark_weight_grads,
@@ -80,10 +79,6 @@ if TYPE_CHECKING:
 #: Fraction of a device's memory a training job may fill: the rest is the CUDA context,
 #: NCCL's buffers and the caching allocator's fragmentation.
 USABLE_MEMORY_FRACTION = 0.95
-#: Pipelines with more operations than this are simulated at two smaller micro-batch counts
-#: in the steady state and extrapolated (exact: the steady state is periodic; tested).
-MAX_SIMULATED_OPS = 6000
-_EXTRAPOLATED = frozenset({"1f1b", "interleaved", "zb-h1"})
 ATTENTION_KERNELS = ("flash", "unfused")
 CROSS_ENTROPY_KERNELS = ("fused", "megatron")
 STAGE_SPLITS = ("even", "embedding-loss")
@@ -323,8 +318,8 @@ def estimate_training(
     :param attention: ``flash`` (fused FlashAttention kernels, as captured) or ``unfused``
         (Megatron-LM's 2021-22 attention core: full-square batched GEMMs, fused softmax and
         attention dropout over the scores; :class:`UnfusedAttention`).
-    :param keep_timelines: keep the first stage's forward/backward timelines and simulate
-        every micro-batch of the pipeline (for traces and HTML).
+    :param keep_timelines: keep the first stage's forward/backward timelines (for traces
+        and HTML).
     :param use_cache: read and write the capture cache on disk (default: unless
         ``ZRT_NO_CACHE=1``).
     :param stage_split: ``even`` (pp × vp must divide the layers) or ``embedding-loss``
@@ -479,8 +474,7 @@ def estimate_training(
     message = _p2p_message_bytes(fwd, parallel, train, dims, plan)
     p2p, wrap = p2p_times_s(hw, parallel, message) if parallel.pp > 1 else ((0.0,), 0.0)
     vp = parallel.vp if schedule == "interleaved" else 1
-    summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap,
-                        full=keep_timelines)
+    summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap)
     timings["pipeline"] = time.perf_counter() - t0
 
     # -- step -------------------------------------------------------------------------------
@@ -541,7 +535,6 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
         gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
         fwd = apply_all(fwd, [gather], ctx)
         bwd = apply_all(bwd, [gather], ctx)
-    fwd, bwd = direct_producer_edges(fwd), direct_producer_edges(bwd)
     sync = GradientSync(inventory, gdtype, sharded=sharded_grads,
                         algorithm=zero_algorithm if zero3 else None)
     per_microbatch_sync = train.zero >= 2 or train.fsdp
@@ -958,45 +951,14 @@ class _PipelineSummary:
     end_before_total_s: tuple[float, ...]
     last_backward_before_total_s: Mapping[int, float]
     result: PipelineResult | None
-    extrapolated: bool = False
 
 
 def _pipeline(schedule: str, times: StageTimes, pp: int, vp: int, m: int,
-              p2p: Sequence[float], wrap: float, *, full: bool = False) -> _PipelineSummary:
-    """Simulate the schedule; past :data:`MAX_SIMULATED_OPS` operations, simulate two
-    micro-batch counts in the steady state and extrapolate linearly (busy time, P2P waits
-    and bubble of every rank grow by a fixed amount per ``pp`` micro-batches once the
-    pipeline is full; in-flight peaks stay)."""
-    stages = virtual_stages(schedule, pp, vp)
-    ops = 2 * m * stages * (1.5 if schedule in SPLIT_BACKWARD else 1)
-    step = pp
-    m1 = step * max(2, math.ceil(2 * (pp + vp) / step))
-    m2 = m1 + step
-    if full or ops <= MAX_SIMULATED_OPS or schedule not in _EXTRAPOLATED or m <= m2:
-        r = simulate(schedule, times, pp=pp, vp=vp, microbatches=m, p2p_s=p2p,
-                     p2p_wrap_s=wrap)
-        return _summarise(r, schedule, pp, vp)
-    a = _summarise(simulate(schedule, times, pp=pp, vp=vp, microbatches=m1, p2p_s=p2p,
-                            p2p_wrap_s=wrap), schedule, pp, vp)
-    b = _summarise(simulate(schedule, times, pp=pp, vp=vp, microbatches=m2, p2p_s=p2p,
-                            p2p_wrap_s=wrap), schedule, pp, vp)
-    k = (m - m1) / step
-
-    def lin(x: float, y: float) -> float:
-        return x + k * (y - x)
-
-    busy = tuple(lin(x, y) for x, y in zip(a.busy_s, b.busy_s, strict=True))
-    p2p_exp = tuple(lin(x, y) for x, y in zip(a.p2p_exposed_s, b.p2p_exposed_s, strict=True))
-    total = lin(a.total_s, b.total_s)
-    bubble = tuple(total - x - y for x, y in zip(busy, p2p_exp, strict=True))
-    critical = max(range(pp), key=lambda r: (busy[r], -r))
-    return _PipelineSummary(
-        total_s=total, critical_rank=critical, busy_s=busy, p2p_exposed_s=p2p_exp,
-        bubble_s=bubble, peak_inflight=b.peak_inflight,
-        peak_activation_bytes=b.peak_activation_bytes,
-        end_before_total_s=b.end_before_total_s,
-        last_backward_before_total_s=b.last_backward_before_total_s, result=None,
-        extrapolated=True)
+              p2p: Sequence[float], wrap: float) -> _PipelineSummary:
+    """Simulate the schedule (exactly, however long: the simulation skips repeated steady
+    states itself) and summarise what the step composition needs."""
+    r = simulate(schedule, times, pp=pp, vp=vp, microbatches=m, p2p_s=p2p, p2p_wrap_s=wrap)
+    return _summarise(r, schedule, pp, vp)
 
 
 def _summarise(r: PipelineResult, schedule: str, pp: int, vp: int) -> _PipelineSummary:
@@ -1248,9 +1210,6 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
             f"does not fit: rank {memory.rank} needs {memory.peak_bytes / 2**30:.1f} GiB of "
             f"{memory.usable_bytes / 2**30:.1f} GiB usable "
             f"({hw.memory.capacity_gb:g} GB × {USABLE_MEMORY_FRACTION})")
-    if summary.extrapolated:
-        notes.append(f"pipeline of {microbatches} micro-batches extrapolated from two "
-                     "simulated steady-state counts")
     if applied:
         notes.append("graph transforms: " + ", ".join(applied))
     return TrainingReport(

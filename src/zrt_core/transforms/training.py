@@ -1041,39 +1041,6 @@ def tp_overlap_hints(backward: OpGraph, forward: OpGraph, rules: OverlapRules) -
     return backward.with_nodes(nodes, backward.edges) if changed else backward
 
 
-def direct_producer_edges(graph: OpGraph) -> OpGraph:
-    """Give each collective an edge from the kernel that wrote its input's storage, seen
-    through zero-cost views (a reduce-scatter of a GEMM output reshaped for the sequence
-    split): a collective chunked with its producer must know that GEMM, not the view. The
-    edges lead the list so the scheduler meets them first."""
-    producer: dict[int, int] = {}
-    through: dict[int, int] = {}
-    for n in graph.nodes:
-        view = n.zero_cost or n.category == Category.VIEW
-        for t in n.outputs:
-            if t.tensor_id is None:
-                continue
-            src = n.inputs[0].tensor_id if (view and n.inputs) else None
-            if view and src is not None and src in through:
-                through[t.tensor_id] = through[src]
-            elif not view:
-                through[t.tensor_id] = n.id
-            producer[t.tensor_id] = n.id
-    extra: list[tuple[int, int]] = []
-    existing = set(graph.edges)
-    for n in graph.nodes:
-        if n.category != Category.COLLECTIVE:
-            continue
-        for t in n.inputs:
-            real = through.get(t.tensor_id) if t.tensor_id is not None else None
-            if real is not None and real != producer.get(t.tensor_id) and \
-                    (real, n.id) not in existing:
-                extra.append((real, n.id))
-    if not extra:
-        return graph
-    return graph.with_nodes(graph.nodes, [*extra, *graph.edges])
-
-
 # -- parameters per layer --------------------------------------------------------------------
 
 
