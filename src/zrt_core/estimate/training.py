@@ -485,7 +485,7 @@ def estimate_training(
         microbatches=m, stage_reports=stage_reports, summary=summary, dp_tails=dp_tails,
         optimizer=opt, inventory=inventory, plan=plan, p2p=p2p, wrap=wrap,
         notes=notes, applied=applied, timelines=timelines, stage_times=stage_times,
-        fwd=fwd, bwd=bwd, dims=dims)
+        fwd=fwd, bwd=bwd, dims=dims, host=ctx.host)
     timings["total"] = time.perf_counter() - started
     return evolve(report, timings_s=timings)
 
@@ -1116,7 +1116,7 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
              optimizer: _OptimizerStep, inventory: ParamInventory, plan: PrecisionPlan,
              p2p: Sequence[float], wrap: float, notes: list[str], applied: Sequence[str],
              timelines: Mapping[str, Timeline], stage_times: StageTimes, fwd: OpGraph,
-             bwd: OpGraph, dims: ModelDims) -> TrainingReport:
+             bwd: OpGraph, dims: ModelDims, host: PluginHost | None) -> TrainingReport:
     pp = parallel.pp
     vp = parallel.vp if schedule == "interleaved" else 1
     m = microbatches
@@ -1197,7 +1197,7 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
     world = parallel.world_size
     tokens = train.global_batch * train.seq_len
     peak = hw.compute.fp16_tflops if train.precision == "fp16" else hw.compute.bf16_tflops
-    model_flops = _model_flops(captured, train, notes)
+    model_flops = _model_flops(captured, train, notes, host)
     # every virtual stage runs each micro-batch on the world / pp devices of its stage
     hardware_flops = sum((s.forward_flops + s.backward_flops) * m for s in stage_reports) \
         * (world // pp)
@@ -1231,16 +1231,20 @@ def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     return {k: values[k] for k in keys}
 
 
-def _model_flops(captured: TrainingCapture, train: TrainSpec, notes: list[str]) -> float:
-    """3 × the analytic training forward of the global batch (causal attention, logits of
-    every position); the captured forward where the analytic front-end lacks the family."""
-    from zrt_core.analytic.flops import train_forward_flops
+def _model_flops(captured: TrainingCapture, train: TrainSpec, notes: list[str],
+                 host: PluginHost | None) -> float:
+    """3 × the reference training forward of the global batch (causal attention, logits of
+    every position): the core's analytic count, or a plugin's (``zrt_reference_flops``) for
+    families the core does not describe; the captured forward where neither counts it."""
+    from zrt_core.analytic.flops import reference_flops
+    from zrt_core.ir.graph import _thaw
 
     try:
-        from zrt_core.ir.graph import _thaw
-
-        forward = train_forward_flops(_thaw(captured.config), train.global_batch,
-                                      train.seq_len).total
+        counted, source = reference_flops(_thaw(captured.config), Phase.TRAIN_FORWARD,
+                                          train.global_batch, train.seq_len, host=host)
+        forward = counted.total
+        if source != "zrt-core":
+            notes.append(f"MFU from the reference FLOPs of {source}")
     except ModelError as exc:
         notes.append(f"MFU from the captured forward FLOPs: {exc}")
         per_micro = captured.graph(Phase.TRAIN_FORWARD).totals().flops
