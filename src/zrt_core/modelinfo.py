@@ -72,6 +72,9 @@ class ModelDims:
     q_lora_rank: int = 0  # MLA: compressed query width (0: queries projected directly)
     shared_expert_ffn: int = 0  # combined width of the always-on shared experts
     tie_word_embeddings: bool = False  # the LM head reuses the input embedding matrix
+    o_groups: int = 0  # DeepSeek-V4: groups of heads its output projection splits them into
+    mamba_heads: int = 0  # Mamba-2 mixers (Nemotron-H): SSM heads
+    mamba_groups: int = 0  # Mamba-2: groups of heads sharing B and C (n_groups)
 
     @property
     def dense_layers(self) -> int:
@@ -141,6 +144,9 @@ class ModelDims:
             q_lora_rank=int(cfg.get("q_lora_rank") or 0),
             shared_expert_ffn=_shared_expert_ffn(cfg, experts, moe_ffn),
             tie_word_embeddings=_tied(config, cfg, model_type),
+            o_groups=int(cfg.get("o_groups") or 0),
+            mamba_heads=int(cfg.get("mamba_num_heads") or 0) if block_types is not None else 0,
+            mamba_groups=int(cfg.get("n_groups") or 0) if block_types is not None else 0,
         )
 
 

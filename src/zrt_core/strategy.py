@@ -180,6 +180,11 @@ def check_layout(
         )
     if dims.ffn:
         _divides(p.tp, dims.ffn, "tp", "FFN width (intermediate_size)")
+    if dims.o_groups:  # DeepSeek-V4's grouped output projection: whole groups per rank
+        _divides(p.tp, dims.o_groups, "tp", "output-projection groups (o_groups)")
+    if dims.mamba_heads:  # Mamba-2 mixers split by heads, B and C by their groups
+        _divides(p.tp, dims.mamba_heads, "tp", "Mamba heads (mamba_num_heads)")
+        _divides(p.tp, dims.mamba_groups or 1, "tp", "Mamba groups (n_groups)")
     if dims.is_moe:
         _divides(p.ep, dims.experts, "ep", "routed experts")
         _divides(p.expert_tp, dims.moe_ffn, "expert tp", "expert FFN width (moe_intermediate_size)")

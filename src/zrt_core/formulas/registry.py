@@ -45,7 +45,7 @@ def default_bytes(call: OpCall) -> tuple[int, int]:
 
 
 #: The layout rules an :class:`OpFormula` may name (``transforms.parallel.LAYOUT_RULES``).
-FORMULA_LAYOUTS = ("attention", "leading", "gradients")
+FORMULA_LAYOUTS = ("attention", "leading", "gradients", "indexer")
 
 
 @frozen
@@ -62,8 +62,13 @@ class OpFormula:
         :data:`zrt_core.transforms.parallel.LAYOUT_RULES` — ``attention`` (outputs
         ``[b, s_q, h, d]`` and ``[b, h, s_q]`` follow the query ``[b, h, s_q, d]``, input
         0), ``leading`` (every output's leading axes follow input 0's axes but its last),
-        ``gradients`` (each output follows the last input of its shape); None: matched by
-        axis sizes, which size-1 axes (batch 1, one decode token) can mislead.
+        ``gradients`` (each output follows the last input of its shape), ``indexer``
+        (top-k indices ``[b, s_q, k]``: batch and queries follow input 0, ``k = min(
+        attrs["topk"], rows of input 1's axis 1)``); None: matched by axis sizes, which
+        size-1 axes (batch 1, one decode token) can mislead.
+    :param derived_attrs: attrs that follow from the call's shapes and other attrs
+        (``call -> {name: value}``), recomputed whenever a transform changes the node's
+        shapes or attrs (a rescaled batch or cache length); None: attrs as captured.
     """
 
     op: str
@@ -71,6 +76,7 @@ class OpFormula:
     bytes: BytesFn | None = None
     category: str | None = None
     layout: str | None = None
+    derived_attrs: Callable[[OpCall], Mapping[str, Any]] | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.layout is not None and self.layout not in FORMULA_LAYOUTS:

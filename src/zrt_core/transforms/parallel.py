@@ -189,9 +189,12 @@ class ShapePass:
     """
 
     def __init__(self, graph: OpGraph, registry: FormulaRegistry | None, *,
-                 state: dict[int, Layout] | None = None, id_base: int | None = None) -> None:
+                 state: dict[int, Layout] | None = None, id_base: int | None = None,
+                 attrs: Mapping[str, Mapping[Any, Any]] | None = None) -> None:
         self.graph = graph
         self.registry = registry
+        # attr name -> {captured value: new value}: positions a rescale moves (start_pos)
+        self.attr_map: Mapping[str, Mapping[Any, Any]] = attrs or {}
         self.state: dict[int, Layout] = state if state is not None else {}
         self.replace: dict[int, int] = {}  # tensor id -> id of the tensor that replaces it
         self.metas: dict[int, TensorMeta] = {}
@@ -228,6 +231,11 @@ class ShapePass:
 
     def finish(self) -> None:
         """Called after the last node (the parallel pass reduces what is still partial)."""
+
+    def root(self, meta: TensorMeta, node: OpNode, lay: Layout) -> Layout:
+        """The layout of an output of a node that makes a tensor from nothing (``zeros``,
+        ``ones``, ``arange``: no tensor inputs); ``lay`` is its rule's (whole)."""
+        return lay
 
     # -- helpers for hooks ---------------------------------------------------------------
 
@@ -285,9 +293,16 @@ class ShapePass:
             # hooks may have replaced inputs (a reduced or gathered tensor)
             metas_in = [self._current_meta(t) for t in node.inputs]
             ins = [self.layout_of(t, node) for t in metas_in]
+            if self._adopt_fills(node, metas_in, ins):
+                ins = [self.layout_of(t, node) for t in metas_in]
             outs = rule_for(node, self.registry)(node, metas_in, ins)
             if op_base(node.op) == "cat":
                 ins = self._unify_cat_inputs(node, metas_in, ins, outs)
+            elif op_base(node.op) == "ssm_state_update":
+                ins = self._unify_state_input(metas_in, ins)
+            if node.category == Category.CREATION and not any(
+                    t.tensor_id is not None for t in node.inputs):
+                outs = [self.root(t, node, o) for t, o in zip(node.outputs, outs, strict=True)]
             outs = self.after(node, ins, outs)
             for t, lay in zip(node.outputs, outs, strict=True):
                 if t.tensor_id is not None:
@@ -296,7 +311,7 @@ class ShapePass:
             for p in self._pending:
                 if not p.after:
                     self._emit(p.node)
-            self._emit(rebuilt)
+            self._emit(rebuilt).source = node
             for p in self._pending:
                 if p.after:
                     self._emit(p.node)
@@ -310,9 +325,10 @@ class ShapePass:
 
     def _unify_cat_inputs(self, node: OpNode, metas: list[TensorMeta], ins: list[Layout],
                           outs: list[Layout]) -> list[Layout]:
-        """A piece of a ``cat`` that no node of this graph produced (the KV cache a decode
-        step extends) takes the split of the pieces it joins on the other axes: a cache
-        holds the heads its rank holds."""
+        """A piece of a ``cat`` that no node of this graph produced before it (the KV cache
+        a decode step extends, a convolution state it writes back afterwards) takes the
+        split of the pieces it joins on the other axes: a cache holds the heads its rank
+        holds."""
         if not outs or not node.outputs:
             return ins
         out = outs[0]
@@ -321,7 +337,7 @@ class ShapePass:
         new = list(ins)
         for k, (m, lay) in enumerate(zip(metas, ins, strict=True)):
             tid = m.tensor_id
-            if tid is None or tid in self.produced or len(m.shape) != nd or m.numel == 0:
+            if tid is None or tid in self._slot_of or len(m.shape) != nd or m.numel == 0:
                 continue
             axes = [lay.axes[i] if i == dim else _merge_factors(lay.axes[i], out.axes[i])
                     for i in range(nd)]
@@ -331,6 +347,52 @@ class ShapePass:
             self.state[tid] = merged
             new[k] = merged
         return new
+
+    def _adopt_fills(self, node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> bool:
+        """Buffers the model made from nothing just before (``zeros``) take the layout of
+        what they stand for, and their maker is emitted again at that shape: the
+        destination of ``copy_(dst, src)`` (a Mamba mixer's convolution state) is laid out
+        like ``src``; the zero gradient of the final states an SSD scan's backward gets
+        like the states, ``[b, h, p, n]`` of ``grad_y [b, s, h, p]``."""
+        base = op_base(node.op)
+        if base == "copy_" and len(ins) >= 2 and \
+                self.captured(metas[0]).shape == self.captured(metas[1]).shape:
+            return self._adopt_root(metas[0], ins[0], ins[1].axes)
+        if base == "ssd_chunk_scan_backward" and len(ins) >= 2 and \
+                len(metas[0].shape) == 4 and len(metas[1].shape) == 4:
+            g = ins[0].axes
+            return self._adopt_root(metas[1], ins[1], (g[0], g[2], g[3], ins[1].axes[3]))
+        return False
+
+    def _adopt_root(self, meta: TensorMeta, lay: Layout, axes: tuple[Factors, ...]) -> bool:
+        tid = meta.tensor_id
+        slot = self._slot_of.get(tid) if tid is not None else None
+        source = slot.source if slot is not None else None
+        if (source is None or source.category != Category.CREATION or len(source.outputs) != 1
+                or any(t.tensor_id is not None for t in source.inputs) or lay.axes == axes):
+            return False
+        new = _layout(self.captured(meta).shape, axes)
+        self.state[tid] = new  # type: ignore[index]
+        slot.node = self._rebuild(source, list(source.inputs),
+                                  [Layout.plain(t) for t in source.inputs], [new])
+        return True
+
+    def _unify_state_input(self, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+        """The recurrent state ``[b, h, p, n]`` a decode step updates in place, carried in
+        from earlier steps (no node of this graph made it), holds the heads its rank's
+        ``x [b, h, p]`` holds."""
+        if len(metas) < 2 or len(metas[0].shape) != 4 or len(metas[1].shape) != 3:
+            return ins
+        m, lay = metas[0], ins[0]
+        if m.tensor_id is None or m.tensor_id in self._slot_of:
+            return ins
+        x = ins[1]
+        axes = [_merge_factors(lay.axes[i], x.axes[i]) for i in range(3)] + [lay.axes[3]]
+        if tuple(axes) == lay.axes:
+            return ins
+        merged = _layout(m.shape, axes, lay.partial)
+        self.state[m.tensor_id] = merged
+        return [merged, *ins[1:]]
 
     def emitted(self) -> list[OpNode]:
         """The nodes emitted so far, in order (for :meth:`finish`)."""
@@ -386,9 +448,15 @@ class ShapePass:
                  outs: list[Layout]) -> OpNode:
         new_in = tuple(_retensor(m, lay) for m, lay in zip(metas_in, ins, strict=True))
         new_out = tuple(_retensor(m, lay) for m, lay in zip(node.outputs, outs, strict=True))
-        if new_in == node.inputs and new_out == node.outputs:
+        moved = {k: self.attr_map[k][v] for k, v in node.attrs.items()
+                 if k in self.attr_map and _hashable(v) and v in self.attr_map[k]} \
+            if self.attr_map and node.attrs else {}
+        if new_in == node.inputs and new_out == node.outputs and not moved:
             return node
         attrs = _updated_attrs(node, new_in, new_out)
+        if moved:
+            attrs = MappingProxyType({**attrs, **moved})
+        attrs = _derived_attrs(node, new_in, new_out, attrs, self.registry)
         if node.zero_cost:
             return replace_node(node, inputs=new_in, outputs=new_out, attrs=attrs)
         flops, read, written, formula = reprice(node, new_in, new_out, attrs, self.registry)
@@ -397,10 +465,11 @@ class ShapePass:
 
 
 class _Slot:
-    __slots__ = ("followers", "node")
+    __slots__ = ("followers", "node", "source")
 
     def __init__(self, node: OpNode) -> None:
         self.node = node
+        self.source: OpNode | None = None  # the captured node it was rebuilt from
         self.followers: list[_Slot] = []
 
 
@@ -532,7 +601,40 @@ def _updated_attrs(node: OpNode, inputs: tuple[TensorMeta, ...],
         rows = _group_rows(node, inputs, outputs)
         if rows is not None:
             changes["group_rows"] = rows
+    if base == "convolution" and int(attrs.get("groups") or 1) > 1 and len(inputs) > 1 \
+            and node.inputs[1].shape and node.inputs[1].shape[0]:
+        # grouped / depthwise (Mamba's conv1d): the groups follow the output channels
+        old_w, new_w = node.inputs[1].shape[0], inputs[1].shape[0]
+        if old_w != new_w:
+            changes["groups"] = int(attrs["groups"]) * new_w // old_w
     if not changes:
+        return attrs
+    return MappingProxyType({**attrs, **changes})
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _derived_attrs(node: OpNode, inputs: tuple[TensorMeta, ...],
+                   outputs: tuple[TensorMeta, ...], attrs: Mapping[str, Any],
+                   registry: FormulaRegistry | None) -> Mapping[str, Any]:
+    """``attrs`` with what the node's formula derives from its new shapes and attrs
+    (``OpFormula.derived_attrs``: V4's window keys after a rescaled cache)."""
+    if node.formula is None or node.fused_from:
+        return attrs
+    formula = (registry or core_registry()).lookup(node.op)
+    derive = getattr(formula, "derived_attrs", None) if formula is not None else None
+    if derive is None:
+        return attrs
+    from zrt_core.formulas.registry import OpCall
+
+    changes = derive(OpCall(op=node.op, inputs=inputs, outputs=outputs, attrs=attrs))
+    if not changes or all(attrs.get(k) == v for k, v in changes.items()):
         return attrs
     return MappingProxyType({**attrs, **changes})
 
@@ -563,6 +665,12 @@ def _group_rows(node: OpNode, inputs: tuple[TensorMeta, ...],
     if total is None:
         total = sum(old)
     kept = old[:groups] if groups <= len(old) else old + (0,) * (groups - len(old))
+    if max(old) - min(old) <= 1 and total != sum(kept):
+        # balanced routing stays balanced at any row count: the capture's histogram
+        # (routing_histogram) as even as integers allow — a batch-1 decode's 2 rows over 8
+        # experts scaled by proportion would leave 6 experts idle at every batch
+        base, extra = divmod(total, groups)
+        return tuple(base + 1 if i < extra else base for i in range(groups))
     kept_sum = sum(kept) or 1
     rows = [total * r // kept_sum for r in kept]
     for i in range(total - sum(rows)):
@@ -638,6 +746,16 @@ def rule_for(node: OpNode, registry: FormulaRegistry | None = None) -> Rule:
     if base in ("moe_dispatch", "moe_combine", "moe_dispatch_backward",
                 "moe_combine_backward"):
         return _rule_moe
+    if base == "index":
+        return _rule_index
+    if base in ("view_as_complex", "view_as_real"):
+        return _rule_complex
+    if base in ("ssd_chunk_scan", "ssm_state_update"):
+        return _rule_ssm
+    if base == "convolution_backward":
+        return _rule_conv_backward
+    if base == "ssd_chunk_scan_backward":
+        return _rule_gradients
     if base in _REDUCE or base in ("topk", "sort", "cumsum", "nll_loss_forward"):
         return _rule_reduce
     if base in _SHAPE_ONLY:
@@ -716,6 +834,86 @@ def _rule_positional(node: OpNode, metas: list[TensorMeta], ins: list[Layout]
     return outs
 
 
+def _rule_index(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """``self[idx₀, idx₁, ...]`` (advanced indexing of the leading axes): the output is the
+    indices' broadcast shape, then ``self``'s remaining axes — a lookup table indexed by
+    token ids (V4's hash-routing ``tid2eid[input_ids]``) has the tokens' batch, which
+    right-aligned size matching cannot see."""
+    out = node.outputs[0] if node.outputs else None
+    if out is None or len(metas) < 2 or not metas[0].shape:
+        return _rule_broadcast(node, metas, ins)
+    src, idx = metas[0], list(zip(metas[1:], ins[1:], strict=True))
+    k = len(idx)
+    nd = max(len(m.shape) for m, _ in idx)
+    lead = tuple(out.shape[:nd])
+    if len(out.shape) != nd + len(src.shape) - k or tuple(out.shape[nd:]) != \
+            tuple(src.shape[k:]):
+        return _rule_broadcast(node, metas, ins)
+    axes: list[Factors] = []
+    for j in range(nd):
+        acc: Factors = ()
+        for m, lay in idx:
+            i = j - (nd - len(m.shape))
+            if i >= 0 and m.shape[i] == lead[j]:
+                acc = _merge_factors(acc, lay.axes[i])
+        axes.append(acc)
+    axes.extend(ins[0].axes[k:])
+    partial: set[str] = set()
+    for lay in ins:
+        partial |= lay.partial
+    return [_layout(out.shape, axes, partial)]
+
+
+def _rule_complex(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """``view_as_complex`` drops the trailing pair axis, ``view_as_real`` adds one (Llama 4's
+    rotary embedding); the other axes keep their factors."""
+    lay, out = ins[0], node.outputs[0]
+    axes = list(lay.axes[:-1]) if op_base(node.op) == "view_as_complex" else [*lay.axes, ()]
+    if len(axes) != len(out.shape):
+        return _rule_broadcast(node, metas, ins)
+    return [_layout(out.shape, axes, lay.partial)]
+
+
+def _rule_conv_backward(node: OpNode, metas: list[TensorMeta], ins: list[Layout]
+                        ) -> list[Layout]:
+    """``convolution_backward(grad_out, input, weight)`` → the gradients of the input, the
+    weight and the bias ``[c_out]`` (the weight's first axis), each laid out like its
+    forward tensor."""
+    if len(ins) < 3:
+        return _rule_broadcast(node, metas, ins)
+    like = (ins[1], ins[2])
+    outs = []
+    for k, out in enumerate(node.outputs):
+        if k < 2 and len(out.shape) == len(like[k].axes):
+            outs.append(_layout(out.shape, like[k].axes))
+        elif k == 2 and len(out.shape) == 1 and ins[2].axes:
+            outs.append(_layout(out.shape, [ins[2].axes[0]]))
+        else:
+            outs.append(Layout.plain(out))
+    return outs
+
+
+def _rule_ssm(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """Mamba-2's kernels, split by heads as Megatron and vLLM split them:
+    ``ssd_chunk_scan(x [b, s, h, p], dt, A, B [b, s, g, n], ...)`` → ``y`` like ``x`` and
+    the final states ``[b, h, p, n]``; ``ssm_state_update(state [b, h, p, n], x [b, h, p],
+    ...)`` → ``y`` like ``x`` (the state takes ``x``'s split: :meth:`ShapePass.run`)."""
+    base = op_base(node.op)
+    xi = 0 if base == "ssd_chunk_scan" else 1
+    if len(ins) <= xi or len(metas[xi].shape) != (4 if xi == 0 else 3):
+        return _rule_broadcast(node, metas, ins)
+    lx = ins[xi]
+    outs = []
+    for k, out in enumerate(node.outputs):
+        if k == 0 and len(out.shape) == len(lx.axes):  # y
+            outs.append(_layout(out.shape, lx.axes, lx.partial))
+        elif k == 1 and xi == 0 and len(out.shape) == 4:  # final states [b, h, p, n]
+            outs.append(_layout(out.shape, [lx.axes[0], lx.axes[2], lx.axes[3], ()]))
+        else:
+            outs.append(Layout.plain(out))
+    return outs
+
+
 def _rule_permute(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
     lay = ins[0]
     nd = len(lay.axes)
@@ -746,9 +944,19 @@ def _rule_unsqueeze(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) ->
 
 
 def _rule_squeeze(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """squeeze: the squeezed axes (``dim`` when given, else every size-1 axis of the
+    captured input) drop out; a squeeze of one named axis keeps the others' factors, the
+    batch of 1 of a batch-1 capture among them."""
     lay, src, out = ins[0], metas[0], node.outputs[0]
     if len(out.shape) == len(src.shape):
         return [_layout(out.shape, lay.axes, lay.partial)]
+    dims = node.attrs.get("dim")
+    if dims is not None and src.shape:
+        named = {int(d) % len(src.shape) for d in (dims if isinstance(dims, tuple | list)
+                                                   else (dims,))}
+        axes = [a for i, a in enumerate(lay.axes) if not (i in named and src.shape[i] == 1)]
+        if len(axes) == len(out.shape):
+            return [_layout(out.shape, axes, lay.partial)]
     axes = [a for i, a in enumerate(lay.axes) if not (src.shape[i] == 1)]
     if len(axes) != len(out.shape):
         return _rule_broadcast(node, metas, ins)
@@ -770,10 +978,13 @@ def _rule_select(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> li
     return [_layout(out.shape, axes, lay.partial)]
 
 
-def view_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+def view_groups(a: Sequence[int], b: Sequence[int], *, ones_forward: bool = False
+                ) -> list[tuple[list[int], list[int]]]:
     """Pair the axes of a reshape: groups of input axes whose product equals a group of
     output axes (``[1, 512, 4096] → [512, 4096]`` gives ``([0, 1], [0]), ([2], [1])``).
-    Size-1 axes join the group before them (or after, at the start)."""
+    Size-1 axes join the group before them (or after, at the start); with
+    ``ones_forward`` the group after them when there is one (a batch of 1 is the major
+    part of what it merges with: ``[h, 1, s, d] → [h, 1·s, d]``)."""
     groups: list[tuple[list[int], list[int]]] = []
     i = j = 0
     na, nb = len(a), len(b)
@@ -796,10 +1007,12 @@ def view_groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], lis
                 jb.append(j)
                 j += 1
         # absorb trailing size-1 axes into this group
-        while i < na and a[i] == 1 and (j >= nb or b[j] != 1):
+        while i < na and a[i] == 1 and (j >= nb or b[j] != 1) and not (
+                ones_forward and any(x != 1 for x in a[i:])):
             ia.append(i)
             i += 1
-        while j < nb and b[j] == 1 and (i >= na or a[i] != 1):
+        while j < nb and b[j] == 1 and (i >= na or a[i] != 1) and not (
+                ones_forward and any(x != 1 for x in b[j:])):
             jb.append(j)
             j += 1
         groups.append((ia, jb))
@@ -826,7 +1039,9 @@ def _rule_view(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list
         return [_layout(out.shape, ((),) * len(out.shape), lay.partial)]
     if 0 in src.shape or 0 in out.shape:
         return [Layout.plain(out)]
-    groups = view_groups(src.shape, out.shape)
+    # a batch multiplier of a batch-1 capture sits on a size-1 axis, or lands on one
+    batch = any(g == "batch" for factors in lay.axes for g, _ in factors)
+    groups = view_groups(src.shape, out.shape, ones_forward=batch)
     if not groups:
         return _rule_broadcast(node, metas, ins)
     axes: list[list[tuple[str, Fraction]]] = [[] for _ in out.shape]
@@ -871,9 +1086,10 @@ def _rule_cat(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[
     base = op_base(node.op)
     pieces = [(m, lay) for m, lay in zip(metas, ins, strict=True) if m.numel > 0 or
               len(m.shape) == nd]
-    if base == "stack" or not pieces:
-        res = _rule_broadcast(node, metas, ins)
-        return res
+    if base == "stack" and pieces:
+        return _rule_stack(node, pieces)
+    if not pieces:
+        return _rule_broadcast(node, metas, ins)
     dim = int(node.attrs.get("dim", 0)) % nd
     axes: list[Factors] = []
     for j in range(nd):
@@ -899,6 +1115,27 @@ def _rule_cat(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[
     return [_layout(out.shape, axes, partial, sizes)]
 
 
+def _rule_stack(node: OpNode, pieces: list[tuple[TensorMeta, Layout]]) -> list[Layout]:
+    """stack: a new whole axis at ``dim``; the others take the pieces' factors in order
+    (right-aligning the pieces with the output, as broadcasting does, put a batch factor
+    on the axis after it: V4's ``rotate_half`` stacks ``[B, 1, S, d]`` halves)."""
+    out = node.outputs[0]
+    nd = len(out.shape)
+    dim = int(node.attrs.get("dim", 0)) % max(nd, 1)
+    axes: list[Factors] = []
+    for j in range(nd - 1):
+        acc: Factors = ()
+        for m, lay in pieces:
+            if len(m.shape) == nd - 1:
+                acc = _merge_factors(acc, lay.axes[j])
+        axes.append(acc)
+    axes.insert(dim, ())
+    partial: set[str] = set()
+    for _, lay in pieces:
+        partial |= lay.partial
+    return [_layout(out.shape, axes, partial)]
+
+
 def _rule_reduce(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
     """Reductions over ``dim``: reduced axes lose their factors; a sum over an axis split
     by a parallel group is a partial sum over that group."""
@@ -921,9 +1158,13 @@ def _rule_reduce(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> li
             partial |= {g for g in lay.groups(i) if g in PARALLEL_GROUPS}
     outs = []
     for out in node.outputs:
+        if base in ("cumsum", "sort") and len(out.shape) == nd:
+            # the axis keeps its entries (OPT's positions: a cumsum over the mask's keys)
+            outs.append(_layout(out.shape, lay.axes, partial))
+            continue
         if len(out.shape) == nd:
             axes = [() if i in reduced else a for i, a in enumerate(lay.axes)]
-            # topk/sort/cumsum keep the axis (k entries): no factors on it
+            # topk keeps the axis (k entries): no factors on it
         else:
             axes = [a for i, a in enumerate(lay.axes) if i not in reduced]
             if len(axes) != len(out.shape):
@@ -1077,11 +1318,39 @@ def _rule_gradients(node: OpNode, metas: list[TensorMeta], ins: list[Layout]
     return outs
 
 
+def _rule_indexer(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """A top-k selection kernel ``(q [b, s_q, ...], keys [b, t, ...], ...) → indices
+    [b, s_q, k]`` with ``k = min(attrs["topk"], t)`` (DSA's and CSA's lightning indexers):
+    batch and queries follow the query, ``k`` the keys' rows — a capture with fewer keys
+    than ``topk`` picks them all, and so does its rescale to a longer cache, up to
+    ``topk``."""
+    if len(metas) < 2 or len(metas[0].shape) < 2 or len(metas[1].shape) < 2:
+        return _rule_broadcast(node, metas, ins)
+    lq, lk = ins[0], ins[1]
+    topk = int(node.attrs.get("topk") or 0)
+    outs = []
+    for out in node.outputs:
+        nd = len(out.shape)
+        if nd < 3:
+            outs.append(Layout.plain(out))
+            continue
+        axes: list[Factors] = [lq.axes[0], lq.axes[1]] + [()] * (nd - 2)
+        sizes: dict[int, int] = {}
+        if topk > 0 and out.shape[-1]:
+            k = min(topk, lk.shape[1])
+            if k != out.shape[-1]:
+                axes[-1] = (("kv", Fraction(k, out.shape[-1])),)
+                sizes[nd - 1] = k
+        outs.append(_layout(out.shape, axes, (), sizes))
+    return outs
+
+
 #: Layout rules a formula may name (``OpFormula.layout``) for ops the core has no rule for.
 LAYOUT_RULES: Mapping[str, Rule] = {
     "attention": _rule_query_attention,
     "leading": _rule_leading,
     "gradients": _rule_gradients,
+    "indexer": _rule_indexer,
 }
 
 
@@ -1132,11 +1401,14 @@ def _rule_moe(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[
 
 
 def propagate_shapes(graph: OpGraph, seeds: Mapping[int, Layout] | Callable[
-        [TensorMeta, OpNode], Layout | None], registry: FormulaRegistry | None) -> OpGraph:
+        [TensorMeta, OpNode], Layout | None], registry: FormulaRegistry | None, *,
+        attrs: Mapping[str, Mapping[Any, Any]] | None = None) -> OpGraph:
     """Carry seeded per-tensor layouts through a graph and re-price every changed node.
 
     :param seeds: layouts by tensor id, or a function giving the layout of a tensor that no
-        node of the graph produces (None: as captured).
+        node of the graph produces, or of what a node makes from nothing (``zeros``,
+        ``arange``: the function receives that node); None: as captured.
+    :param attrs: node attrs to move, ``{name: {captured value: new value}}``.
     """
     class _Seeded(ShapePass):
         def seed(self, meta: TensorMeta, node: OpNode) -> Layout | None:
@@ -1144,7 +1416,12 @@ def propagate_shapes(graph: OpGraph, seeds: Mapping[int, Layout] | Callable[
                 return seeds(meta, node)
             return seeds.get(meta.tensor_id) if meta.tensor_id is not None else None
 
-    return _Seeded(graph, registry).run()
+        def root(self, meta: TensorMeta, node: OpNode, lay: Layout) -> Layout:
+            if callable(seeds):
+                return seeds(meta, node) or lay
+            return lay
+
+    return _Seeded(graph, registry, attrs=attrs).run()
 
 
 def scaled_layout(meta: TensorMeta, factors: Mapping[int, tuple[str, Fraction]]) -> Layout:
@@ -1158,13 +1435,23 @@ def scaled_layout(meta: TensorMeta, factors: Mapping[int, tuple[str, Fraction]])
 COLWISE, ROWWISE, VOCAB, REPLICATED = "colwise", "rowwise", "vocab", "replicated"
 
 _NAME_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|embed_in|tok_embeddings)$"), VOCAB),
+    # every rank computes a shared key cache in full (vLLM's ReplicatedLinear): V4's KV
+    # compressors and the DSA / CSA lightning indexers (V3.2, V4), whatever their
+    # projections are called (q_b_proj, gate_proj inside them stay whole)
+    (re.compile(r"(^|\.)(compressor|indexer)(\.|$)"), REPLICATED),
+    (re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|embed_in|tok_embeddings|"
+                r"embeddings)$"), VOCAB),
     (re.compile(r"(^|\.)(lm_head|embed_out)$"), COLWISE),
+    # o_a_proj: DeepSeek-V4's grouped output projection, column-parallel over its groups
+    # (vLLM's wo_a, n_local_groups = o_groups / tp); in_proj, conv1d and the per-head
+    # A_log / D / dt_bias and gated norm: a Mamba-2 mixer split by heads (Megatron's
+    # MambaMixer, vLLM's MambaMixer2); sinks: per-head attention sinks (GPT-OSS, V4)
     (re.compile(r"(^|\.)(q_proj|k_proj|v_proj|q_b_proj|kv_b_proj|query|key|value|qkv_proj|"
                 r"c_attn|query_key_value|W_pack|Wqkv|gate_proj|up_proj|gate_up_proj|c_fc|"
-                r"fc1|fc_in|dense_h_to_4h|w1|w3|wi|wi_0|wi_1)$"), COLWISE),
+                r"fc1|fc_in|dense_h_to_4h|w1|w3|wi|wi_0|wi_1|o_a_proj|in_proj|"
+                r"mixer\.conv1d|mixer\.norm|A_log|D|dt_bias|sinks)$"), COLWISE),
     (re.compile(r"(^|\.)(o_proj|out_proj|c_proj|down_proj|fc2|fc_out|dense_4h_to_h|w2|wo|"
-                r"self_attention\.dense|attention\.dense)$"), ROWWISE),
+                r"o_b_proj|self_attention\.dense|attention\.dense)$"), ROWWISE),
 )
 _KV_PROJ = re.compile(r"(^|\.)(k_proj|v_proj|key|value)$")
 _ROUTER = re.compile(r"(Router|TopK|Gate)$")
@@ -1173,6 +1460,8 @@ _ROUTER = re.compile(r"(Router|TopK|Gate)$")
 def _style(value: str) -> tuple[str, bool]:
     s = value.lower()
     packed = "packed" in s
+    if s.startswith("embedding"):  # nemotron_h's "embedding_rowwise": the vocabulary rows
+        return VOCAB, False
     if "colwise" in s:
         return COLWISE, packed
     if "rowwise" in s:
@@ -1219,9 +1508,9 @@ class TPPlan:
                 return (None if kind == REPLICATED else (kind, packed))
         for rx, kind in _NAME_RULES:
             if rx.search(module):
-                return kind, False
+                return None if kind == REPLICATED else (kind, False)
             if leaf not in ("weight", "bias") and rx.search(param):
-                return kind, leaf == "gate_up_proj"
+                return None if kind == REPLICATED else (kind, leaf == "gate_up_proj")
         return None
 
 
@@ -1274,9 +1563,9 @@ class _ParallelPass(ShapePass):
                  plan: TPPlan, registry: FormulaRegistry | None, *, training: bool,
                  state: dict[int, Layout] | None = None,
                  extra: Callable[[TensorMeta, OpNode],
-                                 Mapping[int, tuple[str, Fraction]] | None] | None = None
-                 ) -> None:
-        super().__init__(graph, registry, state=state)
+                                 Mapping[int, tuple[str, Fraction]] | None] | None = None,
+                 attrs: Mapping[str, Mapping[Any, Any]] | None = None) -> None:
+        super().__init__(graph, registry, state=state, attrs=attrs)
         self.extra = extra
         p = ctx_parallel
         self.p = p
@@ -1332,6 +1621,15 @@ class _ParallelPass(ShapePass):
             axes[axis] = (pair, *axes[axis])
         return _layout(meta.shape, axes)
 
+    def root(self, meta: TensorMeta, node: OpNode, lay: Layout) -> Layout:
+        extra = self.extra(meta, node) if self.extra is not None else None
+        if not extra:
+            return lay
+        axes = list(lay.axes)
+        for axis, pair in extra.items():
+            axes[axis] = (pair, *axes[axis])
+        return _layout(meta.shape, axes, lay.partial)
+
     def _seed(self, meta: TensorMeta, node: OpNode) -> Layout | None:
         if meta.param is not None:
             return self._param_seed(meta, node)
@@ -1374,6 +1672,8 @@ class _ParallelPass(ShapePass):
                     axis = 0
                 elif nd == 1:
                     axis = 0 if kind == COLWISE else None
+                elif nd == 3 and not is_expert:  # a convolution [out, in / groups, k]
+                    axis = 0 if kind == COLWISE else 1
                 elif kind == COLWISE:
                     axis = nd - 1 if conv1d else nd - 2
                 elif kind == ROWWISE:
@@ -1893,19 +2193,23 @@ class ParallelTransform:
 
     def __init__(self, plan: TPPlan | None = None, *,
                  state: dict[int, Layout] | None = None,
-                 extra_seeds: ExtraSeeds | None = None) -> None:
+                 extra_seeds: ExtraSeeds | None = None,
+                 extra_attrs: ExtraAttrs | None = None) -> None:
         self.plan = plan or TPPlan()
         self.state = state
         self.extra_seeds = extra_seeds
+        self.extra_attrs = extra_attrs
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
         p = ctx.parallel
         extra = self.extra_seeds(graph) if self.extra_seeds is not None else None
-        if p.tp == 1 and p.cp == 1 and p.ep == 1 and p.expert_tp == 1 and extra is None:
+        attrs = self.extra_attrs(graph) if self.extra_attrs is not None else None
+        if p.tp == 1 and p.cp == 1 and p.ep == 1 and p.expert_tp == 1 and extra is None \
+                and not attrs:
             return _with_layout_meta(graph, p, ctx.training)
         out = _ParallelPass(graph, p, ctx.dims, self.plan, ctx.host.formulas
                             if ctx.host is not None else None, training=ctx.training,
-                            state=self.state, extra=extra).run()
+                            state=self.state, extra=extra, attrs=attrs).run()
         return _with_layout_meta(out, p, ctx.training)
 
 
@@ -1914,6 +2218,9 @@ class ParallelTransform:
 #: batch or cache length, see :class:`zrt_core.estimate.serving.Rescale`); None for none.
 ExtraSeeds = Callable[[OpGraph], Callable[[TensorMeta, OpNode],
                                           Mapping[int, tuple[str, Fraction]] | None] | None]
+#: Given a graph, node attrs to move, ``{name: {captured value: new value}}`` (a rescaled
+#: cache moves ``start_pos``); None for none.
+ExtraAttrs = Callable[[OpGraph], Mapping[str, Mapping[Any, Any]] | None]
 
 
 def _with_layout_meta(graph: OpGraph, p: Parallel, training: bool) -> OpGraph:
