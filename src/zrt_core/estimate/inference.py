@@ -154,8 +154,8 @@ class _Estimator:
             rescale = Rescale(batch, cache_len or None)
             # rescaling and sharding in one walk over the graph
             names = ["rescale", "parallel"]
-            g = ParallelTransform(self.cap.tp_plan, extra_seeds=rescale.seeds).apply(
-                raw, self.ctx)
+            g = ParallelTransform(self.cap.tp_plan, extra_seeds=rescale.seeds,
+                                  extra_attrs=rescale.attrs).apply(raw, self.ctx)
             g = rescale.updated_meta(raw, g)
             for t in self.transforms:
                 if not kernels and t.name in ("fusion", "paged_kv_cache"):

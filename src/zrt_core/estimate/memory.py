@@ -17,6 +17,7 @@ already in the numbers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from attrs import field, frozen
@@ -59,6 +60,9 @@ def _count(graph: OpGraph, layer_index: int | None, layers: set[int] | None) -> 
 TOKENS = "tokens"      # one row per token (K/V, MLA latent, DSA indexer keys)
 ENTRIES = "entries"    # one row per ``ratio`` tokens (compressed entries: DeepSeek-V4)
 FIXED = "fixed"        # a size set by the model, not the sequence (sliding windows, SSM states)
+
+
+_INTEGER = re.compile(r"u?int|bool")
 
 
 @frozen
@@ -144,8 +148,9 @@ def cache_states(decode: OpGraph, prefill: OpGraph | None = None) -> dict[int, C
     """The state a captured decode step reads from earlier steps, ``{tensor id: state}``.
 
     State is what the decode graph reads before writing and does not compute: a tensor the
-    prefill graph produced (tensor ids are shared across one capture's phases), or a cache
-    a ``cat`` extends (for a decode graph alone). With ``L`` the cached tokens
+    prefill graph produced (tensor ids are shared across one capture's phases) or a cache a
+    ``cat`` extends; for a decode graph alone, every non-integer tensor of two or more axes
+    with the batch leading that it reads before writing. With ``L`` the cached tokens
     (:func:`cached_tokens`), a tensor grows with the sequence when:
 
     - a ``cat`` extends it along an axis of length ``L``: one row per token (:data:`TOKENS`);
@@ -174,7 +179,10 @@ def cache_states(decode: OpGraph, prefill: OpGraph | None = None) -> dict[int, C
             if (tid is None or t.param is not None or tid in written or tid in metas
                     or not t.shape or t.shape[0] != batch):
                 continue
-            if tid in extended or tid in from_prefill:
+            if tid in extended or tid in from_prefill or (
+                    prefill is None and len(t.shape) >= 2 and not _INTEGER.match(t.dtype)):
+                # alone, a decode graph's state is what it reads before writing: caches
+                # and recurrent states, never token ids (integers)
                 metas[tid] = t
         for t in n.outputs:
             if t.tensor_id is not None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from attrs import evolve
 
 from zrt_core.errors import LayoutError
+from zrt_core.estimate.memory import cache_states, cached_tokens
 from zrt_core.ir.graph import Category, OpGraph, OpNode, Phase, TensorMeta
 from zrt_core.transforms.parallel import (
     Layout,
@@ -39,10 +40,8 @@ def cache_length(graph: OpGraph) -> int:
     """Cached tokens a decode graph attends to besides the new one (0 for prefill): the
     tokens of the capture or the last rescale (``meta``), so a model whose every layer has
     a sliding window (DeepSeek-V4) does not read its window as the context."""
-    if not cache_inputs(graph):
+    if graph.phase != Phase.DECODE or not cache_states(graph):
         return 0
-    from zrt_core.estimate.memory import cached_tokens
-
     return cached_tokens(graph)
 
 
@@ -50,9 +49,18 @@ class Rescale:
     """The graph at another batch and, for decode, another number of cached tokens.
 
     :param batch: sequences per step (None: as captured).
-    :param cache_len: cached tokens per sequence in decode (None: as captured). A cache
-        shorter than the captured length (a sliding window) keeps its size; so do
-        compressed caches (one entry per ``ratio`` tokens), whose entries stay as captured.
+    :param cache_len: cached tokens per sequence in decode (None: as captured).
+
+    What a decode step carries in from earlier steps (:func:`~zrt_core.estimate.memory.
+    cache_states`) follows the new length by how it grows: a cache of one row per token
+    takes ``cache_len`` rows (at most its window's, for a window longer than the capture's
+    context), a cache a window already caps keeps its rows (fewer when ``cache_len`` is
+    shorter), compressed entries (one per ``ratio`` tokens, DeepSeek-V4) take ``cache_len //
+    ratio``, recurrent state its size. Every state, the token ids and what the model makes
+    from nothing with the batch leading (OPT's mask, a Mamba mixer's initial convolution
+    state) take the batch; an axis of ``cached + 1`` entries made from nothing (the
+    positions of the keys: BLOOM's ALiBi, OPT's mask) the new length. Kernels' ``start_pos``
+    (tokens before the step's query) moves to the new length.
     """
 
     name = "rescale"
@@ -65,31 +73,56 @@ class Rescale:
         self.batch = batch
         self.cache_len = cache_len
 
-    def seeds(self, graph: OpGraph
-              ) -> Callable[[TensorMeta, OpNode], dict[int, tuple[str, Fraction]] | None] | None:
-        """``{axis: (group, factor)}`` for the tensors the graph does not produce: token
-        ids and KV caches scale with the batch, caches also with their length. None when
-        nothing changes (usable as :class:`ParallelTransform`'s ``extra_seeds``)."""
+    def _lengths(self, graph: OpGraph) -> tuple[int, int, int, int]:
+        """``(old batch, new batch, old cached tokens, new cached tokens)``."""
         old_batch = int(graph.meta.get("batch", 1))
         new_batch = self.batch or old_batch
-        caches = cache_inputs(graph) if graph.phase == Phase.DECODE else {}
-        old_cache = cache_length(graph) if caches else 0
-        new_cache = self.cache_len if (self.cache_len and caches) else old_cache
+        old_cache = cache_length(graph) if graph.phase == Phase.DECODE else 0
+        new_cache = self.cache_len if (self.cache_len and old_cache) else old_cache
+        return old_batch, new_batch, old_cache, new_cache
+
+    def seeds(self, graph: OpGraph
+              ) -> Callable[[TensorMeta, OpNode], dict[int, tuple[str, Fraction]] | None] | None:
+        """``{axis: (group, factor)}`` for the tensors the graph does not produce (token ids,
+        caches, states) and those it makes from nothing. None when nothing changes (usable
+        as :class:`ParallelTransform`'s ``extra_seeds``)."""
+        old_batch, new_batch, old_cache, new_cache = self._lengths(graph)
         if new_batch == old_batch and new_cache == old_cache:
             return None
         fb = Fraction(new_batch, old_batch)
-        fk = Fraction(new_cache, old_cache) if old_cache else Fraction(1)
+        grow = _state_rows(graph, old_cache, new_cache) if new_cache != old_cache else {}
+        states = set(cache_states(graph)) if graph.phase == Phase.DECODE else set()
+        # caches a cat extends but nothing reads (transformers' second copy of V4's K = V,
+        # MLA's empty values) are no state, but keep their shapes coherent
+        for tid, axis in (cache_inputs(graph) if states else {}).items():
+            if tid not in states:
+                states.add(tid)
+                rows = next((t.shape[axis] for n in graph.nodes for t in n.inputs
+                             if t.tensor_id == tid), 0)
+                if rows == old_cache and new_cache != old_cache:
+                    grow[tid] = (axis, Fraction(new_cache, old_cache))
 
         def seed(meta: TensorMeta, node: OpNode) -> dict[int, tuple[str, Fraction]] | None:
             if meta.param is not None or not meta.shape:
                 return None
             factors: dict[int, tuple[str, Fraction]] = {}
-            if meta.tensor_id in caches:
-                if meta.shape[0] == old_batch and fb != 1:
+            tid = meta.tensor_id
+            made = node.category == Category.CREATION and not any(
+                t.tensor_id is not None for t in node.inputs)
+            if made:  # a tensor the model makes from nothing
+                if fb != 1 and len(meta.shape) >= 2 and meta.shape[0] == old_batch:
                     factors[0] = ("batch", fb)
-                axis = caches[meta.tensor_id]
-                if meta.shape[axis] == old_cache and fk != 1:
-                    factors[axis] = ("kv", fk)
+                if new_cache != old_cache:
+                    for axis, size in enumerate(meta.shape):
+                        if size == old_cache + 1 and axis not in factors:
+                            factors[axis] = ("kv", Fraction(new_cache + 1, old_cache + 1))
+                            break
+            elif tid in states:
+                if fb != 1:
+                    factors[0] = ("batch", fb)
+                if tid in grow:
+                    axis, f = grow[tid]
+                    factors[axis] = ("kv", f)
             elif (meta.dtype.startswith(("int", "uint")) and len(meta.shape) == 2
                   and meta.shape[0] == old_batch and fb != 1):
                 factors[0] = ("batch", fb)  # token ids
@@ -97,12 +130,21 @@ class Rescale:
 
         return seed
 
+    def attrs(self, graph: OpGraph) -> dict[str, dict[int, int]] | None:
+        """Node attrs a new cache length moves: ``start_pos`` (tokens cached before the
+        step's query), from the captured length to the new one (usable as
+        :class:`ParallelTransform`'s ``extra_attrs``)."""
+        _, _, old_cache, new_cache = self._lengths(graph)
+        if new_cache == old_cache:
+            return None
+        return {"start_pos": {old_cache: new_cache}}
+
     def updated_meta(self, graph: OpGraph, out: OpGraph) -> OpGraph:
         """``out`` (the rescaled ``graph``) with ``meta`` batch and cache length updated."""
         meta = dict(out.meta)
         if self.batch:
             meta["batch"] = self.batch
-        if self.cache_len and graph.phase == Phase.DECODE and cache_inputs(graph):
+        if self.cache_len and graph.phase == Phase.DECODE and cache_length(graph):
             meta["kv_len"] = self.cache_len + 1
             meta["cache_len"] = self.cache_len
         return replace_graph(out, meta=meta)
@@ -117,7 +159,35 @@ class Rescale:
             return scaled_layout(meta, factors) if factors else None
 
         registry = ctx.host.formulas if ctx is not None and ctx.host is not None else None
-        return self.updated_meta(graph, propagate_shapes(graph, layout, registry))
+        return self.updated_meta(graph, propagate_shapes(graph, layout, registry,
+                                                         attrs=self.attrs(graph)))
+
+
+def _state_rows(graph: OpGraph, old_cache: int, new_cache: int
+                ) -> dict[int, tuple[int, Fraction]]:
+    """State tensor id → ``(axis, factor)`` of the rows it holds at ``new_cache`` cached
+    tokens instead of ``old_cache`` (see :class:`Rescale`)."""
+    from zrt_core.estimate.memory import ENTRIES, FIXED, TOKENS
+
+    states = cache_states(graph)
+    shapes = {t.tensor_id: t.shape for n in graph.nodes for t in n.inputs
+              if t.tensor_id in states}
+    out: dict[int, tuple[int, Fraction]] = {}
+    for tid, st in states.items():
+        if st.axis is None or tid not in shapes:
+            continue
+        rows = shapes[tid][st.axis]
+        if st.kind == TOKENS:
+            new = min(new_cache, st.cap_rows) if st.cap_rows else new_cache
+        elif st.kind == ENTRIES:
+            new = new_cache // st.tokens_per_row
+        elif st.kind == FIXED:  # a window caps it: fewer rows only below the window
+            new = min(rows, new_cache)
+        else:
+            continue
+        if rows > 0 and new != rows:
+            out[tid] = (st.axis, Fraction(new, rows))
+    return out
 
 
 class PagedKVCache:
