@@ -256,6 +256,19 @@ def sparse_attention_flop(call: OpCall) -> int:
     return 2 * q.shape[0] * q.shape[1] * v4_pairs(call, q, kv, 3) * 2 * q.shape[-1]
 
 
+def sparse_attention_window_keys(call: OpCall) -> dict[str, int]:
+    """``window_keys`` after a transform changed the cache: the keys the window cache holds
+    besides the step's queries — ``min(start_pos, window − 1)`` (transformers' sliding
+    cache keeps ``window − 1`` tokens) — plus the ``S_q`` new ones; all earlier tokens
+    without a window. The rest of ``kv`` are the compressed entries."""
+    a = call.attrs
+    first = 1 if call.op.startswith("deepseek.sparse_attention_backward") else 0
+    q, kv = call.inputs[first], call.inputs[first + 1]
+    start, window = int(a.get("start_pos") or 0), int(a.get("window") or 0)
+    cached = min(start, window - 1) if window > 0 else start
+    return {"window_keys": min(cached + q.shape[2], kv.shape[2])}
+
+
 def sparse_attention_backward_flop(call: OpCall) -> int:
     """``(grad_out, q, kv, sinks, out, lse, indices?)``: ``2·B·H·pairs·(3·D + 2·D)``."""
     q, kv = call.inputs[1], call.inputs[2]
@@ -301,7 +314,8 @@ def deepseek_formulas() -> list[OpFormula]:
     """Every ``deepseek::`` kernel, CUDA and Ascend names alike. Layouts (how TP and
     rescaling carry splits through the kernel): the attention kernels' outputs follow their
     query, backward outputs the inputs they are gradients of, the hyper-connection
-    weights their rows; the indexer's outputs match its inputs by axis sizes."""
+    weights their rows; the indexers' top-k indices their queries and, up to ``topk``, their
+    keys. V4's window keys follow a rescaled cache (``derived_attrs``)."""
     out = []
     for prefix in ("", "npu_"):
         mla = "npu_sparse_flash_attention" if prefix else "mla_attention"
@@ -312,13 +326,14 @@ def deepseek_formulas() -> list[OpFormula]:
                       mla_attention_backward_bytes, Category.ATTENTION, layout="gradients"),
             OpFormula(f"deepseek.{prefix}lightning_indexer", lightning_indexer_flop,
                       npu_lightning_indexer_bytes if prefix else lightning_indexer_bytes,
-                      Category.ATTENTION),
+                      Category.ATTENTION, layout="indexer"),
         ]
     out += [
         OpFormula("deepseek.sparse_attention", sparse_attention_flop, category=Category.ATTENTION,
-                  layout="attention"),
+                  layout="attention", derived_attrs=sparse_attention_window_keys),
         OpFormula("deepseek.sparse_attention_backward", sparse_attention_backward_flop,
-                  category=Category.ATTENTION, layout="gradients"),
+                  category=Category.ATTENTION, layout="gradients",
+                  derived_attrs=sparse_attention_window_keys),
         OpFormula("deepseek.hc_split_sinkhorn", hc_split_sinkhorn_flop,
                   category=Category.ELEMENTWISE, layout="leading"),
         OpFormula("deepseek.hc_split_sinkhorn_backward", hc_split_sinkhorn_backward_flop,

@@ -102,8 +102,10 @@ def _compress(module: Any, hidden_states: Any, cache_layer: Any, name: str, head
         compressed = module.kv_norm(
             (chunk_kv * chunk_gate.softmax(dim=2, dtype=torch.float32).to(chunk_kv.dtype)
              ).sum(dim=2))
+        # one row of positions for every sequence (as V4's inference code indexes its
+        # frequency table): rotary tables at [1, n], not [batch, n] copies of them
         positions = torch.arange(n_windows, device=compressed.device)
-        positions = (positions * ratio + first_window_position).unsqueeze(0).expand(batch, -1)
+        positions = (positions * ratio + first_window_position).unsqueeze(0)
         cos, sin = module.rotary_emb(compressed, position_ids=positions,
                                      layer_type=module.rope_layer_type)
         compressed = m.apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
