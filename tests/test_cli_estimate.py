@@ -52,6 +52,7 @@ def test_model_numbers_become_the_family_config() -> None:
                                                                       [0])
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_serving_spec_analytic_equals_capture(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, SERVE)
@@ -68,6 +69,7 @@ def test_serving_spec_analytic_equals_capture(tmp_path: Path,
         analytic["output_tokens_per_s"] / 2)
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_training_spec_analytic_equals_capture(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, TRAIN)
@@ -80,6 +82,7 @@ def test_training_spec_analytic_equals_capture(tmp_path: Path,
         8 * 32 / (analytic["step_time_s"] * 4))
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--config", str(_write(tmp_path, TRAIN))]) == 0
     out = capsys.readouterr().out

@@ -27,6 +27,7 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("ZRT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "zrt-cache"))
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_json_has_the_promised_keys(model_dir, capsys):
     code = main(["run", str(model_dir), "--hw", "h100", "--tp", "2", "--input-len", "32",
                  "--output-len", "16", "--json"])
@@ -41,6 +42,7 @@ def test_json_has_the_promised_keys(model_dir, capsys):
         data["output_tokens_per_s"] / 2)
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_latency_mode_and_out_dir(model_dir, tmp_path, capsys):
     out = tmp_path / "report"
     code = main(["run", str(model_dir), "--hw", "h100", "--infer", "--batch", "4",
@@ -58,6 +60,7 @@ def test_latency_mode_and_out_dir(model_dir, tmp_path, capsys):
     assert any(e.get("ph") == "X" for e in trace["traceEvents"])
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_bad_tp_names_the_dimension_and_exits_2(model_dir, capsys):
     code = main(["run", str(model_dir), "--hw", "h100", "--tp", "3"])
     err = capsys.readouterr().err
@@ -66,6 +69,7 @@ def test_bad_tp_names_the_dimension_and_exits_2(model_dir, capsys):
     assert "tp=3 does not divide the 4 attention heads" in err
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_bad_kv_heads_and_unknown_hardware_exit_2(model_dir, capsys):
     assert main(["run", str(model_dir), "--hw", "h100", "--tp", "4", "--input-len", "32",
                  "--output-len", "8", "--json"]) == 0  # 2 KV heads replicated over 4

@@ -32,6 +32,7 @@ def _run(model_dir: Path, *flags: str) -> list[str]:
             "--seq-len", "64", *flags]
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_json_carries_the_identities_throughput_utilisation_and_memory(
         model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(_run(model_dir, "--pp", "2", "--dp", "2", "--global-batch", "16",
@@ -55,6 +56,7 @@ def test_json_carries_the_identities_throughput_utilisation_and_memory(
     assert (data["parallel"]["pp"], data["microbatches"], data["schedule"]) == (2, 4, "1f1b")
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_out_writes_html_json_and_a_pipeline_trace(model_dir: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
@@ -77,6 +79,7 @@ def test_out_writes_html_json_and_a_pipeline_trace(model_dir: Path, tmp_path: Pa
     (("--dp", "2", "--global-batch", "6"), "global batch 6 is not divisible"),
     (("--ep", "2", "--dp", "2"), "no routed experts"),
 ])
+@pytest.mark.needs("zrt-nvidia")
 def test_bad_layouts_are_one_line_with_exit_2(model_dir: Path,
                                               capsys: pytest.CaptureFixture[str],
                                               flags: tuple[str, ...], rule: str) -> None:

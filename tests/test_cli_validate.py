@@ -28,6 +28,7 @@ RECORDS = [
 ]
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_validate_prints_table_and_summary_and_writes_json(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "v.yaml"

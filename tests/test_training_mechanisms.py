@@ -53,6 +53,7 @@ def test_layout_candidates_drop_layouts_whose_states_cannot_fit() -> None:
                    for p in layout_candidates(dims, 16, 16, 1, 8, usable_bytes=1382399))
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_a_record_without_a_layout_is_estimated_at_the_fastest_feasible_one(host) -> None:
     record = {"id": "t", "workload": "train", "source": "test", "hardware": "nvidia_h100_sxm",
               "num_gpus": 8, "seq_len": 64, "global_batch": 8, "micro_batch": 2,
@@ -85,6 +86,7 @@ def _fields(case) -> dict:
     return asdict(case, recurse=False)
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_fp8_amax_reduction_blocks_each_stage_forward_and_backward(host) -> None:
     from zrt_core.cost.collectives import collective_cost
     from zrt_core.estimate.training import estimate_training

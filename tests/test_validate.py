@@ -144,6 +144,7 @@ def run(host: PluginHost, tmp_path_factory: pytest.TempPathFactory) -> Validatio
     return Validator(host, use_cache=False).run(load_records(path), path=str(path))
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_every_record_gets_a_row_and_the_run_goes_on(run: ValidationRun) -> None:
     by_id = {r.id: r for r in run.results}
     assert [r.id for r in run.results] == ["tiny-train", "unknown-type", "typo", "no-seq",
@@ -158,6 +159,7 @@ def test_every_record_gets_a_row_and_the_run_goes_on(run: ValidationRun) -> None
         assert "\n" not in r.message
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_errors_are_relative_to_the_measurement(run: ValidationRun) -> None:
     train = run.results[0]
     for key, measured in TRAIN["measured"].items():
@@ -172,6 +174,7 @@ def test_errors_are_relative_to_the_measurement(run: ValidationRun) -> None:
         infer.predicted["output_tokens_per_s"] / 2)
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_json_has_the_schema_shape(run: ValidationRun) -> None:
     data = json.loads(json.dumps(run.to_json()))
     assert set(data) >= {"records", "summary"}
