@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -161,13 +160,12 @@ def test_estimates_agree_with_the_capture(host: PluginHost) -> None:
     assert ta.memory.peak_bytes == pytest.approx(tc.memory.peak_bytes, rel=1e-9)
 
 
-def test_real_size_model_in_milliseconds(host: PluginHost) -> None:
+def test_real_size_model(host: PluginHost) -> None:
+    """Llama-3-70B from its numbers (how fast: benchmarks/bench_analytic.py, ~50 ms)."""
     cfg = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
            "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
            "vocab_size": 128256}
-    start = time.perf_counter()
     r = analytic_capture(cfg, phases=PHASES, batch=1, seq_len=4096, host=host)
-    assert time.perf_counter() - start < 2.0  # ~0.1 s; generous for a loaded machine
     assert r.params.total == 70_553_706_496  # Llama-3-70B
     # the GEMMs and attention of the training forward are exactly the analytic reference
     # (2·N_active·T + causal attention + logits of every position); the graph adds the
