@@ -108,3 +108,20 @@ def test_fp8_amax_reduction_blocks_each_stage_forward_and_backward(host) -> None
     assert tp.step_time_s - none.step_time_s == pytest.approx(2 * m * one_tp, rel=1e-9)
     assert both.exposed_comm_s["dp"] - none.exposed_comm_s.get("dp", 0.0) == \
         pytest.approx(2 * m * one, rel=1e-9)
+
+
+def test_nemotronh_bridge_recipes_run_without_tp_userbuffers() -> None:
+    # tp 2 with SP: Megatron-Core's default hides (tp − 1)/tp = 1/2 of each forward TP/SP
+    # collective under its GEMM (TE userbuffers). Megatron-Bridge's nemotronh perf recipes set
+    # no comm_overlap, so a record naming one gets 0: the forward collectives block.
+    base = {"id": "t", "workload": "train", "hardware": "nvidia_gb200_nvl72",
+            "source": "NVIDIA Megatron-Bridge performance summary", "num_gpus": 4,
+            "seq_len": 64, "global_batch": 8, "micro_batch": 1,
+            "model": {"hf_config": TINY}, "parallel": {"tp": 2, "pp": 1}}
+    assert case_from_record(base).overlap.tp_comm_overlap == 0.5
+    named = {**base, "notes": "recipe: src/megatron/bridge/perf_recipes/nemotronh/gb200/"
+                              "nemotronh.py:nemotron_3_super_pretrain_64gpu_gb200_fp8mx_config()"}
+    case = case_from_record(named)
+    assert case.overlap.tp_comm_overlap == 0.0
+    assert case.overlap.tp_backward_async  # TE's backward gathers still run beside the GEMMs
+    assert any("no TP userbuffer overlap" in a for a in case.assumptions)

@@ -583,6 +583,14 @@ TP_ONLY_AMAX_SOURCES = ("MLPerf Training v4.1",)
 #: Sources whose Megatron-LM predates the asynchronous backward TP all-reduce.
 SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
 
+#: Recipes (named in a record's ``notes``) that run TP > 1 with sequence parallelism but
+#: without TransformerEngine's userbuffer overlap (``--tp-comm-overlap``): Megatron-Bridge's
+#: Nemotron-H / Nemotron 3 perf recipes build on ``_pretrain_common`` (``comm_overlap=None``)
+#: and set no ``CommOverlapConfig`` (``perf_recipes/nemotronh/gb200/nemotronh.py``: Nemotron
+#: 3 Super at TP 2 + SP). Their forward all-gathers and reduce-scatters block; the backward
+#: ones still run beside the GEMMs (TE's asynchronous gathers and reduce-scatters).
+NO_TP_COMM_OVERLAP_RECIPES = ("perf_recipes/nemotronh/",)
+
 
 def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
     schedule = train.pp_schedule
@@ -1414,6 +1422,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                               "--async-tensor-model-parallel-allreduce)" if sync_tp else ""))
     else:
         overlap = default_overlap(parallel, train)
+        notes = str(record.get("notes", ""))
+        if overlap.tp_comm_overlap > 0 and any(r in notes for r in NO_TP_COMM_OVERLAP_RECIPES):
+            overlap = evolve(overlap, tp_comm_overlap=0.0)
+            assumptions.append("no TP userbuffer overlap (the recipe sets no comm_overlap: "
+                               "forward TP/SP collectives block)")
     stage_split = "even"
     try:
         from zrt_core.modelinfo import ModelDims
@@ -1585,6 +1598,7 @@ def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
 
 __all__ = [
     "LEGACY_MEGATRON_SOURCES",
+    "NO_TP_COMM_OVERLAP_RECIPES",
     "SYNC_TP_BACKWARD_SOURCES",
     "MtpSpec",
     "TrainingCapture",
