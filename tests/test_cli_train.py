@@ -46,6 +46,13 @@ def test_json_carries_the_identities_throughput_utilisation_and_memory(
         data["compute_s"] + sum(data["pipeline_exposed_comm_s"].values()) + data["bubble_s"])
     assert data["compute_s"] == pytest.approx(
         data["forward_s"] + data["backward_s"] + data["recompute_s"])
+    # where the compute goes: by op category and by layer kind (GPT-2's blocks are one kind,
+    # "dense"; "outside_layers" holds the embedding, the final norm, the head and the loss)
+    by_category, by_kind = data["compute_by_category_s"], data["compute_by_layer_kind_s"]
+    assert sum(by_category.values()) == pytest.approx(data["compute_s"])
+    assert sum(by_kind.values()) == pytest.approx(data["compute_s"])
+    assert {"matmul", "attention", "norm", "loss"} <= set(by_category)
+    assert set(by_kind) == {"dense", "outside_layers"}
     assert data["tokens_per_s_per_gpu"] == pytest.approx(
         16 * 64 / (data["step_time_s"] * 4))
     assert 0 < data["mfu"] <= data["hfu"]

@@ -74,6 +74,21 @@ def test_repeat_relabels_layers_and_shares_events() -> None:
         one.repeat(0)
 
 
+def test_compute_is_split_by_category_and_by_layer() -> None:
+    norm = Event(name="rms", node_id=None, stream="compute", start_s=3.0, end_s=3.5,
+                 category="norm")
+    region = Region.from_events("layer", [ev("mm", "compute", 0, 3), norm,
+                                          ev("ar", "comm.tp", 3.5, 4, mode=SYNC)])
+    # compute events only: matmul 0-3 (3 s) and norm 3-3.5 (0.5 s); the all-reduce is not
+    assert dict(region.compute_by_category) == {"matmul": 3.0, "norm": 0.5}
+    head = Region.from_events("head", [ev("mm", "compute", 0, 2)])
+    tl = Timeline.compose([(region, 4), (region, 5), (head, None)])
+    # two layers of 3.5 s each and the head's 2 s: matmul 3 + 3 + 2, norm 0.5 + 0.5
+    assert tl.compute_by_category() == {"matmul": 8.0, "norm": 1.0}
+    assert tl.compute_by_layer() == {4: 3.5, 5: 3.5, None: 2.0}
+    assert sum(tl.compute_by_category().values()) == tl.compute_s == 9.0
+
+
 def test_concat_carries_deferred_communication_across() -> None:
     # Layer A: compute 0-1 then a 3 s deferred reduce-scatter from 1; layer B: compute 2 s.
     a = Region.from_events("a", [ev("g", "compute", 0, 1),

@@ -36,8 +36,29 @@ CACHE_VERSION = 1
 PHASES = ("prefill", "decode")
 
 
+class CapturedGraphs:
+    """What the serving and the training captures share: the model's dimensions from its
+    config and a phase's graph by name (subclasses are attrs classes with ``config`` and
+    ``graphs``)."""
+
+    __slots__ = ()
+    config: Mapping[str, Any]
+    graphs: Mapping[str, OpGraph]
+
+    @property
+    def dims(self) -> ModelDims:
+        return ModelDims.from_config(dict(_thaw(self.config)))
+
+    def graph(self, phase: str) -> OpGraph:
+        try:
+            return self.graphs[phase]
+        except KeyError:
+            raise ModelError(f"phase {phase!r} was not captured",
+                             f"captured: {', '.join(self.graphs)}") from None
+
+
 @frozen
-class CapturedModel:
+class CapturedModel(CapturedGraphs):
     """What estimation needs from a capture: the graphs, dimensions, parameter counts and
     the config's tensor-parallel plan.
 
@@ -58,17 +79,6 @@ class CapturedModel:
     tp_plan: TPPlan = field(factory=TPPlan)
     warnings: tuple[str, ...] = field(default=(), converter=tuple)
     source: str = ""
-
-    @property
-    def dims(self) -> ModelDims:
-        return ModelDims.from_config(dict(_thaw(self.config)))
-
-    def graph(self, phase: str) -> OpGraph:
-        try:
-            return self.graphs[phase]
-        except KeyError:
-            raise ModelError(f"phase {phase!r} was not captured",
-                             f"captured: {', '.join(self.graphs)}") from None
 
     def to_json(self) -> dict[str, Any]:
         return {"cache_version": CACHE_VERSION, "name": self.name,

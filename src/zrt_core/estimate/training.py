@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
+from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import LayoutError, ModelError, SpecError
+from zrt_core.estimate.captures import CapturedGraphs
 from zrt_core.ir.graph import Category, OpGraph, OpNode, Phase, dtype_bytes
 from zrt_core.reports.training import StageReport, TrainingMemory, TrainingReport
 from zrt_core.schedule.pipeline import (
@@ -139,7 +141,7 @@ def _frozen_config(value: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 @frozen
-class TrainingCapture:
+class TrainingCapture(CapturedGraphs):
     """What the estimator needs from a capture: ``train_forward`` and ``train_backward`` of
     one micro-batch, the config and the model's name; stored as JSON in the capture cache.
     """
@@ -156,20 +158,6 @@ class TrainingCapture:
     @property
     def model(self) -> str:
         return self.name
-
-    @property
-    def dims(self) -> ModelDims:
-        from zrt_core.ir.graph import _thaw
-        from zrt_core.modelinfo import ModelDims
-
-        return ModelDims.from_config(dict(_thaw(self.config)))
-
-    def graph(self, phase: str) -> OpGraph:
-        try:
-            return self.graphs[phase]
-        except KeyError:
-            raise ModelError(f"phase {phase!r} was not captured",
-                             f"captured: {', '.join(self.graphs)}") from None
 
     @classmethod
     def from_capture(cls, result: Any) -> TrainingCapture:
@@ -810,9 +798,12 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
     stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``."""
     kind_of: dict[int, int] = {}
-    for rep, t in fwd.templates.items():
-        for i in t.indices:
-            kind_of[i] = rep
+    kind_name: dict[int | None, str] = {None: OUTSIDE_LAYERS}
+    for g in (bwd, fwd):
+        for rep, t in g.templates.items():
+            for i in t.indices:
+                kind_of[i] = rep
+                kind_name[i] = t.kind
     recompute_nodes = [n for n in bwd.nodes if n.attrs.get(RECOMPUTE_ATTR)
                        and n.category != Category.COLLECTIVE]
     fwd_flops = {}
@@ -872,10 +863,18 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
                 (outer_bwd_flops["head"] if last else 0)
             dp_busy = sum(v for k, v in st.stream_busy_s.items()
                           if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
+            by_category: dict[str, float] = {}
+            by_kind: dict[str, float] = {}
+            for tl in (ft, bt):
+                for k, val in tl.compute_by_category().items():
+                    by_category[k] = by_category.get(k, 0.0) + val
+                for i, val in tl.compute_by_layer().items():
+                    kind = kind_name.get(i, "layer")
+                    by_kind[kind] = by_kind.get(kind, 0.0) + val
             hit = (ft, bt, st, recompute, min(wgrad, bt.makespan_s), act, trans, ff, bf,
-                   dp_busy)
+                   dp_busy, by_category, by_kind)
             cache[signature] = hit
-        ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy = hit
+        ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind = hit
         exposed: dict[str, float] = {}
         hidden: dict[str, float] = {}
         for tl in (ft, bt):
@@ -895,7 +894,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             weight_s=wgrad,
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
-            activation_bytes=act, transient_bytes=trans, forward_flops=ff, backward_flops=bf))
+            activation_bytes=act, transient_bytes=trans, forward_flops=ff, backward_flops=bf,
+            compute_by_category_s=by_category, compute_by_layer_kind_s=by_kind))
         # the last micro-batch's backward with the gradient reduction: how much longer it
         # runs, and how long the DP streams are busy
         dp_tails.append((max(0.0, st.makespan_s - bt.makespan_s), dp_busy))
@@ -1135,11 +1135,17 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
     fwd_c = bwd_c = rec_c = 0.0
     exposed: dict[str, float] = {}
     hidden: dict[str, float] = {}
+    by_category: dict[str, float] = {}
+    by_kind: dict[str, float] = {}
     for v, count in per_rank[r_star]:
         s = stage_reports[v]
         fwd_c += count * s.forward_compute_s
         bwd_c += count * s.backward_compute_s
         rec_c += count * s.recompute_s
+        for table, source in ((by_category, s.compute_by_category_s),
+                              (by_kind, s.compute_by_layer_kind_s)):
+            for k, val in source.items():
+                table[k] = table.get(k, 0.0) + count * val
         for k, val in s.exposed_comm_s.items():
             exposed[k] = exposed.get(k, 0.0) + count * val
         for k, val in s.hidden_comm_s.items():
@@ -1156,6 +1162,13 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
             hidden[k] = hidden.get(k, 0.0) + moved
     elif abs(saving) > 1e-9 * max(busy, 1.0):
         compute = busy - sum(exposed.values())
+    # DualPipe's paired chunks overlap kernels of two micro-batches; the parts keep their
+    # shares of the overlapped compute time
+    for table in (by_category, by_kind):
+        kernels = sum(table.values())
+        if kernels > 0 and compute != kernels:
+            for k in table:
+                table[k] *= compute / kernels
     p2p_exposed = summary.p2p_exposed_s[r_star]
     if p2p_exposed:
         exposed["pp"] = exposed.get("pp", 0.0) + p2p_exposed
@@ -1226,6 +1239,7 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
         pipeline_s=pipeline, optimizer_s=optimizer.compute_s,
         optimizer_comm_exposed_s=optimizer_comm_exposed, compute_s=compute, forward_s=fwd_c,
         backward_s=bwd_c, recompute_s=rec_c, bubble_s=bubble,
+        compute_by_category_s=by_category, compute_by_layer_kind_s=by_kind,
         pipeline_exposed_comm_s=_ordered(exposed), exposed_comm_s=_ordered(all_exposed),
         hidden_comm_s=_ordered(all_hidden), tokens_per_s_per_gpu=tokens / (step * world),
         mfu=mfu, hfu=hfu, model_flops=model_flops, hardware_flops=hardware_flops,

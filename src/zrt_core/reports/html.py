@@ -118,9 +118,9 @@ def _pyplot() -> Any:
 
 
 def breakdown_figure(series: Mapping[str, Mapping[str, float]], *, unit: str = "ms",
-                     title: str = "") -> str:
+                     title: str = "", of: str = "step time") -> str:
     """Horizontal stacked bars: one bar per series (prefill, decode...), split by key
-    (op category), values in ``unit``."""
+    (op category), values in ``unit``; the axis reads "% of ``of``"."""
     plt = _pyplot()
     names = list(series)
     keys: list[str] = []
@@ -147,7 +147,7 @@ def breakdown_figure(series: Mapping[str, Mapping[str, float]], *, unit: str = "
         ax.set_xlim(0, 100)
         ax.set_yticks([0])
         ax.set_yticklabels([f"{name}\n{total:.4g} {unit}"])
-        ax.set_xlabel("% of step time")
+        ax.set_xlabel(f"% of {of}")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     seen = dict(zip(labels, handles, strict=True))
     fig.legend(seen.values(), seen.keys(), loc="upper center", ncol=min(len(seen), 6),

@@ -7,6 +7,7 @@ Times are seconds of one step on the critical pipeline rank; the identities
     step_time_s = pipeline_s + optimizer_s + optimizer_comm_exposed_s
     pipeline_s  = compute_s + Σ pipeline_exposed_comm_s + bubble_s
     compute_s   = forward_s + backward_s + recompute_s
+    compute_s   = Σ compute_by_category_s = Σ compute_by_layer_kind_s
 
 ``to_json`` puts those fields, ``tokens_per_s_per_gpu``, ``mfu``, ``hfu`` and the memory
 fields at the top (what ``zrt run --train --json`` promises).
@@ -58,6 +59,8 @@ class StageReport:
     transient_bytes: float = 0.0
     forward_flops: float = 0.0
     backward_flops: float = 0.0
+    compute_by_category_s: Mapping[str, float] = field(factory=dict, converter=_ro)
+    compute_by_layer_kind_s: Mapping[str, float] = field(factory=dict, converter=_ro)
 
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "rank": self.rank, "layers": list(self.layers),
@@ -69,7 +72,9 @@ class StageReport:
                 "exposed_comm_s": dict(self.exposed_comm_s),
                 "hidden_comm_s": dict(self.hidden_comm_s),
                 "activation_bytes": self.activation_bytes,
-                "transient_bytes": self.transient_bytes}
+                "transient_bytes": self.transient_bytes,
+                "compute_by_category_s": dict(self.compute_by_category_s),
+                "compute_by_layer_kind_s": dict(self.compute_by_layer_kind_s)}
 
 
 @frozen
@@ -166,6 +171,8 @@ class TrainingReport:
     p2p_s: tuple[float, ...] = ()
     p2p_wrap_s: float = 0.0
     timelines: Mapping[str, Timeline] = field(factory=dict, converter=_ro)
+    compute_by_category_s: Mapping[str, float] = field(factory=dict, converter=_ro)
+    compute_by_layer_kind_s: Mapping[str, float] = field(factory=dict, converter=_ro)
 
     @property
     def exposed_comm_total_s(self) -> float:
@@ -198,6 +205,8 @@ class TrainingReport:
             "pipeline_exposed_comm_s": dict(self.pipeline_exposed_comm_s),
             "exposed_comm_s": dict(self.exposed_comm_s),
             "hidden_comm_s": dict(self.hidden_comm_s),
+            "compute_by_category_s": dict(self.compute_by_category_s),
+            "compute_by_layer_kind_s": dict(self.compute_by_layer_kind_s),
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
             "hfu": self.hfu, "model_flops": self.model_flops,
             "hardware_flops": self.hardware_flops, "peak_tflops": self.peak_tflops,
@@ -220,6 +229,10 @@ def identities(report: TrainingReport) -> dict[str, tuple[float, float]]:
             report.compute_s + report.pipeline_exposed_comm_total_s + report.bubble_s),
         "compute = forward + backward + recompute": (
             report.compute_s, report.forward_s + report.backward_s + report.recompute_s),
+        "compute = Σ by op category": (
+            report.compute_s, sum(report.compute_by_category_s.values())),
+        "compute = Σ by layer kind": (
+            report.compute_s, sum(report.compute_by_layer_kind_s.values())),
     }
 
 
@@ -227,6 +240,19 @@ def _s(value: float) -> str:
     if value >= 1.0:
         return f"{value:.3f} s"
     return f"{value * 1e3:.2f} ms"
+
+
+def _shares(parts: Mapping[str, float], total: float, *, most: int = 6) -> str:
+    """``"matmul 62.1%, attention 20.3%, ..."``: the largest parts of ``total``, the rest
+    summed as ``other``."""
+    if not parts or total <= 0:
+        return "—"
+    ranked = sorted(parts.items(), key=lambda kv: -kv[1])
+    shown = [f"{k} {v / total:.1%}" for k, v in ranked[:most]]
+    rest = sum(v for _, v in ranked[most:])
+    if rest > 0:
+        shown.append(f"other {rest / total:.1%}")
+    return ", ".join(shown)
 
 
 def summary_rows(report: TrainingReport) -> list[tuple[str, str]]:
@@ -244,6 +270,8 @@ def summary_rows(report: TrainingReport) -> list[tuple[str, str]]:
         ("  pipeline", _s(report.pipeline_s)),
         ("    compute", f"{_s(report.compute_s)} (forward {_s(report.forward_s)}, backward "
                         f"{_s(report.backward_s)}, recompute {_s(report.recompute_s)})"),
+        ("      by op category", _shares(report.compute_by_category_s, report.compute_s)),
+        ("      by layer kind", _shares(report.compute_by_layer_kind_s, report.compute_s)),
         ("    exposed comm", ", ".join(f"{k} {_s(v)}" for k, v in
                                        report.pipeline_exposed_comm_s.items()) or "none"),
         ("    bubble", f"{_s(report.bubble_s)} ({report.bubble_fraction:.1%})"),
@@ -375,6 +403,21 @@ def training_sections(report: TrainingReport) -> list[Any]:
             ("group", "exposed s", "hidden s"),
             [(g, report.exposed_comm_s.get(g, 0.0), report.hidden_comm_s.get(g, 0.0))
              for g in dict.fromkeys([*report.exposed_comm_s, *report.hidden_comm_s])])))
+
+    if report.compute_by_category_s:
+        kinds = dict(report.compute_by_layer_kind_s)
+        sections.append(Section("Compute by op category and layer kind", breakdown_figure(
+            {"op category": dict(report.compute_by_category_s)}, unit="s",
+            title="kernel time of the step (critical rank)", of="compute time") +
+            (breakdown_figure({"layer kind": kinds}, unit="s", of="compute time")
+             if kinds else "") +
+            table_html(("op category", "seconds", "share"), [
+                (k, v, f"{v / report.compute_s:.1%}" if report.compute_s else "")
+                for k, v in sorted(report.compute_by_category_s.items(),
+                                   key=lambda kv: -kv[1])]) +
+            table_html(("layer kind", "seconds", "share"), [
+                (k, v, f"{v / report.compute_s:.1%}" if report.compute_s else "")
+                for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])])))
 
     if mem is not None:
         gib = {"weights": mem.weights_bytes / GIB, "gradients": mem.gradients_bytes / GIB,

@@ -165,6 +165,8 @@ class Region:
     :param prefetch: PREFETCH communication as ``(stream, duration)``, in issue order.
     :param body_s: when the last body event ends: where the next region may start.
     :param busy_intervals: the union of the body's events, merged.
+    :param compute_by_category: the compute stream's busy time per op category (sums to
+        ``compute_s``: one compute stream runs one kernel at a time).
     """
 
     name: str
@@ -177,6 +179,7 @@ class Region:
     exposed_comm_s: Mapping[str, float]
     hidden_comm_s: Mapping[str, float]
     busy_intervals: tuple[tuple[float, float], ...]
+    compute_by_category: Mapping[str, float] = field(factory=dict, converter=MappingProxyType)
 
     @classmethod
     def from_events(cls, name: str, events: Iterable[Event]) -> Region:
@@ -191,15 +194,19 @@ class Region:
                 body.append(e)
         body.sort(key=lambda e: (e.start_s, e.end_s))
         busy: dict[str, float] = defaultdict(float)
+        by_category: dict[str, float] = defaultdict(float)
         for e in body:
             busy[e.stream] += e.duration_s
+            if e.stream == COMPUTE:
+                by_category[e.category] += e.duration_s
         exposed, hidden, compute = exposure(body)
         return cls(
             name=name, body=tuple(body), carried=tuple(carried), prefetch=tuple(prefetch),
             body_s=max((e.end_s for e in body), default=0.0), compute_s=compute,
             stream_busy_s=MappingProxyType(dict(busy)),
             exposed_comm_s=MappingProxyType(exposed), hidden_comm_s=MappingProxyType(hidden),
-            busy_intervals=_merge((e.start_s, e.end_s) for e in body))
+            busy_intervals=_merge((e.start_s, e.end_s) for e in body),
+            compute_by_category=dict(by_category))
 
 
 @frozen(eq=False)
@@ -344,6 +351,22 @@ class Timeline:
     def idle_s(self) -> float:
         """Time nothing runs: ``makespan - compute - exposed communication``."""
         return self.makespan_s - self.compute_s - self.exposed_comm_total_s
+
+    def compute_by_category(self) -> dict[str, float]:
+        """The compute stream's busy time per op category; sums to ``compute_s``."""
+        out: dict[str, float] = defaultdict(float)
+        for p in self.placements:
+            for k, v in p.region.compute_by_category.items():
+                out[k] += v
+        return dict(out)
+
+    def compute_by_layer(self) -> dict[int | None, float]:
+        """The compute stream's busy time per placed layer index (``None``: regions outside
+        the decoder layers); sums to ``compute_s``."""
+        out: dict[int | None, float] = defaultdict(float)
+        for p in self.placements:
+            out[p.layer_index] += p.region.compute_s
+        return dict(out)
 
     @property
     def num_events(self) -> int:
