@@ -73,6 +73,9 @@ def test_out_writes_html_json_and_a_pipeline_trace(model_dir: Path, tmp_path: Pa
     assert "training step" in text and "interleaved" in text
     html = (out / "report.html").read_text()
     assert "Pipeline schedule" in html and "Memory per device" in html and "<svg" in html
+    assert "Compute by op category and layer kind" in html
+    # each note once, as a highlighted line after the summary table
+    assert html.count("graph transforms: ") == 1
     trace = json.loads((out / "trace.json").read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") ==
              "process_name"}

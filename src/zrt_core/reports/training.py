@@ -380,7 +380,8 @@ def training_sections(report: TrainingReport) -> list[Any]:
     )
 
     sections = []
-    body = table_html(("", ""), summary_rows(report))
+    # the notes follow the table as highlighted lines, not as rows of it too
+    body = table_html(("", ""), [r for r in summary_rows(report) if r[0] != "note"])
     mem = report.memory
     if mem is not None and not mem.feasible:
         body = (f"<div class='bad'>Does not fit: needs {mem.peak_bytes / GIB:.1f} GiB per "
