@@ -32,7 +32,15 @@ from attrs import evolve, field, frozen
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import LayoutError, ModelError, SpecError
 from zrt_core.estimate.captures import CapturedGraphs
-from zrt_core.ir.graph import Category, OpGraph, OpNode, Phase, dtype_bytes
+from zrt_core.ir.graph import (
+    Category,
+    OpGraph,
+    OpNode,
+    Phase,
+    _frozen_mapping,
+    _thaw,
+    dtype_bytes,
+)
 from zrt_core.reports.training import StageReport, TrainingMemory, TrainingReport
 from zrt_core.schedule.pipeline import (
     SPLIT_BACKWARD,
@@ -134,12 +142,6 @@ def mtp_from_config(config: Mapping[str, Any]) -> MtpSpec | None:
 # -- captures ---------------------------------------------------------------------------------
 
 
-def _frozen_config(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    from zrt_core.ir.graph import _frozen_mapping
-
-    return _frozen_mapping(value)
-
-
 @frozen
 class TrainingCapture(CapturedGraphs):
     """What the estimator needs from a capture: ``train_forward`` and ``train_backward`` of
@@ -148,7 +150,7 @@ class TrainingCapture(CapturedGraphs):
 
     name: str
     model_type: str
-    config: Mapping[str, Any] = field(converter=_frozen_config)
+    config: Mapping[str, Any] = field(converter=_frozen_mapping)
     graphs: Mapping[str, OpGraph] = field(converter=lambda g: dict(g))
     micro_batch: int
     seq_len: int
@@ -176,8 +178,6 @@ class TrainingCapture(CapturedGraphs):
                    dtype=result.options.dtype, tp_plan=config_tp_plan(result.model_type))
 
     def to_json(self) -> dict[str, Any]:
-        from zrt_core.ir.graph import _thaw
-
         return {"cache_version": TRAIN_CACHE_VERSION, "name": self.name,
                 "model_type": self.model_type, "config": _thaw(self.config),
                 "graphs": {k: g.to_json() for k, g in self.graphs.items()},
@@ -1259,8 +1259,6 @@ def _model_flops(captured: TrainingCapture, train: TrainSpec, notes: list[str],
     every position): the core's analytic count, or a plugin's (``zrt_reference_flops``) for
     families the core does not describe; the captured forward where neither counts it."""
     from zrt_core.analytic.flops import reference_flops
-    from zrt_core.ir.graph import _thaw
-
     try:
         counted, source = reference_flops(_thaw(captured.config), Phase.TRAIN_FORWARD,
                                           train.global_batch, train.seq_len, host=host)
