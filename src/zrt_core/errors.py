@@ -43,3 +43,15 @@ class LayoutError(ZrtError):
 
 class UnknownNameError(ZrtError):
     """A name (hardware id, model, backend, ...) is not registered."""
+
+
+class InternalError(ZrtError):
+    """zrt (or a plugin) produced something it cannot stand behind: a decode graph without a
+    KV cache, captured FLOPs far from the analytic count, a throughput of zero or not finite.
+    A bug, not bad input: exit status 1, and the message names the cause."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint or "this is a bug in zrt or a plugin; please report it "
+                         "with the command that showed it")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zrt_deepseek.mla import mla_context
 
+from zrt_core.capture.compat import cache_keyword, output_cache
 from zrt_core.ir.graph import Category, Phase
 
 INDEXER = "deepseek.lightning_indexer.default"
@@ -97,7 +98,8 @@ def test_numerics_match_transformers(tiny, make_real_model):
     def run():
         with torch.no_grad():
             first = model(input_ids=ids, use_cache=True)
-            step = model(input_ids=nxt, past_key_values=first.past_key_values, use_cache=True)
+            step = model(input_ids=nxt, use_cache=True,
+                         **{cache_keyword(model): output_cache(first)})
         model.zero_grad()
         model.train()
         model(input_ids=ids, labels=ids).loss.backward()

@@ -7,6 +7,7 @@ import pytest
 from zrt_deepseek.mla import absorb_is_cheaper, mla_context
 
 from zrt_core.analytic.flops import decode_flops
+from zrt_core.capture.compat import cache_keyword, output_cache
 from zrt_core.ir.graph import Category, Phase
 
 MLA_OP = "deepseek.mla_attention.default"
@@ -130,8 +131,8 @@ def test_numerics_match_transformers(tiny, make_real_model, family):
     def infer():
         with torch.no_grad():
             first = model(input_ids=ids, use_cache=True)
-            return first.logits, model(input_ids=nxt, past_key_values=first.past_key_values,
-                                       use_cache=True).logits
+            return first.logits, model(input_ids=nxt, use_cache=True,
+                                       **{cache_keyword(model): output_cache(first)}).logits
 
     def grads():
         model.zero_grad()

@@ -7,6 +7,7 @@ from zrt_deepseek.analytic import V4Dims, v4_phase_flops
 from zrt_deepseek.formulas import hc_split_sinkhorn_row_flops
 from zrt_deepseek.v4 import v4_context, v4_hyper_connection_context
 
+from zrt_core.capture.compat import cache_keyword, output_cache
 from zrt_core.ir.graph import Category, Phase
 
 SPARSE = "deepseek.sparse_attention.default"
@@ -126,7 +127,7 @@ def test_numerics_match_transformers(tiny, make_real_model):
             out = model(input_ids=ids, use_cache=True)
             outs.append(out.logits)
             for step in steps:
-                out = model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
+                out = model(input_ids=step, use_cache=True, **{cache_keyword(model): output_cache(out)})
                 outs.append(out.logits)
         model.zero_grad()
         model.train()

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from zrt_core.capture.compat import take_cache
 from zrt_core.capture.ops import ensure_ops
 
 ATTN_NAME = "zrt"
@@ -153,8 +154,9 @@ def _bloom_attention_forward(self: Any, hidden_states: Any, residual: Any, alibi
 
     batch, q_len, _ = hidden_states.shape
     query, key, value = self._reshape(self.query_key_value(hidden_states))  # [B, H, S, D]
-    if layer_past is not None:
-        key, value = layer_past.update(key, value, self.layer_idx)
+    cache = take_cache(_kwargs, layer_past)
+    if cache is not None:
+        key, value = cache.update(key, value, self.layer_idx)
     out, _lse = torch.ops.zrt.attention(query, key, value, None, None, True, 0, 0,
                                         float(self.inv_norm_factor), 0.0, True)
     output = self.dense(out.reshape(batch, q_len, self.hidden_size))
@@ -172,8 +174,9 @@ def _mpt_attention_forward(self: Any, hidden_states: Any, position_bias: Any,
         mixed = mixed.clamp(min=-self.clip_qkv, max=self.clip_qkv)
     query, key, value = (t.reshape(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
                          for t in mixed.chunk(3, dim=2))
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, self.layer_idx)
+    cache = take_cache(_kwargs, past_key_values)
+    if cache is not None:
+        key, value = cache.update(key, value, self.layer_idx)
     out, _lse = torch.ops.zrt.attention(query, key, value, None, None, True, 0, 0,
                                         float(self.softmax_scale), 0.0, True)
     return self.out_proj(out.reshape(batch, seq, -1)), None
@@ -196,8 +199,9 @@ def _falcon_attention_forward(self: Any, hidden_states: Any, alibi: Any, attenti
     if alibi is None:
         cos, sin = position_embeddings
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
-    if layer_past is not None:
-        key, value = layer_past.update(key, value, self.layer_idx)
+    cache = take_cache(_kwargs, layer_past)
+    if cache is not None:
+        key, value = cache.update(key, value, self.layer_idx)
     flags = (True,) if alibi is not None else ()
     out, _lse = torch.ops.zrt.attention(query, key, value, None, None, True, 0, 0,
                                         float(self.inv_norm_factor), 0.0, *flags)

@@ -3,8 +3,10 @@
 - ``prefill``: ``B × S`` tokens, no grad, a fresh cache; logits for the last position only
   (``logits_to_keep=1``, what serving engines compute) unless asked otherwise.
 - ``decode``: one new token per sequence, passing the cache prefill produced
-  (``DynamicCache`` or the family's own hybrid cache) as ``past_key_values``. When prefill
-  is not requested it still runs, unrecorded, to produce the cache.
+  (``DynamicCache`` or the family's own hybrid cache) under the keyword the installed
+  transformers takes (``cache`` from 5.24, ``past_key_values`` before). When prefill is not
+  requested it still runs, unrecorded, to produce the cache. A decode step that leaves the
+  cache as long as it found it ran without it: an :class:`InternalError`, never a graph.
 - ``train_forward`` / ``train_backward``: one forward with ``labels`` (the loss included)
   and ``loss.backward()``, recorded as two phases of one run so saved activations keep
   their tensor ids across the two graphs.
@@ -16,9 +18,10 @@ import inspect
 import time
 from typing import Any
 
+from zrt_core.capture.compat import cache_keyword, output_cache
 from zrt_core.capture.options import CaptureOptions
 from zrt_core.capture.recorder import CaptureSession, ModuleStack, OpRecorder
-from zrt_core.errors import ModelError
+from zrt_core.errors import InternalError, ModelError
 from zrt_core.ir.graph import Phase
 
 
@@ -84,10 +87,16 @@ class PhaseRunner:
                                  **self._inference_kwargs())
         key = Phase.PREFILL if record else "prefill_for_decode"
         self.timings_s[key] = time.perf_counter() - start
-        cache = getattr(out, "past_key_values", None)
+        cache = output_cache(out)
         if cache is None:
             raise ModelError(f"{self.model_name}: prefill returned no KV cache, so decode "
                              "cannot be captured", "capture prefill and training only")
+        if _cache_length(cache, -1) == 0:
+            # prefill of seq_len tokens stored none: an attention forward did not see the cache
+            raise InternalError(
+                f"{self.model_name}: prefill wrote nothing into its KV cache, so decode would "
+                f"run without one; transformers {_transformers_version()} may pass the cache "
+                "under a name a patch does not read")
         return cache
 
     def _decode(self, cache: Any) -> None:
@@ -96,10 +105,20 @@ class PhaseRunner:
         self.kv_len = _cache_length(cache, self.options.seq_len)
         ids = self._ids(1)
         start = time.perf_counter()
+        kwargs = {cache_keyword(self.model): cache}
         with torch.no_grad(), OpRecorder(self.session, Phase.DECODE, self.modules):
-            self._call(Phase.DECODE, input_ids=ids, past_key_values=cache, use_cache=True,
+            self._call(Phase.DECODE, input_ids=ids, use_cache=True, **kwargs,
                        **self._inference_kwargs())
         self.timings_s[Phase.DECODE] = time.perf_counter() - start
+        after = _cache_length(cache, -1)
+        if after >= 0 and after == self.kv_len and self.kv_len > 0:
+            # the decode step appended nothing: some attention forward (a patch, most likely)
+            # did not see the cache it was handed and attended to the new token alone
+            raise InternalError(
+                f"{self.model_name}: decode ran without its KV cache (cache length stayed "
+                f"{self.kv_len} after a decode step), so its graph would price a model that "
+                f"re-reads nothing; transformers {_transformers_version()} may pass the cache "
+                "under a name a patch does not read")
 
     def _train(self) -> None:
         self.model.train()
@@ -121,6 +140,12 @@ class PhaseRunner:
                 raise _capture_error(self.model_name, Phase.TRAIN_BACKWARD, exc) from exc
         self.timings_s[Phase.TRAIN_BACKWARD] = time.perf_counter() - middle
         self.model.eval()
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
 
 
 def _cache_length(cache: Any, default: int) -> int:

@@ -186,8 +186,11 @@ def mla_forward(family: MlaFamily) -> Callable[..., Any]:
                 ) -> tuple[Any, Any]:
         import torch
 
+        from zrt_core.capture.compat import take_cache
         from zrt_core.capture.recorder import annotate
 
+        # 5.24 passes the cache as ``cache=``, 5.23 and earlier as ``past_key_values=``
+        past_key_values = take_cache(kwargs, past_key_values)
         kwargs.pop("position_ids", None)
         b, s = hidden_states.shape[:-1]
         heads, nope, rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
