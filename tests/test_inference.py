@@ -183,6 +183,30 @@ def test_admission_limited_steady_state_identity(host, captured):
     assert t["period_ms"] == pytest.approx(3 * t["mixed_iteration_ms"], rel=1e-9)
 
 
+def test_fused_attention_writes_only_the_new_rows_of_a_sliding_cache():
+    from zrt_core.capture.api import capture
+    from zrt_core.estimate.inference import _Estimator
+    from zrt_core.ir.graph import Phase
+    from zrt_core.strategy import check_layout
+
+    # transformers' sliding-window cache keeps a slice of cat(cache, new) as the next
+    # step's cache, so the concatenation leaves the fused FlashAttention region; a paged
+    # engine writes only the new token's K and V rows
+    full = get_plugin_manager()  # the CUDA fusion pack
+    cfg = dict(LLAMA, model_type="mistral", sliding_window=64, head_dim=32)
+    cap = CapturedModel.from_capture(capture(cfg, phases=("prefill", "decode"), batch=1,
+                                             seq_len=32, host=full))
+    est = _Estimator(cap, full.hardware_spec("nvidia_h100_sxm"), check_layout(Parallel(),
+                     cap.dims), InferSpec(input_len=32, output_len=32), full, "trtllm")
+    attn = [n for n in est.graph(Phase.DECODE, 4, 40).nodes
+            if n.category == Category.ATTENTION]
+    assert attn and all(n.fused_from and n.attrs.get("paged") for n in attn)
+    # written: the output 4 x 1 x 4 heads x 32 x 2 B = 1024, its log-sum-exp 4 x 4 x 1 x
+    # 4 B = 64, and one new row of K and of V: 2 x (4 x 2 heads x 1 x 32 x 2 B) = 1024 —
+    # not the 41-row concatenations (2 x 20992 B) the graph returns
+    assert [n.bytes_written for n in attn] == [2112]  # one node per layer template
+
+
 def test_trtllm_bench_settings_follow_its_heuristic():
     # 8e9 params at 1 byte, 80 GiB device: (80 - 7.45) x 0.9 = 65.3 GiB of cache; 64 KiB per
     # token x 256 tokens = 16 MiB per request -> 4179 requests -> capped at 4096 -> 4096;

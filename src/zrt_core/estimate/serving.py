@@ -237,6 +237,7 @@ def _fused_cache_writes(graph: OpGraph) -> OpGraph:
     for n in graph.nodes:
         out_ids = {t.tensor_id for t in n.outputs if t.tensor_id is not None}
         saved = 0
+        inside = {t.tensor_id for m in n.fused_from or () for t in m.outputs}
         for m in n.fused_from or ():
             if op_base(m.op) != "cat" or not m.outputs:
                 continue
@@ -245,7 +246,8 @@ def _fused_cache_writes(graph: OpGraph) -> OpGraph:
                 continue  # the concatenation is not written out as the cache
             nd = len(out.shape)
             cached = [t for t in m.inputs if t.tensor_id is not None and t.param is None
-                      and t.tensor_id not in produced and len(t.shape) == nd and nd >= 3]
+                      and t.tensor_id not in produced and t.tensor_id not in inside
+                      and len(t.shape) == nd and nd >= 3]
             if not cached:
                 continue
             new = sum(_bytes_in(t, out.dtype) for t in m.inputs if t not in cached)
