@@ -152,6 +152,7 @@ def test_validate_without_a_file_runs_the_public_suite(
     assert main(["validate", "--only", "no-such-record", "-q"]) == 0
     out = capsys.readouterr().out
     assert "public.yaml" in out and "records 0, predicted 0, failed 0" in out
+    assert "by source (the id's first token)" in out and "by hardware" in out
     assert main(["validate", "--suite", "public", "--only", "no-such-record", "-q"]) == 0
     assert "public.yaml" in capsys.readouterr().out
     assert main(["validate", "x.yaml", "--suite", "public", "-q"]) == 2
