@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
 
-from zrt_core.calibrate.fitting import Param, Sample
+from zrt_core.calibrate.fitting import Fit, Param, Sample
 from zrt_core.errors import ZrtError
 
 if TYPE_CHECKING:
@@ -126,4 +126,28 @@ class RecordPredictor:
         return result.predicted.get(sample.quantity)
 
 
-__all__ = ["PACK_PARAMS", "QUANTITY", "RecordPredictor", "samples_from_records"]
+def fit_records(records: Sequence[Record], params: Sequence[Param], *,
+                host: PluginHost | None = None, **options: Any) -> tuple[Fit, dict[str, Any]]:
+    """Fit ``params`` on every record zrt predicts (:func:`~zrt_core.calibrate.fitting.fit`
+    with :class:`RecordPredictor`); also returns each parameter's records and their MAPE at
+    the shipped values and at the fitted ones (``{name: {"records", "shipped_mape",
+    "fitted_mape"}}``). ``options`` go to the fit."""
+    from zrt_core.calibrate.fitting import CachedPredictor, errors_at, fit, mape
+
+    predict = CachedPredictor(RecordPredictor(records, params, host=host))
+    shipped_values = {p.name: p.shipped for p in params}
+    candidates = samples_from_records(records)
+    shipped = errors_at(candidates, params, shipped_values, predict)
+    samples = [s for s in candidates if shipped[s.id] is not None]
+    result = fit(samples, params, predict, **options)
+    fitted = errors_at(samples, params, result.values, predict)
+    report = {}
+    for p in params:
+        ids = [s.id for s in samples if p.applies(s)]
+        report[p.name] = {"records": len(ids), "shipped_mape": mape(shipped[i] for i in ids),
+                          "fitted_mape": mape(fitted[i] for i in ids)}
+    return result, report
+
+
+__all__ = ["PACK_PARAMS", "QUANTITY", "RecordPredictor", "fit_records",
+           "samples_from_records"]
