@@ -38,3 +38,41 @@ def test_samples_score_step_time_and_output_throughput() -> None:
             for s in samples] == [
         ("src-a", "src", "train", "step_time_s", 2.0, "fp8", "llama"),
         ("other-c", "other", "infer", "output_tokens_per_s_per_gpu", 50.0, None, "llama")]
+
+
+# GPT-2 of h=1024, 2 layers, 8 heads, vocab 512: at micro-batch 4 × 512 tokens its QKV GEMM
+# (2 · 2048 · 3072 · 1024 = 12.9 GFLOP against ~17 MB) is compute-bound on H100, so the
+# step time moves with matmul_sustained
+GPT2 = {"model_type": "gpt2", "n_embd": 1024, "n_layer": 2, "n_head": 8, "n_inner": 4096,
+        "vocab_size": 512, "n_positions": 512}
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_a_fit_on_records_recovers_the_value_they_were_made_with() -> None:
+    from attrs import evolve
+
+    from zrt_core.calibrate import Param, errors_at, fit
+    from zrt_core.calibrate.records import RecordPredictor
+
+    def record(rid: str, global_batch: int, hardware: str = "nvidia_h100_sxm") -> dict:
+        return {"id": rid, "source": "tests", "workload": "train",
+                "model": {"name": "gpt2", "hf_config": GPT2}, "hardware": hardware,
+                "num_gpus": 2, "parallel": {"tp": 1, "pp": 1, "dp": 2}, "micro_batch": 4,
+                "global_batch": global_batch, "seq_len": 512, "precision": "bf16",
+                "measured": {"step_time_s": 1.0}}
+
+    raw = [record("t-a", 8), record("t-b", 16), record("t-c", 32),
+           record("t-x", 8, hardware="abacus")]
+    param = Param("h.sustained", "matmul_sustained", ("nvidia_h100_sxm",), default=1.0,
+                  shipped=0.89, lo=0.6, hi=1.0)
+    records = records_from_data(raw)
+    predict = RecordPredictor(records, [param])
+    samples = samples_from_records(records)
+    assert predict(samples[-1], {}) is None  # unknown hardware: not predicted
+    made = [evolve(s, measured=predict(s, {"h.sustained": 0.8})) for s in samples[:3]]
+    assert predict(made[0], {"h.sustained": 0.6}) > made[0].measured > \
+        predict(made[0], {"h.sustained": 1.0})
+    result = fit(made, [param], predict)
+    assert result.values["h.sustained"] == 0.8
+    assert max(abs(e) for e in errors_at(made, [param], result.values, predict).values()) \
+        == 0.0
