@@ -186,7 +186,7 @@ def _search(param: Param, members: Sequence[Sample], params: Sequence[Param],
     fine_hi = min(param.hi, round(c + coarse_step, 6))
     fine = table(grid(fine_lo, fine_hi, fine_step))
     f = best(fine)
-    return f, fine[f]
+    return f, fine.get(f)
 
 
 def fit(samples: Sequence[Sample], params: Sequence[Param], predict: Predictor, *,
