@@ -1,0 +1,122 @@
+"""Fit one hardware's ``matmul_sustained`` on its dense training records and cross-validate.
+
+    python benchmarks/bench_sustained_cv.py HARDWARE [--grid 0.70:1.00:0.01]
+
+Records: every dense (no MoE, no Mamba, no LoRA) ``workload: train`` record of HARDWARE with
+a step time, plus the NVIDIA NeMo long-sequence records that publish only TFLOP/s per GPU,
+turned into a step time with NeMo's own counter (``nemo/utils/flops_formulas.py``
+``llama2``/``llama3``: the full s² attention square, ``12·s/h``) — the same FLOPs NeMo
+divided by the step time. Prints the grid value with the least MAPE (ties toward 1), the
+in-sample MAPE, and the leave-one-source-out MAPE (source: the id's first token): each
+source's records predicted at the value fitted on the others (docs/cost-model.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+from pathlib import Path
+from typing import Any
+
+from _bench import VALIDATION
+
+_NOT_DENSE = ("qwen", "deepseek", "gpt-oss", "nemotron", "lora", "grok", "maverick", "mixtral")
+
+
+def nemo_model_flops(record: dict[str, Any]) -> float:
+    """NeMo 2's ``llama3`` model FLOPs of one step (``flops_formulas.py``), causal mask not
+    credited: ``gbs·s·L·h²·(12 + 12·g/a + 18·f/h + 12·s/h + 6·V/(L·h))``."""
+    c = record["model"]["hf_config"]
+    h, layers, s = c["hidden_size"], c["num_hidden_layers"], record["seq_len"]
+    return record["global_batch"] * s * layers * h * h * (
+        12 + 12 * c["num_key_value_heads"] / c["num_attention_heads"]
+        + 18 * c["intermediate_size"] / h + 12 * s / h
+        + 6 * c["vocab_size"] / (layers * h))
+
+
+def measured_step_s(record: dict[str, Any], peak_bf16_tflops: float) -> float | None:
+    measured = record.get("measured") or {}
+    if measured.get("step_time_s"):
+        return float(measured["step_time_s"])
+    source = str(record.get("source", ""))
+    if "NeMo long-sequence" in source and "NeMo 25." in source and measured.get("mfu"):
+        # the record's mfu is the published TFLOP/s over the bf16 peak
+        return nemo_model_flops(record) / (measured["mfu"] * record["num_gpus"]
+                                           * peak_bf16_tflops * 1e12)
+    return None
+
+
+def main() -> int:
+    import yaml
+    from attrs import evolve
+
+    from zrt_core.errors import ZrtError
+    from zrt_core.estimate.training import (
+        capture_dtype,
+        capture_for_training,
+        case_from_record,
+        estimate_case,
+    )
+    from zrt_core.plugins import get_plugin_manager
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("hardware")
+    parser.add_argument("--grid", default="0.70:1.00:0.01", help="start:stop:step")
+    parser.add_argument("--file", type=Path, default=VALIDATION, help="validation records")
+    args = parser.parse_args()
+    lo, hi, step = (float(x) for x in args.grid.split(":"))
+    grid = [round(lo + i * step, 4) for i in range(int(round((hi - lo) / step)) + 1)]
+    host = get_plugin_manager()
+    hw = host.hardware_spec(args.hardware)
+    errors: dict[str, dict[float, float]] = {}
+    with args.file.open(encoding="utf-8") as f:
+        records = yaml.safe_load(f)
+    for r in records:
+        if r.get("workload") != "train" or r.get("hardware") != hw.id \
+                or any(k in r["id"].lower() for k in _NOT_DENSE):
+            continue
+        measured = measured_step_s(r, hw.compute.bf16_tflops)
+        if not measured:
+            continue
+        try:
+            case = case_from_record(r)
+            cap = capture_for_training(dict(case.config), case.train.micro_batch,
+                                       case.train.seq_len,
+                                       dtype=capture_dtype(case.train.precision), host=host)
+        except ZrtError:
+            continue
+        row = {}
+        for v in grid:
+            spec = evolve(hw, efficiency=evolve(hw.efficiency, matmul_sustained=v))
+            with contextlib.suppress(ZrtError):
+                t = estimate_case(case, host=host, captured=cap, hardware=spec).step_time_s
+                row[v] = (t - measured) / measured
+        errors[r["id"]] = row
+
+    def mape(ids: list[str], v: float) -> float:
+        return statistics.fmean(abs(errors[i][v]) for i in ids)
+
+    def fit(ids: list[str]) -> float:
+        if len(ids) < 3:
+            return hw.efficiency.matmul_sustained
+        return min(grid, key=lambda v: (mape(ids, v), abs(v - 1.0)))
+
+    ids = sorted(errors)
+    current = min(grid, key=lambda v: abs(v - hw.efficiency.matmul_sustained))
+    best = fit(ids)
+    print(f"{hw.id}: {len(ids)} dense training records; matmul_sustained {current} -> {best}; "
+          f"in-sample MAPE {mape(ids, current):.1%} -> {mape(ids, best):.1%}")
+    for source in sorted({i.split("-")[0] for i in ids}):
+        held = [i for i in ids if i.split("-")[0] == source]
+        rest = [i for i in ids if i not in held]
+        v = fit(rest)
+        print(f"  leave out {source:10s} ({len(held):2d}): fitted {v} on the rest; held-out MAPE "
+              f"{mape(held, current):.1%} -> {mape(held, v):.1%}")
+    for i in ids:
+        print(f"    {i:72s} {errors[i][current]:+.1%} -> {errors[i][best]:+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
