@@ -66,7 +66,7 @@ def main() -> int:
     parser.add_argument("--file", type=Path, default=VALIDATION, help="validation records")
     args = parser.parse_args()
     lo, hi, step = (float(x) for x in args.grid.split(":"))
-    grid = [round(lo + i * step, 4) for i in range(int(round((hi - lo) / step)) + 1)]
+    grid = [round(lo + i * step, 4) for i in range(round((hi - lo) / step) + 1)]
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hardware)
     errors: dict[str, dict[float, float]] = {}
