@@ -3,10 +3,10 @@
     python benchmarks/bench_sustained_cv.py HARDWARE [--grid 0.70:1.00:0.01]
 
 Records: every dense (no MoE, no Mamba, no LoRA) ``workload: train`` record of HARDWARE with
-a step time, plus the NVIDIA NeMo long-sequence records that publish only TFLOP/s per GPU,
-turned into a step time with NeMo's own counter (``nemo/utils/flops_formulas.py``
-``llama2``/``llama3``: the full s² attention square, ``12·s/h``) — the same FLOPs NeMo
-divided by the step time. Prints the grid value with the least MAPE (ties toward 1), the
+a step time, plus the records that publish only an MFU from a known counter (NVIDIA's NeMo
+long-sequence rows, NeMo 2's ``flops_formulas``: the full s² attention square;
+:func:`zrt_core.source_flops.published_model_flops`), turned into a step time with the
+same FLOPs the source divided by it. Prints the grid value with the least MAPE (ties toward 1), the
 in-sample MAPE, and the leave-one-source-out MAPE (source: the id's first token): each
 source's records predicted at the value fitted on the others (docs/cost-model.md).
 """
@@ -24,26 +24,16 @@ from _bench import VALIDATION
 _NOT_DENSE = ("qwen", "deepseek", "gpt-oss", "nemotron", "lora", "grok", "maverick", "mixtral")
 
 
-def nemo_model_flops(record: dict[str, Any]) -> float:
-    """NeMo 2's ``llama3`` model FLOPs of one step (``flops_formulas.py``), causal mask not
-    credited: ``gbs·s·L·h²·(12 + 12·g/a + 18·f/h + 12·s/h + 6·V/(L·h))``."""
-    c = record["model"]["hf_config"]
-    h, layers, s = c["hidden_size"], c["num_hidden_layers"], record["seq_len"]
-    return record["global_batch"] * s * layers * h * h * (
-        12 + 12 * c["num_key_value_heads"] / c["num_attention_heads"]
-        + 18 * c["intermediate_size"] / h + 12 * s / h
-        + 6 * c["vocab_size"] / (layers * h))
-
-
 def measured_step_s(record: dict[str, Any], peak_bf16_tflops: float) -> float | None:
+    from zrt_core.source_flops import published_model_flops
+
     measured = record.get("measured") or {}
     if measured.get("step_time_s"):
         return float(measured["step_time_s"])
-    source = str(record.get("source", ""))
-    if "NeMo long-sequence" in source and "NeMo 25." in source and measured.get("mfu"):
+    counted = published_model_flops(record)
+    if counted is not None and measured.get("mfu"):
         # the record's mfu is the published TFLOP/s over the bf16 peak
-        return nemo_model_flops(record) / (measured["mfu"] * record["num_gpus"]
-                                           * peak_bf16_tflops * 1e12)
+        return counted[0] / (measured["mfu"] * record["num_gpus"] * peak_bf16_tflops * 1e12)
     return None
 
 
