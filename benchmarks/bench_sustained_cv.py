@@ -1,6 +1,11 @@
-"""Fit one hardware's ``matmul_sustained`` on its dense training records and cross-validate.
+"""Fit one hardware's ``matmul_sustained`` (or another ``efficiency`` field) on its dense
+training records and cross-validate.
 
     python benchmarks/bench_sustained_cv.py HARDWARE [--grid 0.70:1.00:0.01]
+        [--field matmul --precision bf16] [--file FILE]
+
+With ``--field``/``--precision`` the fit is of that field on the records of that precision
+(``matmul`` for bf16/fp16, ``matmul_fp8`` for fp8/mxfp8).
 
 Records: every dense (no MoE, no Mamba, no LoRA) ``workload: train`` record of HARDWARE with
 a step time, plus the records that publish only an MFU from a known counter (NVIDIA's NeMo
@@ -21,7 +26,8 @@ from typing import Any
 
 from _bench import VALIDATION
 
-_NOT_DENSE = ("qwen", "deepseek", "gpt-oss", "nemotron", "lora", "grok", "maverick", "mixtral")
+_NOT_DENSE = ("qwen", "deepseek", "gpt-oss", "nemotron3", "nemotron-h", "lora", "grok", "maverick",
+              "mixtral")
 
 
 def measured_step_s(record: dict[str, Any], peak_bf16_tflops: float) -> float | None:
@@ -54,6 +60,10 @@ def main() -> int:
     parser.add_argument("hardware")
     parser.add_argument("--grid", default="0.70:1.00:0.01", help="start:stop:step")
     parser.add_argument("--file", type=Path, default=VALIDATION, help="validation records")
+    parser.add_argument("--field", default="matmul_sustained",
+                        help="the efficiency field to fit (default matmul_sustained)")
+    parser.add_argument("--precision", default=None,
+                        help="only records of this precision (null reads as bf16)")
     args = parser.parse_args()
     lo, hi, step = (float(x) for x in args.grid.split(":"))
     grid = [round(lo + i * step, 4) for i in range(round((hi - lo) / step) + 1)]
@@ -65,6 +75,8 @@ def main() -> int:
     for r in records:
         if r.get("workload") != "train" or r.get("hardware") != hw.id \
                 or any(k in r["id"].lower() for k in _NOT_DENSE):
+            continue
+        if args.precision and (r.get("precision") or "bf16") != args.precision:
             continue
         measured = measured_step_s(r, hw.compute.bf16_tflops)
         if not measured:
@@ -78,7 +90,7 @@ def main() -> int:
             continue
         row = {}
         for v in grid:
-            spec = evolve(hw, efficiency=evolve(hw.efficiency, matmul_sustained=v))
+            spec = evolve(hw, efficiency=evolve(hw.efficiency, **{args.field: v}))
             with contextlib.suppress(ZrtError):
                 t = estimate_case(case, host=host, captured=cap, hardware=spec).step_time_s
                 row[v] = (t - measured) / measured
@@ -87,15 +99,17 @@ def main() -> int:
     def mape(ids: list[str], v: float) -> float:
         return statistics.fmean(abs(errors[i][v]) for i in ids)
 
+    now = getattr(hw.efficiency, args.field)
+    current = min(grid, key=lambda v: abs(v - now))
+
     def fit(ids: list[str]) -> float:
         if len(ids) < 3:
-            return hw.efficiency.matmul_sustained
-        return min(grid, key=lambda v: (mape(ids, v), abs(v - 1.0)))
+            return current
+        return min(grid, key=lambda v: (mape(ids, v), abs(v - now)))
 
     ids = sorted(errors)
-    current = min(grid, key=lambda v: abs(v - hw.efficiency.matmul_sustained))
     best = fit(ids)
-    print(f"{hw.id}: {len(ids)} dense training records; matmul_sustained {current} -> {best}; "
+    print(f"{hw.id}: {len(ids)} dense training records; {args.field} {now} -> {best}; "
           f"in-sample MAPE {mape(ids, current):.1%} -> {mape(ids, best):.1%}")
     for source in sorted({i.split("-")[0] for i in ids}):
         held = [i for i in ids if i.split("-")[0] == source]
