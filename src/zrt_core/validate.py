@@ -43,6 +43,7 @@ from attrs import field, frozen
 
 from zrt_core.errors import ModelError, SpecError, UnknownNameError, ZrtError
 from zrt_core.ir.graph import Phase
+from zrt_core.source_flops import published_model_flops
 
 if TYPE_CHECKING:
     from zrt_core.plugins import PluginHost
@@ -620,7 +621,15 @@ class Validator:
         report, case = self.training_report(record)
         predicted = {"step_time_s": report.step_time_s,
                      "tokens_per_s_per_gpu": report.tokens_per_s_per_gpu, "mfu": report.mfu}
-        return predicted, case.assumptions, _notes(report.notes)
+        assumptions = case.assumptions
+        counted = published_model_flops(record.raw)
+        if counted is not None:
+            # the MFU in the source's definition: its FLOPs over the predicted step
+            flops, counter = counted
+            peak = self.host.hardware_spec(case.hardware).compute.bf16_tflops * 1e12
+            predicted["mfu"] = flops / (report.step_time_s * case.num_gpus * peak)
+            assumptions = (*assumptions, f"MFU counted as the source did: {counter}")
+        return predicted, assumptions, _notes(report.notes)
 
     def _layer(self, record: Record) -> tuple[dict[str, float], tuple[str, ...], tuple[str,
                                                                                     ...]]:
