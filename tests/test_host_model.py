@@ -81,3 +81,15 @@ def test_exposed_host_without_syncs_runs_ahead_over_the_micro_batch() -> None:
     assert (f, b) == (0.0, pytest.approx(240e-6))
     # off
     assert exposed_host_s(HostModel(), [0, 0], fwd, bwd, 2e-4, 2e-4) == (0.0, 0.0)
+
+
+def test_the_cast_feeding_a_grouped_gemm_launches_per_expert() -> None:
+    # TE's GroupedLinear casts each expert's split: a quantize feeding a 3-group GEMM is 3
+    # launches, one feeding a plain GEMM is 1
+    ns = [node(0, "precision.quantize"), node(1, "aten._grouped_mm", "matmul",
+                                              group_rows=(4, 4, 4)),
+          node(2, "precision.quantize"), node(3, "aten.mm", "matmul")]
+    g = OpGraph(phase="train_forward", nodes=ns, edges=((0, 1), (2, 3)))
+    c = costs({0: 1e-6, 1: 1e-6, 2: 1e-6, 3: 1e-6})
+    assert layer_host(g, c, moe_sync=False)[0].launches_before == 3 + 3 + 1 + 1
+    assert phase_host(g, c)[0] == (8, pytest.approx(4e-6))

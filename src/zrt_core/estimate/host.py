@@ -51,15 +51,34 @@ class LayerHost:
     syncs: bool = False
 
 
-def launches(node, cost: NodeCost | None) -> int:
+def _op(node) -> str:
+    return node.op.split(".")[1] if node.op.count(".") else node.op
+
+
+def grouped_inputs(graph: OpGraph) -> dict[int, int]:
+    """Quantize nodes feeding a grouped GEMM → its local groups: TransformerEngine's
+    ``GroupedLinear`` quantises each expert's split of the input separately
+    (``tex.split_quantize``, one cast per split)."""
+    groups = {n.id: len(n.attrs.get("group_rows") or ()) for n in graph.nodes
+              if _op(n) in GROUPED_GEMM_OPS}
+    quantize = {n.id for n in graph.nodes if n.op == "precision.quantize"}
+    out: dict[int, int] = {}
+    for e in graph.edges:
+        src, dst = e[0], e[1]
+        if src in quantize and groups.get(dst):
+            out[src] = max(out.get(src, 0), groups[dst])
+    return out
+
+
+def launches(node, cost: NodeCost | None, splits: Mapping[int, int] | None = None) -> int:
     """Kernel launches the host issues for ``node``: none for views and zero-cost nodes,
-    one per local expert for a grouped GEMM, one otherwise (a fused node is one kernel)."""
+    one per local expert for a grouped GEMM and for the cast of its input (``splits``,
+    :func:`grouped_inputs`), one otherwise (a fused node is one kernel)."""
     if node.category == Category.VIEW or cost is None or cost.time_s <= 0.0:
         return 0
-    op = node.op.split(".")[1] if node.op.count(".") else node.op
-    if op in GROUPED_GEMM_OPS:
+    if _op(node) in GROUPED_GEMM_OPS:
         return max(1, len(node.attrs.get("group_rows") or ()))
-    return 1
+    return max(1, (splits or {}).get(node.id, 1))
 
 
 def layer_host(graph: OpGraph, costs: Mapping[int, NodeCost], *, moe_sync: bool
@@ -67,10 +86,11 @@ def layer_host(graph: OpGraph, costs: Mapping[int, NodeCost], *, moe_sync: bool
     """Per representative layer (``None``: outside the layers) of a forward graph: launches
     and GPU time before and after the layer's first MoE dispatch (its sync point)."""
     acc: dict[int | None, list[float]] = {}
+    splits = grouped_inputs(graph)
     for n in graph.nodes:
         row = acc.setdefault(n.layer_index, [0, 0.0, 0, 0.0, 0])
         c = costs.get(n.id)
-        k = launches(n, c)
+        k = launches(n, c, splits)
         t = c.time_s if c is not None else 0.0
         if moe_sync and n.category == Category.MOE_DISPATCH and not row[4]:
             row[4] = 1
@@ -88,10 +108,12 @@ def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]) -> dict[int | None
                                                                                           float]]:
     """Per representative layer of a (backward) graph: launches and GPU time."""
     out: dict[int | None, tuple[int, float]] = {}
+    splits = grouped_inputs(graph)
     for n in graph.nodes:
         k0, t0 = out.get(n.layer_index, (0, 0.0))
         c = costs.get(n.id)
-        out[n.layer_index] = (k0 + launches(n, c), t0 + (c.time_s if c is not None else 0.0))
+        out[n.layer_index] = (k0 + launches(n, c, splits),
+                              t0 + (c.time_s if c is not None else 0.0))
     return out
 
 

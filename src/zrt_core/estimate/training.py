@@ -291,6 +291,7 @@ def estimate_training(
     cross_entropy: str = "fused",
     amax_reduction: str = "dp_tp",
     moe_token_drop: bool = False,
+    cuda_graph: str = "none",
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -336,6 +337,10 @@ def estimate_training(
     :param moe_token_drop: MoE layers drop and pad tokens to a fixed capacity
         (``moe_pad_expert_input_to_capacity``): static shapes, no device-to-host sync of
         the routing counts (:class:`~zrt_core.estimate.host.HostModel`).
+    :param cuda_graph: ``none`` (eager: every kernel launched by the host, priced with the
+        hardware's ``host_launch_us``) or ``full`` (every layer's forward and backward
+        replayed as CUDA graphs, Megatron-Core's ``enable_cuda_graph``: no host launches
+        to wait for).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -457,8 +462,12 @@ def estimate_training(
     if amax_s:
         notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
                      f"({amax_s * 1e6:.0f} µs) after every stage's forward and backward")
-    host_model = HostModel(launch_s=hw.efficiency.host_launch_us * 1e-6,
-                           moe_sync=not moe_token_drop)
+    if cuda_graph not in CUDA_GRAPH_MODES:
+        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
+                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
+    host_model = HostModel(
+        launch_s=hw.efficiency.host_launch_us * 1e-6 if cuda_graph == "none" else 0.0,
+        moe_sync=not moe_token_drop)
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model)
@@ -592,6 +601,19 @@ SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
 #: 3 Super at TP 2 + SP). Their forward all-gathers and reduce-scatters block; the backward
 #: ones still run beside the GEMMs (TE's asynchronous gathers and reduce-scatters).
 NO_TP_COMM_OVERLAP_RECIPES = ("perf_recipes/nemotronh/",)
+
+#: ``none``: eager launches; ``full``: whole layers replayed as CUDA graphs.
+CUDA_GRAPH_MODES = ("none", "full")
+
+#: Recipes that graph whole layers (Megatron-Core ``enable_cuda_graph``), as (source, model
+#: name, hardware ids): Megatron-Bridge 25.09 (v0.1.0rc4) ``scripts/performance/configs/
+#: qwen3/qwen3_30b_a3b_llm_pretrain.yaml`` sets ``cuda_graphs: true`` for B200 and GB200
+#: (``set_cuda_graph_overrides`` → ``enable_cuda_graph``), with token drop padded to
+#: capacity (static shapes); its H100 entry, Qwen3-235B on B200 / H100 and DeepSeek-V3 set
+#: ``cuda_graphs: false``.
+FULL_CUDA_GRAPH_RECIPES = (
+    ("NeMo 25.09", "Qwen3-30B-A3B", ("nvidia_b200", "nvidia_gb200_nvl72")),
+)
 
 
 def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
@@ -1356,6 +1378,8 @@ class TrainingCase:
     amax_reduction: str = "dp_tp"
     #: MoE layers drop and pad tokens to capacity (no routing-count sync to the host)
     moe_token_drop: bool = False
+    #: ``none`` (eager) or ``full`` (whole layers as CUDA graphs)
+    cuda_graph: str = "none"
 
 
 #: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
@@ -1511,6 +1535,12 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     if moe_token_drop:
         assumptions.append("MoE token drop padded to capacity (moe_pad_expert_input_to_capacity:"
                            " no routing-count sync to the host)")
+    cuda_graph = "none"
+    name = str((record.get("model") or {}).get("name", ""))
+    if any(s in source and m == name and hardware in hws
+           for s, m, hws in FULL_CUDA_GRAPH_RECIPES):
+        cuda_graph = "full"
+        assumptions.append("whole layers as CUDA graphs (the recipe's enable_cuda_graph)")
     if layout_search:
         assumptions = [a for a in assumptions if not a.startswith(("tp=", "pp=", "cp=", "vp=",
                                                                    "dp=", "sp on"))]
@@ -1523,7 +1553,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         stage_split=stage_split, zero_algorithm=zero_algorithm,
                         assumptions=tuple(assumptions), layout_search=layout_search,
                         bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
-                        amax_reduction=amax_reduction, moe_token_drop=moe_token_drop)
+                        amax_reduction=amax_reduction, moe_token_drop=moe_token_drop,
+                        cuda_graph=cuda_graph)
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
@@ -1540,7 +1571,7 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
         "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
         "bf16_layers": case.bf16_layers, "mtp": case.mtp,
         "cross_entropy": case.cross_entropy, "amax_reduction": case.amax_reduction,
-        "moe_token_drop": case.moe_token_drop}
+        "moe_token_drop": case.moe_token_drop, "cuda_graph": case.cuda_graph}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -1624,7 +1655,7 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
                 attention=case.attention, zero_algorithm=case.zero_algorithm,
                 bf16_layers=case.bf16_layers, mtp=case.mtp,
                 cross_entropy=case.cross_entropy, amax_reduction=case.amax_reduction,
-                moe_token_drop=case.moe_token_drop, **options)
+                moe_token_drop=case.moe_token_drop, cuda_graph=case.cuda_graph, **options)
         except ZrtError:
             continue
         tried += 1
