@@ -93,3 +93,26 @@ def test_the_cast_feeding_a_grouped_gemm_launches_per_expert() -> None:
     c = costs({0: 1e-6, 1: 1e-6, 2: 1e-6, 3: 1e-6})
     assert layer_host(g, c, moe_sync=False)[0].launches_before == 3 + 3 + 1 + 1
     assert phase_host(g, c)[0] == (8, pytest.approx(4e-6))
+
+
+def _record(**changes: object) -> dict:
+    record = {"id": "x", "workload": "train", "source": "NeMo 25.09 performance summary",
+              "model": {"name": "Qwen3-30B-A3B", "hf_config": {"model_type": "gpt2"}},
+              "hardware": "nvidia_b200", "num_gpus": 8, "seq_len": 64, "global_batch": 8,
+              "parallel": {"tp": 1, "pp": 1, "dp": 8}, "notes": ""}
+    record.update(changes)
+    return record
+
+
+def test_records_name_token_drop_and_whole_layer_cuda_graphs() -> None:
+    from zrt_core.estimate.training import case_from_record
+
+    plain = case_from_record(_record(hardware="nvidia_h100_sxm"))
+    assert (plain.moe_token_drop, plain.cuda_graph) == (False, "none")
+    drop = case_from_record(_record(notes="... Token-drop MoE run."))
+    # Megatron-Bridge 25.09's Qwen3-30B B200 recipe: cuda_graphs: true (whole layers)
+    assert (drop.moe_token_drop, drop.cuda_graph) == (True, "full")
+    assert any("CUDA graphs" in a for a in drop.assumptions)
+    other = case_from_record(_record(model={"name": "Qwen3-235B-A22B",
+                                            "hf_config": {"model_type": "gpt2"}}))
+    assert other.cuda_graph == "none"
