@@ -1,7 +1,7 @@
 """Predict every training record of a validation file and print the step-time errors.
 
     python benchmarks/bench_train_validation.py [FILE] [--only SUBSTR] [--json OUT]
-        [--cache DIR] [--verbose] [--fit | --fit-sustained]
+        [--cache DIR] [--verbose] [--fit | --fit-sustained | --fit-host]
 
 For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
 fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
@@ -23,6 +23,11 @@ B200's NVFP4 rate) on all their records, training and serving, with ``zrt_core.c
 ``--fit`` fits each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
 ``matmul_fp4`` of the hardware YAML's ``efficiency`` section) on every record on that
 hardware at that precision with the same code (docs/training-model.md, "Calibration").
+
+``--fit-host`` fits ``host_launch_us`` (host time per eager kernel launch) once per host CPU
+type — the x86 hosts of DGX A100/H100/H200/B200/B300 and the Grace CPUs of GB200/GB300 — on
+every training record of that type, dense and MoE, and prints the in-sample,
+leave-one-source-out and leave-one-hardware-out step-time MAPE (docs/moe-training.md).
 """
 
 from __future__ import annotations
@@ -143,6 +148,102 @@ def fit_sustained(path: Path, only: str | None, cache: Path | None) -> dict[str,
     return _fit(path, only, cache, PACK_PARAMS)
 
 
+#: Host CPU types: one ``host_launch_us`` each (the hardware packs' value is the same for
+#: every hardware of a type).
+HOST_CPU_TYPES = {
+    "x86": ("nvidia_a100_sxm_80g", "nvidia_h100_sxm", "nvidia_h200", "nvidia_h800",
+            "nvidia_b200", "nvidia_b300"),
+    "grace": ("nvidia_gb200_nvl72", "nvidia_gb300_nvl72"),
+}
+#: µs per launch, 0 … 35: up to the published host cost of one TransformerEngine Linear
+#: forward on a DGX's Xeon (~36 µs: 99.7 µs on GB200's Grace scaled by torch.nn.Linear's
+#: 13.5 µs Xeon / 37.1 µs Grace, TransformerEngine issue 2053; docs/moe-training.md); a
+#: value beyond it would be fitting something else.
+HOST_GRID = tuple(float(v) for v in range(0, 36, 5))
+#: Values within this much MAPE of the best count as equal; the smallest of them is taken
+#: (no more host time than the records ask for).
+HOST_TIE = 0.001
+
+
+def _host_fit_value(errors: dict[str, dict[float, float]], ids: list[str]) -> float:
+    if not ids:
+        return 0.0
+    scores = {v: statistics.fmean(abs(errors[i][v]) for i in ids) for v in HOST_GRID}
+    best = min(scores.values())
+    return min(v for v, sc in scores.items() if sc <= best + HOST_TIE)
+
+
+def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
+    """Fit ``host_launch_us`` per host CPU type (:data:`HOST_CPU_TYPES`) by grid search
+    (:data:`HOST_GRID`) on the step-time MAPE of every training record of that type, and
+    cross-validate the fit: refit without each source (the record id's first token) and
+    without each hardware, and predict the records left out."""
+    from attrs import evolve as _evolve
+
+    from zrt_core.errors import ZrtError
+    from zrt_core.plugins import get_plugin_manager
+
+    host = get_plugin_manager()
+    cpu_of = {hw: cpu for cpu, hws in HOST_CPU_TYPES.items() for hw in hws}
+    errors: dict[str, dict[float, float]] = {}
+    where: dict[str, tuple[str, str, str]] = {}
+    for record in load_records(path):
+        measured = record.get("measured", {}).get("step_time_s")
+        if (only and only not in record["id"]) or not measured:
+            continue
+        try:
+            case = record_case(record)
+            cap = captured(case, host, cache)
+            hw = host.hardware_spec(case.hardware)
+            row = {}
+            for v in HOST_GRID:
+                spec = _evolve(hw, efficiency=_evolve(hw.efficiency, host_launch_us=v))
+                row[v] = (_estimate(case, cap, host, spec).step_time_s - measured) / measured
+        except ZrtError:
+            continue
+        errors[record["id"]] = row
+        where[record["id"]] = (record["id"].split("-")[0], case.hardware,
+                               cpu_of.get(case.hardware, "other"))
+        print(f"{record['id'][:72]:72s} " + " ".join(f"{e:+6.1%}" for e in row.values()),
+              flush=True)
+
+    def fitted(ids: list[str]) -> dict[str, float]:
+        return {cpu: _host_fit_value(errors, [i for i in ids if where[i][2] == cpu])
+                for cpu in HOST_CPU_TYPES}
+
+    def mape(pairs: list[float]) -> float | None:
+        return statistics.fmean(abs(e) for e in pairs) if pairs else None
+
+    ids = list(errors)
+    values = fitted(ids)
+    value = {i: values.get(where[i][2], 0.0) for i in ids}
+    out: dict[str, Any] = {"fitted_us": values, "records": len(ids), "grid_us": HOST_GRID}
+    out["in_sample"] = {"off": mape([errors[i][0.0] for i in ids]),
+                        "fitted": mape([errors[i][value[i]] for i in ids])}
+    for label, key in (("loso", 0), ("loho", 1)):
+        held: list[float] = []
+        folds = {}
+        for group in sorted({where[i][key] for i in ids}):
+            test = [i for i in ids if where[i][key] == group]
+            v = fitted([i for i in ids if where[i][key] != group])
+            errs = [errors[i][v.get(where[i][2], 0.0)] for i in test]
+            held += errs
+            folds[group] = {"records": len(test), "fitted_us": v,
+                            "off": mape([errors[i][0.0] for i in test]), "held_out": mape(errs)}
+        out[label] = {"off": mape([errors[i][0.0] for i in ids]), "held_out": mape(held),
+                      "folds": folds}
+    print(f"host_launch_us fitted: {values}")
+    for label in ("in_sample", "loso", "loho"):
+        r = out[label]
+        after = r.get("fitted", r.get("held_out"))
+        print(f"  {label:9s} step-time MAPE {r['off']:.2%} (off) -> {after:.2%}")
+    for label in ("loso", "loho"):
+        for group, f in out[label]["folds"].items():
+            print(f"    {label} {group:22s} {f['records']:3d}  {f['off']:.2%} -> "
+                  f"{f['held_out']:.2%}  (fit {f['fitted_us']})")
+    return out
+
+
 def run(path: Path, only: str | None, cache: Path | None, verbose: bool
         ) -> list[dict[str, Any]]:
     from zrt_core.errors import ZrtError
@@ -219,12 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-sustained", action="store_true",
                         help="fit each hardware's matmul_sustained on its training and "
                              "serving records instead")
+    parser.add_argument("--fit-host", action="store_true",
+                        help="fit host_launch_us per host CPU type, with leave-one-source-"
+                             "out and leave-one-hardware-out errors, instead")
     args = parser.parse_args(argv)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
-    if args.fit or args.fit_sustained:
-        fitted = (fit_sustained if args.fit_sustained else fit)(args.file, args.only,
-                                                                args.cache)
+    if args.fit or args.fit_sustained or args.fit_host:
+        fitted = (fit_host if args.fit_host else fit_sustained if args.fit_sustained
+                  else fit)(args.file, args.only, args.cache)
         if args.json:
             args.json.write_text(json.dumps(fitted, indent=1))
         return 0

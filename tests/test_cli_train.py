@@ -51,7 +51,10 @@ def test_json_carries_the_identities_throughput_utilisation_and_memory(
     by_category, by_kind = data["compute_by_category_s"], data["compute_by_layer_kind_s"]
     assert sum(by_category.values()) == pytest.approx(data["compute_s"])
     assert sum(by_kind.values()) == pytest.approx(data["compute_s"])
-    assert {"matmul", "attention", "norm", "loss"} <= set(by_category)
+    assert {"matmul", "attention", "norm"} <= set(by_category)
+    # the loss runs on the last stage: it is in the critical rank's compute when that rank is
+    # the last one (the host launch time can make either rank of this tiny model critical)
+    assert ("loss" in by_category) == (data["critical_rank"] == 1)
     assert set(by_kind) == {"dense", "outside_layers"}
     assert data["tokens_per_s_per_gpu"] == pytest.approx(
         16 * 64 / (data["step_time_s"] * 4))

@@ -185,6 +185,9 @@ class Efficiency:
     :param attention_kv_overhead: a tile's fixed cost, in key positions, of its KV loop.
     :param attention_d_overhead: softmax work per tile in head-dim units: attention runs at
         ``attention`` × (d/(d + this)) / (128/(128 + this)) for head dim d; 0 ignores d.
+    :param host_launch_us: host (CPU) time per kernel launch of an eager training step —
+        PyTorch's dispatch, the module code around it and the driver call; a property of
+        the machine's host CPU, fitted per CPU type (docs/moe-training.md); 0: not modelled.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -207,6 +210,7 @@ class Efficiency:
     attention_tile_q: int = 128
     attention_kv_overhead: int = 256
     attention_d_overhead: int = 0
+    host_launch_us: float = 0.0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

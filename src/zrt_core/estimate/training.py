@@ -32,6 +32,7 @@ from attrs import evolve, field, frozen
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import LayoutError, ModelError, SpecError
 from zrt_core.estimate.captures import CapturedGraphs
+from zrt_core.estimate.host import HostModel, exposed_host_s, layer_host, phase_host
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -92,7 +93,7 @@ USABLE_MEMORY_FRACTION = 0.95
 ATTENTION_KERNELS = ("flash", "unfused")
 CROSS_ENTROPY_KERNELS = ("fused", "megatron")
 STAGE_SPLITS = ("even", "embedding-loss")
-_GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "other")
+_GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "other")
 
 
 def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -289,6 +290,8 @@ def estimate_training(
     mtp: MtpSpec | None = None,
     cross_entropy: str = "fused",
     amax_reduction: str = "dp_tp",
+    moe_token_drop: bool = False,
+    cuda_graph: str = "none",
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -331,6 +334,13 @@ def estimate_training(
         default amax-reduction group, data × tensor (× context) parallel), ``tp``
         (``tp_only_amax_red``) or ``none``. The reduction blocks at the end of every
         virtual stage's forward and backward of every micro-batch.
+    :param moe_token_drop: MoE layers drop and pad tokens to a fixed capacity
+        (``moe_pad_expert_input_to_capacity``): static shapes, no device-to-host sync of
+        the routing counts (:class:`~zrt_core.estimate.host.HostModel`).
+    :param cuda_graph: ``none`` (eager: every kernel launched by the host, priced with the
+        hardware's ``host_launch_us``) or ``full`` (every layer's forward and backward
+        replayed as CUDA graphs, Megatron-Core's ``enable_cuda_graph``: no host launches
+        to wait for).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -452,9 +462,22 @@ def estimate_training(
     if amax_s:
         notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
                      f"({amax_s * 1e6:.0f} µs) after every stage's forward and backward")
+    if cuda_graph not in CUDA_GRAPH_MODES:
+        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
+                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
+    host_model = HostModel(
+        launch_s=hw.efficiency.host_launch_us * 1e-6 if cuda_graph == "none" else 0.0,
+        moe_sync=not moe_token_drop)
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
-        keep_timelines=keep_timelines, sync_s=amax_s)
+        keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model)
+    if any(r.exposed_comm_s.get("host") for r in stage_reports):
+        notes.append(f"eager host launches at {hw.efficiency.host_launch_us:g} µs each"
+                     + (", the host waiting at every dropless MoE layer's routing-count sync"
+                        if host_model.moe_sync and any(
+                            n.category == Category.MOE_DISPATCH for n in fwd.nodes) else "")
+                     + ": exposed where the host issues kernels slower than the device runs "
+                     "them")
     timings["schedule"] = time.perf_counter() - t0
 
     # -- pipeline ---------------------------------------------------------------------------
@@ -589,6 +612,19 @@ SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
 #: 3 Super at TP 2 + SP). Their forward all-gathers and reduce-scatters block; the backward
 #: ones still run beside the GEMMs (TE's asynchronous gathers and reduce-scatters).
 NO_TP_COMM_OVERLAP_RECIPES = ("perf_recipes/nemotronh/",)
+
+#: ``none``: eager launches; ``full``: whole layers replayed as CUDA graphs.
+CUDA_GRAPH_MODES = ("none", "full")
+
+#: Recipes that graph whole layers (Megatron-Core ``enable_cuda_graph``), as (source, model
+#: name, hardware ids): Megatron-Bridge 25.09 (v0.1.0rc4) ``scripts/performance/configs/
+#: qwen3/qwen3_30b_a3b_llm_pretrain.yaml`` sets ``cuda_graphs: true`` for B200 and GB200
+#: (``set_cuda_graph_overrides`` → ``enable_cuda_graph``), with token drop padded to
+#: capacity (static shapes); its H100 entry, Qwen3-235B on B200 / H100 and DeepSeek-V3 set
+#: ``cuda_graphs: false``.
+FULL_CUDA_GRAPH_RECIPES = (
+    ("NeMo 25.09", "Qwen3-30B-A3B", ("nvidia_b200", "nvidia_gb200_nvl72")),
+)
 
 
 def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
@@ -803,11 +839,18 @@ def transient_bytes(backward: OpGraph) -> dict[int | str, float]:
 def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, Mapping[int,
             NodeCost]], rules: OverlapRules, schedule: str, parallel: Parallel,
             ranges: Sequence[range], saved: Mapping[int | str, float],
-            transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0
+            transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
+            host_model: HostModel | None = None
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
-    stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``."""
+    stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``;
+    ``host_model``: the host's launch time the device waits for (:mod:`.host`), counted as
+    exposed ``host``."""
+    host_model = host_model or HostModel()
+    fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
+        if host_model.launch_s > 0 else {}
+    bwd_host = phase_host(bwd, costs["bwd"]) if host_model.launch_s > 0 else {}
     kind_of: dict[int, int] = {}
     kind_name: dict[int | None, str] = {None: OUTSIDE_LAYERS}
     for g in (bwd, fwd):
@@ -882,10 +925,16 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
                 for i, val in tl.compute_by_layer().items():
                     kind = kind_name.get(i, "layer")
                     by_kind[kind] = by_kind.get(kind, 0.0) + val
+            reps: list[int | None] = [kind_of.get(i, i) for i in lay]
+            if first or last:
+                reps = [None, *reps] if first else [*reps, None]
+            host_f, host_b = exposed_host_s(host_model, reps, fwd_host, bwd_host,
+                                            ft.makespan_s, bt.makespan_s)
             hit = (ft, bt, st, recompute, min(wgrad, bt.makespan_s), act, trans, ff, bf,
-                   dp_busy, by_category, by_kind)
+                   dp_busy, by_category, by_kind, host_f, host_b)
             cache[signature] = hit
-        ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind = hit
+        (ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind,
+         host_f, host_b) = hit
         exposed: dict[str, float] = {}
         hidden: dict[str, float] = {}
         for tl in (ft, bt):
@@ -898,10 +947,13 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
                 exposed["other"] = exposed.get("other", 0.0) + idle
         if sync_s:
             exposed["dp"] = exposed.get("dp", 0.0) + 2 * sync_s
+        if host_f + host_b > 0:
+            exposed["host"] = exposed.get("host", 0.0) + host_f + host_b
         reports.append(StageReport(
             stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
             if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
-            last=last, forward_s=ft.makespan_s + sync_s, backward_s=bt.makespan_s + sync_s,
+            last=last, forward_s=ft.makespan_s + sync_s + host_f,
+            backward_s=bt.makespan_s + sync_s + host_b,
             weight_s=wgrad,
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
@@ -1338,6 +1390,10 @@ class TrainingCase:
     cross_entropy: str = "fused"
     #: fp8 delayed scaling's amax-reduction group (``dp_tp``, ``tp``, ``none``)
     amax_reduction: str = "dp_tp"
+    #: MoE layers drop and pad tokens to capacity (no routing-count sync to the host)
+    moe_token_drop: bool = False
+    #: ``none`` (eager) or ``full`` (whole layers as CUDA graphs)
+    cuda_graph: str = "none"
 
 
 #: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
@@ -1351,6 +1407,11 @@ NVFP4_BF16_TAIL = 14 / 88
 #: Sources whose runs used Megatron-LM as of 2021-22, before overlapped gradient reduction,
 #: parameter gathers and TP userbuffers existed.
 LEGACY_MEGATRON_SOURCES = ("Narayanan et al. 2021", "Korthikanti et al. 2022")
+
+
+#: What a record's notes say of a token-drop MoE run (Megatron-Bridge 25.09's
+#: ``apply_moe_token_drop``: capacity factor 1, padded to capacity).
+TOKEN_DROP_NOTE = "Token-drop MoE run"
 
 
 def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
@@ -1485,6 +1546,16 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         stage_split = "embedding-loss"
         assumptions.append(f"{layers} layers over pp × vp = {pp * vp} stages: embedding and "
                            "loss counted as layers (Megatron-Bridge recipes)")
+    moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", ""))
+    if moe_token_drop:
+        assumptions.append("MoE token drop padded to capacity (moe_pad_expert_input_to_capacity:"
+                           " no routing-count sync to the host)")
+    cuda_graph = "none"
+    name = str((record.get("model") or {}).get("name", ""))
+    if any(s in source and m == name and hardware in hws
+           for s, m, hws in FULL_CUDA_GRAPH_RECIPES):
+        cuda_graph = "full"
+        assumptions.append("whole layers as CUDA graphs (the recipe's enable_cuda_graph)")
     if layout_search:
         assumptions = [a for a in assumptions if not a.startswith(("tp=", "pp=", "cp=", "vp=",
                                                                    "dp=", "sp on"))]
@@ -1497,7 +1568,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         stage_split=stage_split, zero_algorithm=zero_algorithm,
                         assumptions=tuple(assumptions), layout_search=layout_search,
                         bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
-                        amax_reduction=amax_reduction)
+                        amax_reduction=amax_reduction, moe_token_drop=moe_token_drop,
+                        cuda_graph=cuda_graph)
 
 
 def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
@@ -1538,7 +1610,8 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
         "num_gpus": case.num_gpus, "attention": case.attention,
         "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
         "bf16_layers": case.bf16_layers, "mtp": case.mtp,
-        "cross_entropy": case.cross_entropy, "amax_reduction": case.amax_reduction}
+        "cross_entropy": case.cross_entropy, "amax_reduction": case.amax_reduction,
+        "moe_token_drop": case.moe_token_drop, "cuda_graph": case.cuda_graph}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -1622,7 +1695,7 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
                 attention=case.attention, zero_algorithm=case.zero_algorithm,
                 bf16_layers=case.bf16_layers, mtp=case.mtp,
                 cross_entropy=case.cross_entropy, amax_reduction=case.amax_reduction,
-                **options)
+                moe_token_drop=case.moe_token_drop, cuda_graph=case.cuda_graph, **options)
         except ZrtError:
             continue
         tried += 1

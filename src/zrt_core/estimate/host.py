@@ -1,0 +1,156 @@
+"""The host side of an eager training step: kernel launches the CPU issues one by one, and
+the device-to-host syncs of dropless MoE layers that stop it from running ahead.
+
+docs/moe-training.md derives the model; ``exposed_host_s`` is what ``estimate_training``
+adds to each stage's forward and backward as exposed ``host`` time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from attrs import frozen
+
+from zrt_core.ir.graph import Category, OpGraph
+
+if TYPE_CHECKING:
+    from zrt_core.cost.backend import NodeCost
+
+#: Grouped GEMMs as TransformerEngine's ``GroupedLinear`` runs them: ``general_grouped_gemm``
+#: → ``nvte_multi_stream_cublas_gemm``, one cuBLASLt GEMM launched per local expert
+#: (``transformer_engine/common/gemm/cublaslt_gemm.cu``, ``multi_stream_cublas_gemm``).
+GROUPED_GEMM_OPS = frozenset({"_grouped_mm", "_scaled_grouped_mm", "grouped_mm_fallback"})
+
+
+@frozen
+class HostModel:
+    """How the host issues a training step's kernels.
+
+    :param launch_s: host time per kernel launch (PyTorch eager dispatch, the module code
+        around it and the driver call), a property of the host CPU: the hardware's
+        ``efficiency.host_launch_us``; 0 turns the model off.
+    :param moe_sync: dropless MoE layers copy their routing counts to the host in the
+        forward (Megatron-Core's token dispatchers; TE's grouped GEMM needs the splits on the
+        host), so the host waits for the device there; False for token-drop runs padded to
+        capacity (static shapes, no sync).
+    """
+
+    launch_s: float = 0.0
+    moe_sync: bool = True
+
+
+@frozen
+class LayerHost:
+    """One layer's forward host work, split at its sync point (if it has one)."""
+
+    launches_before: int
+    gpu_before_s: float
+    launches_after: int = 0
+    gpu_after_s: float = 0.0
+    syncs: bool = False
+
+
+def _op(node) -> str:
+    return node.op.split(".")[1] if node.op.count(".") else node.op
+
+
+def grouped_inputs(graph: OpGraph) -> dict[int, int]:
+    """Quantize nodes feeding a grouped GEMM → its local groups: TransformerEngine's
+    ``GroupedLinear`` quantises each expert's split of the input separately
+    (``tex.split_quantize``, one cast per split)."""
+    groups = {n.id: len(n.attrs.get("group_rows") or ()) for n in graph.nodes
+              if _op(n) in GROUPED_GEMM_OPS}
+    quantize = {n.id for n in graph.nodes if n.op == "precision.quantize"}
+    out: dict[int, int] = {}
+    for e in graph.edges:
+        src, dst = e[0], e[1]
+        if src in quantize and groups.get(dst):
+            out[src] = max(out.get(src, 0), groups[dst])
+    return out
+
+
+def launches(node, cost: NodeCost | None, splits: Mapping[int, int] | None = None) -> int:
+    """Kernel launches the host issues for ``node``: none for views and zero-cost nodes,
+    one per local expert for a grouped GEMM and for the cast of its input (``splits``,
+    :func:`grouped_inputs`), one otherwise (a fused node is one kernel)."""
+    if node.category == Category.VIEW or cost is None or cost.time_s <= 0.0:
+        return 0
+    if _op(node) in GROUPED_GEMM_OPS:
+        return max(1, len(node.attrs.get("group_rows") or ()))
+    return max(1, (splits or {}).get(node.id, 1))
+
+
+def layer_host(graph: OpGraph, costs: Mapping[int, NodeCost], *, moe_sync: bool
+               ) -> dict[int | None, LayerHost]:
+    """Per representative layer (``None``: outside the layers) of a forward graph: launches
+    and GPU time before and after the layer's first MoE dispatch (its sync point)."""
+    acc: dict[int | None, list[float]] = {}
+    splits = grouped_inputs(graph)
+    for n in graph.nodes:
+        row = acc.setdefault(n.layer_index, [0, 0.0, 0, 0.0, 0])
+        c = costs.get(n.id)
+        k = launches(n, c, splits)
+        t = c.time_s if c is not None else 0.0
+        if moe_sync and n.category == Category.MOE_DISPATCH and not row[4]:
+            row[4] = 1
+        if row[4]:
+            row[2] += k
+            row[3] += t
+        else:
+            row[0] += k
+            row[1] += t
+    return {li: LayerHost(int(r[0]), r[1], int(r[2]), r[3], bool(r[4]))
+            for li, r in acc.items()}
+
+
+def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]) -> dict[int | None, tuple[int,
+                                                                                          float]]:
+    """Per representative layer of a (backward) graph: launches and GPU time."""
+    out: dict[int | None, tuple[int, float]] = {}
+    splits = grouped_inputs(graph)
+    for n in graph.nodes:
+        k0, t0 = out.get(n.layer_index, (0, 0.0))
+        c = costs.get(n.id)
+        out[n.layer_index] = (k0 + launches(n, c, splits),
+                              t0 + (c.time_s if c is not None else 0.0))
+    return out
+
+
+def exposed_host_s(model: HostModel, layers: Sequence[int | None],
+                   fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, tuple[int,
+                                                                                     float]],
+                   forward_s: float, backward_s: float) -> tuple[float, float]:
+    """(forward, backward) host time the device waits for in one micro-batch of a stage.
+
+    ``layers``: the stage's representative layer per position, ``None`` entries for the
+    embedding / head side it holds. ``forward_s`` / ``backward_s``: the stage's scheduled
+    device times, which the node sums are scaled to (overlapped communication).
+
+    Between two syncs the host issues the segment's launches while the device runs what
+    was issued: the segment lasts ``max(host, device)``. Without a sync the host runs ahead
+    over the whole micro-batch, forward and backward: ``max(host, device)`` of the sum.
+    """
+    c = model.launch_s
+    if c <= 0.0:
+        return 0.0, 0.0
+    segments: list[list[float]] = [[0.0, 0.0]]
+    for li in layers:
+        lh = fwd.get(li)
+        if lh is None:
+            continue
+        segments[-1][0] += lh.launches_before * c
+        segments[-1][1] += lh.gpu_before_s
+        if lh.syncs:
+            segments.append([0.0, 0.0])
+        segments[-1][0] += lh.launches_after * c
+        segments[-1][1] += lh.gpu_after_s
+    gpu_f = sum(s[1] for s in segments)
+    scale_f = forward_s / gpu_f if gpu_f > 0 else 1.0
+    host_b = sum(bwd.get(li, (0, 0.0))[0] for li in layers) * c
+    if len(segments) == 1:
+        host_f = segments[0][0]
+        extra = max(0.0, host_f + host_b - forward_s - backward_s)
+        return 0.0, extra
+    fwd_extra = sum(max(0.0, h - g * scale_f) for h, g in segments)
+    return fwd_extra, max(0.0, host_b - backward_s)

@@ -1,0 +1,118 @@
+"""The host-launch model of an eager training step (zrt_core.estimate.host)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from zrt_core.cost.backend import NodeCost
+from zrt_core.estimate.host import (
+    HostModel,
+    exposed_host_s,
+    launches,
+    layer_host,
+    phase_host,
+)
+from zrt_core.ir.graph import OpGraph, OpNode
+
+
+def node(i: int, op: str, category: str = "elementwise", *, layer: int | None = 0,
+         phase: str = "train_forward", **attrs: object) -> OpNode:
+    return OpNode(id=i, op=op, category=category, phase=phase, layer_index=layer, attrs=attrs)
+
+
+def costs(times: Mapping[int, float]) -> dict[int, NodeCost]:
+    return {i: NodeCost(time_s=t, backend="test", rule="fixed", source="roofline")
+            for i, t in times.items()}
+
+
+def moe_layer() -> tuple[OpGraph, dict[int, NodeCost]]:
+    # norm, router, [sync] dispatch, grouped GEMM over 4 local experts, combine, a view
+    ns = [node(0, "aten.rms_norm", "norm"), node(1, "aten.topk", "moe_router"),
+          node(2, "zrt.moe_dispatch", "moe_dispatch"),
+          node(3, "aten._grouped_mm", "matmul", group_rows=(8, 8, 8, 8)),
+          node(4, "zrt.moe_combine", "moe_combine"), node(5, "aten.view", "view")]
+    return (OpGraph(phase="train_forward", nodes=ns),
+            costs({0: 1e-5, 1: 1e-5, 2: 2e-5, 3: 4e-5, 4: 2e-5, 5: 0.0}))
+
+
+def test_launches_per_node() -> None:
+    g, c = moe_layer()
+    # the grouped GEMM is one cuBLAS launch per local expert (TE's multi-stream loop);
+    # a view (and anything free) launches nothing
+    assert [launches(n, c[n.id]) for n in g.nodes] == [1, 1, 1, 4, 1, 0]
+    assert launches(g.nodes[0], None) == 0
+
+
+def test_layer_host_splits_at_the_dispatch_sync() -> None:
+    g, c = moe_layer()
+    lh = layer_host(g, c, moe_sync=True)[0]
+    # before: norm + router (2 launches, 20 µs); after: dispatch, 4 GEMMs, combine (6, 80 µs)
+    assert (lh.launches_before, lh.launches_after, lh.syncs) == (2, 6, True)
+    assert lh.gpu_before_s == pytest.approx(2e-5)
+    assert lh.gpu_after_s == pytest.approx(8e-5)
+    drop = layer_host(g, c, moe_sync=False)[0]
+    assert (drop.launches_before, drop.launches_after, drop.syncs) == (8, 0, False)
+
+
+def test_exposed_host_with_syncs_is_per_segment() -> None:
+    g, c = moe_layer()
+    fwd = layer_host(g, c, moe_sync=True)
+    bwd = phase_host(g, c)  # the same nodes stand in for a backward: 8 launches, 100 µs
+    model = HostModel(launch_s=20e-6)
+    # two layers of this kind: segments [2], [6 + 2], [6] launches = 40, 160, 120 µs of host
+    # against 20, 100, 80 µs of device (forward_s = the 200 µs node sum: scale 1)
+    # → exposed 20 + 60 + 40 = 120 µs; backward: 16 launches = 320 µs against 200 µs → 120
+    f, b = exposed_host_s(model, [0, 0], fwd, bwd, forward_s=2e-4, backward_s=2e-4)
+    assert f == pytest.approx(120e-6)
+    assert b == pytest.approx(120e-6)
+
+
+def test_exposed_host_without_syncs_runs_ahead_over_the_micro_batch() -> None:
+    g, c = moe_layer()
+    fwd = layer_host(g, c, moe_sync=False)
+    bwd = phase_host(g, c)
+    # 2 layers: forward 16 + backward 16 launches = 32 × 10 µs = 320 µs of host against
+    # 200 + 200 µs of device: the host hides entirely
+    assert exposed_host_s(HostModel(launch_s=10e-6), [0, 0], fwd, bwd, 2e-4, 2e-4) == (0.0, 0.0)
+    # at 20 µs: 640 − 400 = 240 µs, all counted on the backward
+    f, b = exposed_host_s(HostModel(launch_s=20e-6), [0, 0], fwd, bwd, 2e-4, 2e-4)
+    assert (f, b) == (0.0, pytest.approx(240e-6))
+    # off
+    assert exposed_host_s(HostModel(), [0, 0], fwd, bwd, 2e-4, 2e-4) == (0.0, 0.0)
+
+
+def test_the_cast_feeding_a_grouped_gemm_launches_per_expert() -> None:
+    # TE's GroupedLinear casts each expert's split: a quantize feeding a 3-group GEMM is 3
+    # launches, one feeding a plain GEMM is 1
+    ns = [node(0, "precision.quantize"), node(1, "aten._grouped_mm", "matmul",
+                                              group_rows=(4, 4, 4)),
+          node(2, "precision.quantize"), node(3, "aten.mm", "matmul")]
+    g = OpGraph(phase="train_forward", nodes=ns, edges=((0, 1), (2, 3)))
+    c = costs({0: 1e-6, 1: 1e-6, 2: 1e-6, 3: 1e-6})
+    assert layer_host(g, c, moe_sync=False)[0].launches_before == 3 + 3 + 1 + 1
+    assert phase_host(g, c)[0] == (8, pytest.approx(4e-6))
+
+
+def _record(**changes: object) -> dict:
+    record = {"id": "x", "workload": "train", "source": "NeMo 25.09 performance summary",
+              "model": {"name": "Qwen3-30B-A3B", "hf_config": {"model_type": "gpt2"}},
+              "hardware": "nvidia_b200", "num_gpus": 8, "seq_len": 64, "global_batch": 8,
+              "parallel": {"tp": 1, "pp": 1, "dp": 8}, "notes": ""}
+    record.update(changes)
+    return record
+
+
+def test_records_name_token_drop_and_whole_layer_cuda_graphs() -> None:
+    from zrt_core.estimate.training import case_from_record
+
+    plain = case_from_record(_record(hardware="nvidia_h100_sxm"))
+    assert (plain.moe_token_drop, plain.cuda_graph) == (False, "none")
+    drop = case_from_record(_record(notes="... Token-drop MoE run."))
+    # Megatron-Bridge 25.09's Qwen3-30B B200 recipe: cuda_graphs: true (whole layers)
+    assert (drop.moe_token_drop, drop.cuda_graph) == (True, "full")
+    assert any("CUDA graphs" in a for a in drop.assumptions)
+    other = case_from_record(_record(model={"name": "Qwen3-235B-A22B",
+                                            "hf_config": {"model_type": "gpt2"}}))
+    assert other.cuda_graph == "none"
