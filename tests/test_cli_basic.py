@@ -45,7 +45,16 @@ def test_a_usage_error_is_one_line_with_exit_2(capsys):
         main(["hw", "sell"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("zrt hw: error: argument SUBCOMMAND")
+    assert err.count("\n") == 1 and err.startswith("zrt: error: argument SUBCOMMAND")
+    assert err.endswith("— see 'zrt hw --help'\n")
+
+
+def test_an_unknown_flag_names_the_subcommand_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "llama3-8b", "--hw", "h100", "--bogus"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "zrt: error: unrecognized arguments: --bogus — see 'zrt run --help'\n")
 
 
 def test_hw_list_json(capsys, toy_pack):
