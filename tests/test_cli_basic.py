@@ -175,3 +175,34 @@ def test_hw_list_with_no_pack_says_how_to_get_one(capsys, monkeypatch):
                    "`pip install -e plugins/zrt_nvidia` (see README.md)\n")
     code, out, _err = _run(capsys, "hw", "list", "--json")
     assert json.loads(out) == {"hardware": []}
+
+
+def test_a_table_written_to_a_pipe_keeps_its_own_width(capsys, monkeypatch):
+    # capsys is not a terminal: rich alone would wrap every table at 80 columns
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _err = _run(capsys, "models")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) > 80
+    row = next(line for line in lines if "deepseek-v3.2 " in line)
+    assert "DeepSeek-V3.2 671B (37B active, sparse attention)" in row  # one line, not wrapped
+
+
+def test_width_sets_the_table_width(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _err = _run(capsys, "models", "--width", "60")
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_text_with_brackets_prints_literally(capsys):
+    from zrt_core.cli._output import console, styled, table
+
+    con = console()
+    con.print("pip install 'zrt-core[onnx]'")
+    con.print(styled("note: ONNX view skipped (pip install 'zrt-core[onnx]')", "dim"))
+    con.print(table("t", ("a",), [("[bold]x[/]",)]))
+    out = capsys.readouterr().out
+    assert "pip install 'zrt-core[onnx]'\n" in out
+    assert "(pip install 'zrt-core[onnx]')" in out
+    assert "[bold]x[/]" in out

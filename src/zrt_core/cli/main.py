@@ -47,7 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module_name in COMMANDS:
         importlib.import_module(module_name).register(sub)
+    _add_width(parser)
     return parser
+
+
+def _add_width(parser: argparse.ArgumentParser) -> None:
+    """``--width N`` on every command that prints a table (every leaf command)."""
+    from zrt_core.cli._output import add_width_flag
+
+    children = _subparsers(parser)
+    if not children:
+        add_width_flag(parser)
+    for child in children.values():
+        _add_width(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from zrt_core.cli._output import set_width
+
+    set_width(getattr(args, "width", None))
     try:
         return int(args.func(args) or 0)
     except ZrtError as exc:
