@@ -201,7 +201,7 @@ def test_a_model_that_does_not_fit_is_reported_not_raised(host, captured):
     r = estimate_inference(None, _toy(0.0005), Parallel(), infer, host=host,
                            captured=captured)
     assert not r.fits and r.max_batch == 0
-    assert "exceed" in r.memory.message and "GB" in r.memory.message
+    assert "exceed" in r.memory.message and "GiB" in r.memory.message
     assert r.ttft_s > 0 and r.tpot_s > 0  # the times are still predicted
     mt = estimate_inference(None, _toy(0.0005), Parallel(), InferSpec(input_len=32,
                                                                       output_len=32),

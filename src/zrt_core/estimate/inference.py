@@ -237,15 +237,14 @@ class _Estimator:
         in_use = per_seq * batch
         fits = budget > 0 and batch <= max_batch
         message = ""
-        gb = 1e9
         if budget <= 0:
-            message = (f"weights {weights / gb:.1f} GB + activations {activations / gb:.1f} "
-                       f"GB + runtime {reserve / gb:.1f} GB exceed the "
-                       f"{capacity / gb:.1f} GB of one device; add tensor/pipeline stages "
-                       "or quantise")
+            message = (f"weights {weights / GIB:.1f} GiB + activations "
+                       f"{activations / GIB:.1f} GiB + runtime {reserve / GIB:.1f} GiB exceed "
+                       f"the {capacity / GIB:.1f} GiB of one device; add tensor/pipeline "
+                       "stages or quantise")
         elif batch > max_batch:
-            message = (f"{batch} sequences need {in_use / gb:.1f} GB of KV cache per "
-                       f"device but {budget / gb:.1f} GB is left ({max_batch} fit)")
+            message = (f"{batch} sequences need {in_use / GIB:.1f} GiB of KV cache per "
+                       f"device but {budget / GIB:.1f} GiB is left ({max_batch} fit)")
         report = MemoryReport(capacity=capacity, weights=weights, activations=activations,
                               reserve=reserve, kv_budget=max(budget, 0.0),
                               kv_per_token=memory["kv"].per_token, kv_per_sequence=per_seq,
