@@ -35,6 +35,10 @@ TRANSFORMERS_OLDEST = TRANSFORMERS.split(">=")[1].split(",")[0]
 #: The tests that build real transformers models from configs: every family's capture and
 #: every model patch (DeepSeek MLA, V3.2, V4 live in zrt_deepseek).
 CAPTURE_TESTS = ("tests/capture", "plugins/zrt_deepseek/tests")
+#: What ``lowest-deps`` runs on the lowest versions: the CLI end to end, a capture, and the
+#: exports (openpyxl's workbook, onnx's view) — every dependency's code path, in seconds.
+LOWEST_TESTS = ("tests/test_cli_run.py", "tests/capture/test_capture_basics.py",
+                "tests/test_export.py")
 #: Linter version, pinned so a new ruff release cannot fail CI on unchanged code.
 RUFF = "ruff==0.17.6"
 #: Arguments every pytest run gets; importlib mode lets test files share a basename across
@@ -49,12 +53,32 @@ nox.options.error_on_missing_interpreters = True
 nox.options.default_venv_backend = "virtualenv"
 
 
-def _install(session: nox.Session, *packages: str) -> None:
-    """Pinned torch first, then zrt-core with its test extra, then ``packages`` (paths)."""
+def _install(session: nox.Session, *packages: str, extras: str = "test") -> None:
+    """Pinned torch first, then zrt-core with ``extras``, then ``packages`` (paths)."""
     session.install(TORCH)
-    session.install(".[test]")
+    session.install(f".[{extras}]")
     for package in packages:
         session.install(package)
+
+
+def lower_bounds(pyproject: dict) -> list[str]:
+    """``name==lowest`` for every requirement of a pyproject (dependencies, extras, build
+    system): the version each range's lower bound names. A requirement without one is an
+    error: its oldest admitted release would be one CI never ran."""
+    from packaging.requirements import Requirement
+
+    project = pyproject["project"]
+    texts = [*project.get("dependencies", ()),
+             *(d for deps in project.get("optional-dependencies", {}).values() for d in deps),
+             *pyproject.get("build-system", {}).get("requires", ())]
+    pins = []
+    for text in texts:
+        req = Requirement(text)
+        lowest = [s.version for s in req.specifier if s.operator in (">=", "==")]
+        if not lowest:
+            raise ValueError(f"{text!r} has no lower bound")
+        pins.append(f"{req.name}=={lowest[0]}")
+    return pins
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
@@ -102,7 +126,7 @@ def external_pack(session: nox.Session) -> None:
 @nox.session(name="all", python=PYTHON)
 def all_packages(session: nox.Session) -> None:
     """Every package installed together; the core's and every plugin's tests in one run."""
-    _install(session, *(f"plugins/{p}" for p in PLUGINS))
+    _install(session, *(f"plugins/{p}" for p in PLUGINS), extras="test,onnx")
     # tests marked ``needs`` (they price on zrt-nvidia's packs) are skipped in the core-alone
     # session; here a missing distribution is an error, so every one of them runs somewhere
     session.env["ZRT_TESTS_NEED_ALL"] = "1"
@@ -115,6 +139,21 @@ def oldest_transformers(session: nox.Session) -> None:
     _install(session, "plugins/zrt_deepseek")
     session.install(f"transformers=={TRANSFORMERS_OLDEST}.0")
     _pytest(session, *CAPTURE_TESTS)
+
+
+@nox.session(name="lowest-deps", python=PYTHON)
+def lowest_deps(session: nox.Session) -> None:
+    """The CLI, capture and export tests with every dependency at its lowest admitted version."""
+    constraints = Path(session.create_tmp()) / "lowest.txt"
+    constraints.write_text("\n".join(lower_bounds(PYPROJECT)) + "\n")
+    session.install(TORCH)
+    # the oldest build backend builds the wheels too (no isolated build environment)
+    session.install("-c", str(constraints), "hatchling")
+    session.install("--no-build-isolation", "-c", str(constraints), ".[test,onnx]",
+                    "plugins/zrt_nvidia")
+    session.run("python", "-m", "pip", "freeze")
+    session.env["ZRT_TESTS_NEED_ALL"] = "1"  # LOWEST_TESTS need only zrt-nvidia besides
+    _pytest(session, *LOWEST_TESTS)
 
 
 @nox.session(python=PYTHON, default=False)

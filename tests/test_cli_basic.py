@@ -45,7 +45,16 @@ def test_a_usage_error_is_one_line_with_exit_2(capsys):
         main(["hw", "sell"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("zrt hw: error: argument SUBCOMMAND")
+    assert err.count("\n") == 1 and err.startswith("zrt: error: argument SUBCOMMAND")
+    assert err.endswith("— see 'zrt hw --help'\n")
+
+
+def test_an_unknown_flag_names_the_subcommand_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "llama3-8b", "--hw", "h100", "--bogus"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "zrt: error: unrecognized arguments: --bogus — see 'zrt run --help'\n")
 
 
 def test_hw_list_json(capsys, toy_pack):
@@ -166,3 +175,34 @@ def test_hw_list_with_no_pack_says_how_to_get_one(capsys, monkeypatch):
                    "`pip install -e plugins/zrt_nvidia` (see README.md)\n")
     code, out, _err = _run(capsys, "hw", "list", "--json")
     assert json.loads(out) == {"hardware": []}
+
+
+def test_a_table_written_to_a_pipe_keeps_its_own_width(capsys, monkeypatch):
+    # capsys is not a terminal: rich alone would wrap every table at 80 columns
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _err = _run(capsys, "models")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) > 80
+    row = next(line for line in lines if "deepseek-v3.2 " in line)
+    assert "DeepSeek-V3.2 671B (37B active, sparse attention)" in row  # one line, not wrapped
+
+
+def test_width_sets_the_table_width(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, _err = _run(capsys, "models", "--width", "60")
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 60
+
+
+def test_text_with_brackets_prints_literally(capsys):
+    from zrt_core.cli._output import console, styled, table
+
+    con = console()
+    con.print("pip install 'zrt-core[onnx]'")
+    con.print(styled("note: ONNX view skipped (pip install 'zrt-core[onnx]')", "dim"))
+    con.print(table("t", ("a",), [("[bold]x[/]",)]))
+    out = capsys.readouterr().out
+    assert "pip install 'zrt-core[onnx]'\n" in out
+    assert "(pip install 'zrt-core[onnx]')" in out
+    assert "[bold]x[/]" in out

@@ -34,9 +34,9 @@ def test_json_has_the_promised_keys(model_dir, capsys):
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     for key in ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
-                "memory_gb_per_device", "max_batch"):
+                "memory_gib_per_device", "max_batch"):
         assert isinstance(data[key], int | float), key
-    assert data["mode"] == "max_throughput" and data["world_size"] == 2
+    assert data["mode"] == "max_throughput" and data["num_gpus"] == 2
     assert data["parallel"]["tp"] == 2
     assert data["output_tokens_per_s_per_gpu"] == pytest.approx(
         data["output_tokens_per_s"] / 2)

@@ -106,7 +106,7 @@ def test_memory_from_per_rank_graphs(host, captured):
 def test_latency_mode_identities(host, captured):
     infer = InferSpec(input_len=32, output_len=16, batch=4)
     r = estimate_inference(None, _toy(), Parallel(tp=2), infer, host=host, captured=captured)
-    assert r.mode == "latency" and r.batch == 4 and r.world_size == 2
+    assert r.mode == "latency" and r.batch == 4 and r.num_gpus == 2
     # throughput = batch x output / (TTFT + (output - 1) x TPOT), per GPU over 2 devices
     expected = 4 * 16 / (r.ttft_s + 15 * r.tpot_s)
     assert r.output_tokens_per_s == pytest.approx(expected, rel=1e-12)
@@ -118,8 +118,13 @@ def test_latency_mode_identities(host, captured):
     assert r.fits and r.memory.kv_per_token == 256
     data = r.to_json()
     for key in ("ttft_ms", "tpot_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
-                "memory_gb_per_device", "max_batch"):
+                "memory_gib_per_device", "max_batch"):
         assert data[key] is not None
+    # one convention with the training report: GiB, num_gpus
+    assert data["num_gpus"] == 2 and "world_size" not in data
+    assert data["memory_gib_per_device"] == pytest.approx(r.memory.total_in_use / 2**30)
+    assert all(k.endswith(("_gib", "_bytes", "_per_token", "_per_sequence"))
+               for k in data["memory"] if k not in ("fits", "message", "kv_by_layer_kind"))
     # dp replicas multiply throughput, not latency
     r2 = estimate_inference(None, _toy(), Parallel(tp=2, dp=3), infer, host=host,
                             captured=captured)
@@ -259,7 +264,7 @@ def test_a_model_that_does_not_fit_is_reported_not_raised(host, captured):
     r = estimate_inference(None, _toy(0.0005), Parallel(), infer, host=host,
                            captured=captured)
     assert not r.fits and r.max_batch == 0
-    assert "exceed" in r.memory.message and "GB" in r.memory.message
+    assert "exceed" in r.memory.message and "GiB" in r.memory.message
     assert r.ttft_s > 0 and r.tpot_s > 0  # the times are still predicted
     mt = estimate_inference(None, _toy(0.0005), Parallel(), InferSpec(input_len=32,
                                                                       output_len=32),
@@ -272,3 +277,24 @@ def test_captured_model_round_trips_through_json(captured):
     assert again.graph("decode").to_json() == captured.graph("decode").to_json()
     assert (again.total_params, again.seq_len) == (captured.total_params, 32)
     assert again.total_params == 426_624
+
+
+def test_max_throughput_says_why_ttft_equals_tpot(host, captured):
+    # 32-token prompts, 16 output tokens on 4 GiB: the engine's 4096 sequences each finish
+    # a prompt every 16 iterations, 4096 x 32 / 16 = 8192 prompt tokens per iteration, so
+    # every steady-state iteration is a mixed one (n_mixed = output_len = 16) and a prompt
+    # fits in one: TTFT = one mixed iteration = TPOT, and the report says so
+    infer = InferSpec(input_len=32, output_len=16)
+    r = estimate_inference(None, _toy(4.0), Parallel(), infer, host=host, captured=captured)
+    t = r.throughput
+    assert r.batch == 4096
+    assert (t["mixed_iterations_per_period"], t["prompt_tokens_per_mixed_iteration"]) == (
+        16, 8192)
+    assert r.ttft_s == r.tpot_s == pytest.approx(t["mixed_iteration_ms"] / 1e3, rel=1e-12)
+    assert any(n.startswith("TTFT equals TPOT: in the steady state every iteration mixes")
+               for n in r.notes)
+    # a static batch has a prefill step of its own: no such note
+    latency = estimate_inference(None, _toy(4.0), Parallel(), InferSpec(
+        input_len=32, output_len=16, batch=2), host=host, captured=captured)
+    assert latency.ttft_s != latency.tpot_s
+    assert not any(n.startswith("TTFT equals TPOT") for n in latency.notes)

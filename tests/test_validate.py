@@ -79,6 +79,37 @@ def test_a_file_that_is_not_a_list_is_an_error(tmp_path: Path) -> None:
         load_records(path)
 
 
+BAD_FIELDS = [
+    (TRAIN, "micro_batch", "x",
+     "record tiny-train: micro_batch must be a positive integer or null, got 'x' — null "
+     "takes the default (SCHEMA.md)"),
+    (TRAIN, "micro_batch", 0,
+     "record tiny-train: micro_batch must be a positive integer or null, got 0 — null "
+     "takes the default (SCHEMA.md)"),
+    (TRAIN, "precision", "int3",
+     "record tiny-train: precision 'int3' is not one zrt models for training — use one of "
+     "fp32, bf16, fp16, fp8, mxfp8, nvfp4, or null"),
+    (TRAIN, "recompute", "some",
+     "record tiny-train: recompute 'some' is not one zrt models for training — use one of "
+     "none, selective, full, or null"),
+    (INFER, "concurrency", -1,
+     "record tiny-infer: concurrency must be a positive integer or null, got -1 — null "
+     "takes the default (SCHEMA.md)"),
+    (INFER, "max_batch", "x",
+     "record tiny-infer: max_batch must be a positive integer or null, got 'x' — null "
+     "takes the default (SCHEMA.md)"),
+]
+
+
+@pytest.mark.parametrize(("base", "key", "value", "message"), BAD_FIELDS,
+                         ids=[f"{b['workload']}-{k}-{v!r}" for b, k, v, _ in BAD_FIELDS])
+def test_a_bad_field_is_one_line_saying_what_to_do(host, base, key, value, message) -> None:
+    """Six fields that once reached a constructor and came back as raw exception text
+    ("bad value: ValueError: invalid literal for int()...", attrs' validator repr)."""
+    result = Validator(host).run([_record({**base, key: value})]).results[0]
+    assert (result.status, result.message) == ("error", message)
+
+
 def test_workload_of_a_per_layer_record_is_layer() -> None:
     raw = {**TRAIN, "measured": {"fwd_ms_per_layer": 1.0}, "layers_measured": 1}
     del raw["workload"]

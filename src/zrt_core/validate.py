@@ -246,6 +246,20 @@ def check_record(record: Record, seen: set[str]) -> None:
     if not isinstance(measured, Mapping) or not measured:
         raise SpecError(f"record {rid}: measured is missing or empty",
                         "a record holds at least one measured quantity")
+    # fields the estimators' constructors would otherwise reject with their own text
+    for key in ("micro_batch", "concurrency", "max_batch"):
+        v = raw.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise SpecError(f"record {rid}: {key} must be a positive integer or null, got "
+                            f"{v!r}", "null takes the default (SCHEMA.md)")
+    if record.workload != "infer":
+        from zrt_core.strategy import PRECISIONS, RECOMPUTE
+
+        for key, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
+            v = raw.get(key)
+            if v is not None and v not in allowed:
+                raise SpecError(f"record {rid}: {key} {v!r} is not one zrt models for "
+                                "training", f"use one of {', '.join(allowed)}, or null")
 
 
 def _need_int(record: Record, key: str) -> int:

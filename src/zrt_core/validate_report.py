@@ -165,7 +165,7 @@ def _serving(report: Any) -> dict[str, Any]:
     predicted = {k: out[k] for k in ("output_tokens_per_s", "output_tokens_per_s_per_gpu",
                                      "ttft_ms", "tpot_ms", "batch", "max_batch")}
     if mem is not None:
-        predicted["memory_gb_per_device"] = out["memory_gb_per_device"]
+        predicted["memory_gib_per_device"] = out["memory_gib_per_device"]
     return {
         "predicted": predicted,
         "layout": {**dict(report.parallel), "engine": report.engine, "mode": report.mode,

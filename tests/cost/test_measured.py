@@ -84,6 +84,16 @@ def test_far_outside_the_table_is_left_to_the_roofline(backend):
     assert backend.price(mm_node(256, 256, 256)) is None
 
 
+def test_a_gemm_outside_the_measured_shapes_is_left_to_the_roofline(backend):
+    # m=1024 is below the rows' m/n range (2048..4096) though near in work: F =
+    # 2·1024·2048·4096 = 17179869184 (the 2048^3 row's), bytes (1024·4096 + 4096·2048 +
+    # 1024·2048)·2 = 29360128, ln(29360128/25165824) = 0.15 < ln 4 from that row
+    assert math.log(29360128 / 25165824) < MAX_DISTANCE
+    assert backend.price(mm_node(1024, 4096, 2048)) is None
+    # k=1024 below the rows' k range (2048..4096) likewise
+    assert backend.price(mm_node(4096, 1024, 4096)) is None
+
+
 def test_other_dtype_or_uncovered_op_is_not_priced(backend, node):
     assert backend.price(mm_node(2048, 2048, 2048, dtype="float16")) is None
     x = tensor(64, 64)

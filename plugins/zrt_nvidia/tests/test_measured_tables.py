@@ -63,3 +63,29 @@ def test_h800_fp8_gemm_row_is_an_exact_hit(host):
     # DeepGEMM: 1304 TFLOPS at m=4096, n=4096, k=7168 -> 240518168576 / 1.304e15 = 184.4464 us
     assert cost.source == PriceSource.MEASURED
     assert cost.time_s == pytest.approx(184.4464e-6, rel=1e-6)
+
+
+def _price(backends, node: OpNode):
+    return next(c for c in (b.price(node) for b in backends) if c is not None)
+
+
+@pytest.mark.parametrize(("n", "k"), [(1024, 8192), (8192, 1024), (3584, 8192), (8192, 3584),
+                                      (16032, 8192)])
+def test_decode_gemm_time_never_falls_as_the_batch_grows(host, n, k):
+    """Llama-3-70B's per-rank decode GEMMs at tp 8 (q, o, gate/up, down, LM head) at batch
+    1..512: the weights stream once whatever the batch, so time must not fall.
+
+    Issue 8: the OpenXLA table (m, n, k from 256 to 4096) priced m=32 and m=64 by borrowing
+    the achieved fraction of 256-row batched rows near in (ln FLOPs, ln bytes): the q GEMM
+    (n 1024, k 8192) took 20.88 us at batch 32 and 15.39 us at batch 64, so a tp8 decode
+    step fell from 22.66 to 20.99 ms. Below the table's m range the roofline prices it:
+    17.40 MB of weights at 3.35 TB/s × 0.88 = 5.90 us plus the 5.5 us floor."""
+    backends = build_backends(host.hardware_spec("nvidia_h100_sxm"), host)
+    times = [_price(backends, _mm(m, k, n, "bfloat16")).time_s
+             for m in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512)]
+    assert times == sorted(times)
+    if (n, k) == (1024, 8192):
+        at_32 = _price(backends, _mm(32, k, n, "bfloat16"))
+        assert at_32.source == PriceSource.ROOFLINE
+        # (32·8192 + 8192·1024 + 32·1024)·2 = 17,367,040 bytes
+        assert at_32.time_s == pytest.approx(17_367_040 / (3.35e12 * 0.88) + 5.5e-6, rel=1e-3)

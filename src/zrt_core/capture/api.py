@@ -372,30 +372,42 @@ class _Capture:
         return checks
 
 
+#: Library loggers silenced while capturing (transformers has its own verbosity switch).
+QUIET_LOGGERS = ("torch._subclasses.fake_tensor", "torch", "huggingface_hub")
+
+
 @contextlib.contextmanager
 def _quiet_libraries() -> Iterator[None]:
-    """Silence library logging while capturing: FakeTensorMode logs a traceback for every
-    failed meta kernel, transformers warns about config fields; zrt reports one line.
+    """Silence library output while capturing: FakeTensorMode logs a traceback for every
+    failed meta kernel, transformers and huggingface_hub log and ``warnings.warn`` about
+    config fields and deprecations; zrt reports one line (stderr carries only zrt's).
+    Scoped: every logger level, the transformers verbosity and the warning filters are
+    restored on exit, so a program that imports zrt keeps its own settings.
 
     The cyclic garbage collector is paused too: building a model allocates tens of
     thousands of objects, and full collections in the middle cost more than the capture.
     """
     import gc
     import logging
+    import warnings
 
     from transformers.utils import logging as hf_logging
 
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = fake_log.level
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [log.level for log in loggers]
     verbosity = hf_logging.get_verbosity()
     gc_was_enabled = gc.isenabled()
-    fake_log.setLevel(logging.CRITICAL)
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
     hf_logging.set_verbosity_error()
     gc.disable()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         if gc_was_enabled:
             gc.enable()
-        fake_log.setLevel(level)
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
         hf_logging.set_verbosity(verbosity)

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import argparse
 
-from zrt_core.cli._output import add_json_flag, console, positive_int, print_json, table
+from zrt_core.cli._output import (
+    add_json_flag,
+    console,
+    positive_int,
+    print_json,
+    styled,
+    table,
+)
 
 CAPTURED_PHASES = ("prefill", "decode", "train_forward", "train_backward")
 GAP_THRESHOLD = 0.10
@@ -145,13 +152,13 @@ def _print(result, summaries, exported, timings) -> None:
     for s in summaries:
         gap = "—" if s.gap is None else f"{s.gap:+.1%}"
         if s.gap_flagged:
-            gap = f"[bold red]{gap} ![/]"
+            gap = styled(f"{gap} !", "bold red")
         missing = ", ".join(s.missing_formulas)
         rows.append((
             s.phase, f"{s.ops:,}", _si(s.flops), _si(s.bytes, "B"),
             "—" if s.capture_s is None else f"{s.capture_s:.2f}",
             "—" if s.analytic_flops is None else _si(s.analytic_flops),
-            gap, f"[yellow]{missing}[/]" if missing else "",
+            gap, styled(missing, "yellow") if missing else "",
         ))
     o = result.options
     out.print(table(
@@ -168,15 +175,15 @@ def _print(result, summaries, exported, timings) -> None:
                  f"{_count(analytic['active'])} active)" if differs else "")
               + f" · built in {timings.get('build', 0.0):.2f}s · {result.source}")
     if any(s.gap_flagged for s in summaries):
-        out.print(f"[bold red]![/] gap over {GAP_THRESHOLD:.0%} between captured and "
-                  "analytic FLOPs: the graph follows HF's reference code, not a production "
-                  "kernel; explain it or add a model patch")
+        out.print(styled("!", "bold red"), f"gap over {GAP_THRESHOLD:.0%} between captured "
+                  "and analytic FLOPs: the graph follows HF's reference code, not a "
+                  "production kernel; explain it or add a model patch")
     for warning in result.warnings:
-        out.print(f"[dim]note: {warning}[/]")
+        out.print(styled(f"note: {warning}", "dim"))
     if exported is not None:
         out.print(f"wrote {len(exported.files)} files to {exported.out_dir}")
         for note in exported.notes:
-            out.print(f"[dim]{note}[/]")
+            out.print(styled(note, "dim"))
 
 
 def _si(value: float, unit: str = "") -> str:

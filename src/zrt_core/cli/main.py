@@ -29,10 +29,11 @@ COMMANDS = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line, exit 2."""
+    """argparse that reports a usage error as one line, exit 2: ``zrt: error:`` like every
+    other error (not ``zrt run: error:``), the subcommand named in the help it points to."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{self.prog}: error: {message} — see '{self.prog} --help'\n")
+        sys.stderr.write(f"zrt: error: {message} — see '{self.prog} --help'\n")
         raise SystemExit(2)
 
 
@@ -46,15 +47,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module_name in COMMANDS:
         importlib.import_module(module_name).register(sub)
+    _add_width(parser)
     return parser
+
+
+def _add_width(parser: argparse.ArgumentParser) -> None:
+    """``--width N`` on every command that prints a table (every leaf command)."""
+    from zrt_core.cli._output import add_width_flag
+
+    children = _subparsers(parser)
+    if not children:
+        add_width_flag(parser)
+    for child in children.values():
+        _add_width(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser, so the hint is 'zrt run --help'
+        command = getattr(args, "command", None)
+        owner = _subparsers(parser).get(command, parser) if command else parser
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from zrt_core.cli._output import set_width
+
+    set_width(getattr(args, "width", None))
     try:
         return int(args.func(args) or 0)
     except ZrtError as exc:
@@ -74,6 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rerun with ZRT_DEBUG=1 for the traceback and report it\n"
         )
         return 1
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def _one_line(text: str) -> str:

@@ -32,7 +32,14 @@ up to :data:`NEIGHBOURS` rows each give the fraction of the peak roofline they a
 ``max(F/peak, B/HBM) / time``; the node's time is its own peak roofline over the
 inverse-distance weighted geometric mean of those fractions (``interpolated``). A node
 whose nearest row is farther than :data:`MAX_DISTANCE` (a factor of 4 in FLOPs or bytes) is
-left to the next backend: the table does not extrapolate.
+left to the next backend: the table does not extrapolate. Nor does it for a GEMM whose m, n
+or k lies outside the range the table's rows of its class and dtype measured (m and n
+within the rows' m and n values together: a GEMM and its transpose are one kernel): near in
+(ln FLOPs, ln bytes) is not near in shape (a 32-row decode GEMM has the FLOPs and bytes of
+a batched 256-row one, but fills a quarter of each 128-row tile and streams its weights at
+a bandwidth the compute-bound rows never show), and borrowing the rows' achieved fraction
+there made a batch-64 decode step faster than batch 32's. The roofline, whose tile model
+was fitted to the same rows, prices such a node.
 """
 
 from __future__ import annotations
@@ -335,6 +342,12 @@ class MeasuredBackend:
         for row in rows:
             self._exact[(row.op, row.dtype, row.key)] = row
             self._groups.setdefault(row.group, []).append(row)
+        # the m/n and k ranges each GEMM group measured: interpolation stays inside them
+        # (m and n together: a GEMM and its transpose are one kernel)
+        self._gemm_box: dict[tuple[Any, ...], tuple[tuple[float, float], ...]] = {
+            group: ((min(min(r.key[1:3]) for r in rows), max(max(r.key[1:3]) for r in rows)),
+                    (min(r.key[3] for r in rows), max(r.key[3] for r in rows)))
+            for group, rows in self._groups.items() if group[0] in GEMM_CLASSES}
         self._hbm = hardware.memory.bandwidth_gb_per_s * 1e9
         self._peaks: dict[str, float] = {}
         self._prepared: dict[tuple[Any, ...], list[tuple[float, float, float, MeasuredRow]]] = {}
@@ -378,6 +391,11 @@ class MeasuredBackend:
         points = self._points(wanted.group, wanted.dtype)
         if not points or (wanted.flops <= 0 and wanted.bytes <= 0):
             return None
+        box = self._gemm_box.get(wanted.group)
+        if box is not None and not (box[0][0] <= min(wanted.key[1:3])
+                                    and max(wanted.key[1:3]) <= box[0][1]
+                                    and box[1][0] <= wanted.key[3] <= box[1][1]):
+            return None  # m, n or k outside the measured range (module docstring)
         has_flops = wanted.flops > 0
         lf = math.log(wanted.flops) if has_flops else 0.0
         lb = math.log(wanted.bytes) if wanted.bytes > 0 else 0.0

@@ -237,15 +237,14 @@ class _Estimator:
         in_use = per_seq * batch
         fits = budget > 0 and batch <= max_batch
         message = ""
-        gb = 1e9
         if budget <= 0:
-            message = (f"weights {weights / gb:.1f} GB + activations {activations / gb:.1f} "
-                       f"GB + runtime {reserve / gb:.1f} GB exceed the "
-                       f"{capacity / gb:.1f} GB of one device; add tensor/pipeline stages "
-                       "or quantise")
+            message = (f"weights {weights / GIB:.1f} GiB + activations "
+                       f"{activations / GIB:.1f} GiB + runtime {reserve / GIB:.1f} GiB exceed "
+                       f"the {capacity / GIB:.1f} GiB of one device; add tensor/pipeline "
+                       "stages or quantise")
         elif batch > max_batch:
-            message = (f"{batch} sequences need {in_use / gb:.1f} GB of KV cache per "
-                       f"device but {budget / gb:.1f} GB is left ({max_batch} fit)")
+            message = (f"{batch} sequences need {in_use / GIB:.1f} GiB of KV cache per "
+                       f"device but {budget / GIB:.1f} GiB is left ({max_batch} fit)")
         report = MemoryReport(capacity=capacity, weights=weights, activations=activations,
                               reserve=reserve, kv_budget=max(budget, 0.0),
                               kv_per_token=memory["kv"].per_token, kv_per_sequence=per_seq,
@@ -325,6 +324,15 @@ class _Estimator:
         # a prompt is done after its chunks' iterations; the first token then has passed
         # every pipeline stage once
         ttft = t_mix * max(0, math.ceil(isl / prefill_budget) - 1) + sum(mix_stages)
+        if pp == 1 and n_mixed >= osl and prefill_budget >= isl:
+            # every steady-state iteration carries prompt chunks and a whole prompt fits in
+            # one: the first token and every later one each wait one mixed iteration
+            self.notes.append(
+                f"TTFT equals TPOT: in the steady state every iteration mixes prompt chunks "
+                f"({chunk:,} tokens) with the {c:,} decodes, and a whole {isl:,}-token prompt "
+                f"fits in one, so a request's first token and each later one both take one "
+                f"mixed iteration ({t_mix * 1e3:.2f} ms); --batch B gives a static batch's "
+                "latency")
         mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * c * pp)
         throughput = {
             "model": "in-flight batching, steady state (docs/inference-model.md)",
@@ -413,9 +421,9 @@ class _Estimator:
         return InferenceReport(
             model=self.cap.name, model_type=self.cap.model_type, hardware_id=self.hw.id,
             hardware_name=self.hw.name,
-            parallel={**p.to_json(), "describe": p.describe(), "world_size": world},
+            parallel={**p.to_json(), "describe": p.describe()},
             workload={**infer.to_json(), "kv_dtype": self.kv_dtype or infer.dtype},
-            engine=self.engine.name, mode=mode, world_size=world, batch=int(batch),
+            engine=self.engine.name, mode=mode, num_gpus=world, batch=int(batch),
             ttft_s=ttft, tpot_s=tpot, output_tokens_per_s=total,
             output_tokens_per_s_per_gpu=total / world,
             requests_per_s=total / infer.output_len, max_batch=int(max_batch), memory=mem,

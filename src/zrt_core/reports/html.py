@@ -245,18 +245,18 @@ def inference_sections(report: InferenceReport) -> list[Section]:
     sections.append(Section("Summary", body))
 
     if mem is not None:
-        gb = 1e9
-        parts = {"weights": mem.weights / gb, "KV cache": mem.kv_in_use / gb,
-                 "activations": mem.activations / gb, "runtime": mem.reserve / gb}
-        rows = [("capacity", mem.capacity / gb), ("weights", mem.weights / gb),
-                ("KV cache in use", mem.kv_in_use / gb),
-                ("KV budget", mem.kv_budget / gb), ("activations", mem.activations / gb),
-                ("runtime reserve", mem.reserve / gb),
+        gib = 2.0**30  # GiB, as the JSON and the training report
+        parts = {"weights": mem.weights / gib, "KV cache": mem.kv_in_use / gib,
+                 "activations": mem.activations / gib, "runtime": mem.reserve / gib}
+        rows = [("capacity", mem.capacity / gib), ("weights", mem.weights / gib),
+                ("KV cache in use", mem.kv_in_use / gib),
+                ("KV budget", mem.kv_budget / gib), ("activations", mem.activations / gib),
+                ("runtime reserve", mem.reserve / gib),
                 ("KV bytes per token", mem.kv_per_token),
                 ("KV bytes per sequence", mem.kv_per_sequence)]
         sections.append(Section("Memory per device", memory_figure(
-            parts, mem.capacity / gb, title="memory per device") +
-            table_html(("item", "GB (bytes for per-token rows)"), rows)))
+            parts, mem.capacity / gib, title="memory per device", unit="GiB") +
+            table_html(("item", "GiB (bytes for per-token rows)"), rows)))
 
     phases = {p.phase: p for p in (report.prefill, report.decode) if p is not None}
     if phases:

@@ -2,9 +2,11 @@
 for machines and its tables for people.
 
 Times are per step on one device of one replica; throughput is the whole system (every DP
-replica) and per GPU (over ``world_size`` devices). ``to_json`` keeps the keys the CLI's
+replica) and per GPU (over ``num_gpus`` devices). ``to_json`` keeps the keys the CLI's
 ``--json`` promises (``ttft_ms``, ``tpot_ms``, ``output_tokens_per_s``,
-``output_tokens_per_s_per_gpu``, ``memory_gb_per_device``, ``max_batch``) at the top.
+``output_tokens_per_s_per_gpu``, ``memory_gib_per_device``, ``max_batch``) at the top.
+Memory is in GiB (2^30 bytes) and the device count is ``num_gpus``, as in the training
+report's JSON: one convention for both.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from attrs import field, frozen
 if TYPE_CHECKING:
     from zrt_core.schedule.timeline import Timeline
 
-GB = 1e9
+#: Memory is reported in GiB, as the training report does (and HBM sizes are given).
+GIB = 2.0**30
 
 
 def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -98,15 +101,15 @@ class MemoryReport:
         return self.weights + self.activations + self.reserve + self.kv_in_use
 
     def to_json(self) -> dict[str, Any]:
-        return {"capacity_gb": self.capacity / GB, "weights_gb": self.weights / GB,
-                "activations_gb": self.activations / GB, "reserve_gb": self.reserve / GB,
-                "kv_budget_gb": self.kv_budget / GB, "kv_cache_gb": self.kv_in_use / GB,
+        return {"capacity_gib": self.capacity / GIB, "weights_gib": self.weights / GIB,
+                "activations_gib": self.activations / GIB, "reserve_gib": self.reserve / GIB,
+                "kv_budget_gib": self.kv_budget / GIB, "kv_cache_gib": self.kv_in_use / GIB,
                 "kv_bytes_per_token": self.kv_per_token,
                 "kv_bytes_per_sequence": self.kv_per_sequence,
                 "kv_fixed_bytes_per_sequence": self.kv_fixed_per_sequence,
                 "kv_by_layer_kind": {k: {"bytes_per_token": v[0], "fixed_bytes": v[1]}
                                      for k, v in self.kv_by_layer_kind.items()},
-                "total_gb": self.total_in_use / GB, "fits": self.fits,
+                "total_gib": self.total_in_use / GIB, "fits": self.fits,
                 "message": self.message}
 
 
@@ -129,7 +132,7 @@ class InferenceReport:
     workload: Mapping[str, Any] = field(converter=_ro)
     engine: str = "trtllm"
     mode: str = "latency"
-    world_size: int = 1
+    num_gpus: int = 1
     batch: int = 1
     ttft_s: float = 0.0
     tpot_s: float = 0.0
@@ -158,7 +161,7 @@ class InferenceReport:
             "tpot_ms": self.tpot_s * 1e3,
             "output_tokens_per_s": self.output_tokens_per_s,
             "output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
-            "memory_gb_per_device": (mem.total_in_use / GB) if mem else None,
+            "memory_gib_per_device": (mem.total_in_use / GIB) if mem else None,
             "max_batch": self.max_batch,
             "batch": self.batch,
             "fits": self.fits,
@@ -167,7 +170,7 @@ class InferenceReport:
             "model": self.model,
             "model_type": self.model_type,
             "hardware": self.hardware_id,
-            "world_size": self.world_size,
+            "num_gpus": self.num_gpus,
             "parallel": dict(self.parallel),
             "workload": dict(self.workload),
             "engine": self.engine,
@@ -183,7 +186,7 @@ class InferenceReport:
 
 
 def _layout(report: InferenceReport) -> str:
-    n = report.world_size
+    n = report.num_gpus
     if n == 1:
         return "1 device, no parallelism"
     return f"{report.parallel.get('describe', '')} on {n} devices"
@@ -212,10 +215,11 @@ def summary_rows(report: InferenceReport) -> list[tuple[str, str]]:
                               f"({report.output_tokens_per_s_per_gpu:,.0f} per GPU)"),
     ]
     if mem is not None:
-        rows.append(("memory / device", f"{mem.total_in_use / GB:.1f} of "
-                                        f"{mem.capacity / GB:.1f} GB (weights "
-                                        f"{mem.weights / GB:.1f}, KV {mem.kv_in_use / GB:.1f},"
-                                        f" activations {mem.activations / GB:.1f})"))
+        rows.append(("memory / device", f"{mem.total_in_use / GIB:.1f} of "
+                                        f"{mem.capacity / GIB:.1f} GiB (weights "
+                                        f"{mem.weights / GIB:.1f}, KV "
+                                        f"{mem.kv_in_use / GIB:.1f}, activations "
+                                        f"{mem.activations / GIB:.1f})"))
         if not mem.fits:
             rows.append(("does not fit", mem.message))
     return rows

@@ -1901,8 +1901,6 @@ class _ParallelPass(ShapePass):
         weight_split = any(g in ("tp", "etp") for axis in lb.axes for g, _ in axis) or \
             any(g in ("tp", "etp") for axis in la.axes for g, _ in axis)
         base = op_base(node.op)
-        grouped_dw = base in ("_grouped_mm", "grouped_mm_fallback") and \
-            len(metas[a_i].shape) == 2 and len(metas[b_i].shape) == 2
         k_a = len(la.axes) - 1
         k_b = len(lb.axes) - 2 if len(lb.axes) >= 2 else 0
         if base == "linear":
@@ -1910,7 +1908,11 @@ class _ParallelPass(ShapePass):
         for group in ("sp", "cp"):
             in_a = group in la.groups(k_a)
             in_b = group in lb.groups(k_b) if lb.axes else False
-            if in_a != in_b and not grouped_dw:  # a contraction split on one side only
+            # a contraction split on one side only: gather it. This holds for a grouped
+            # dW too (rows are its contraction): with SP, dY arrives from the combine's
+            # backward split over TP while the saved input holds every row; left split,
+            # the dW GEMM counted half its rows and MoE HFU fell below MFU
+            if in_a != in_b:
                 if in_a:
                     self._gather(node, metas[a_i], k_a, group)
                 else:
