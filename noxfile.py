@@ -24,7 +24,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: a looser requirement, or torch pulled in as a dependency, may fetch a multi-GB CUDA build.
 TORCH = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch=="))
 #: First-party plugin distributions, by folder under plugins/.
-PLUGINS = ("zrt_nvidia", "zrt_ascend", "zrt_deepseek", "zrt_fusion_rules")
+PLUGINS = ("zrt_nvidia", "zrt_ascend", "zrt_deepseek", "zrt_fusion_rules", "zrt_xai")
 #: The third-party pack that proves entry-point discovery of an installed wheel.
 EXTERNAL_PACK = "tests/external_pack"
 #: transformers' tested range from zrt-core's dependencies; its lower bound is installed by
@@ -33,8 +33,9 @@ TRANSFORMERS = next(d for d in PYPROJECT["project"]["dependencies"]
                     if d.startswith("transformers"))
 TRANSFORMERS_OLDEST = TRANSFORMERS.split(">=")[1].split(",")[0]
 #: The tests that build real transformers models from configs: every family's capture and
-#: every model patch (DeepSeek MLA, V3.2, V4 live in zrt_deepseek).
-CAPTURE_TESTS = ("tests/capture", "plugins/zrt_deepseek/tests")
+#: every model patch (DeepSeek MLA, V3.2, V4 live in zrt_deepseek), every plugin model type
+#: (Grok-1 in zrt_xai).
+CAPTURE_TESTS = ("tests/capture", "plugins/zrt_deepseek/tests", "plugins/zrt_xai/tests")
 #: Linter version, pinned so a new ruff release cannot fail CI on unchanged code.
 RUFF = "ruff==0.17.6"
 #: Arguments every pytest run gets; importlib mode lets test files share a basename across
