@@ -97,8 +97,20 @@ def test_training_estimate_with_expert_parallel_folding(host) -> None:
     if "h100" not in host.hardware:
         pytest.skip("prices on zrt-nvidia's H100, not installed beside this plugin")
 
-    # the dgxc layout in miniature: tp 2 × cp 1 × dp 2, ep 4 × etp 1 folded over tp × dp
-    p = Parallel(tp=2, pp=2, ep=4, etp=1, dp=2)
+    # the dgxc layout in miniature: ep 4 × etp 1 folded over tp 2 × dp 4 (ep does not divide
+    # dp alone); the expert gradients reduce over 2 · 4 / 4 = 2 ranks spanning the 8
+    p = Parallel(tp=2, pp=2, ep=4, etp=1, dp=4)
     r = estimate_training(TINY, "h100", p, TrainSpec(micro_batch=1, global_batch=8, seq_len=32),
                           host=host, use_cache=False)
-    assert r.step_time_s > 0 and r.parallel.span("edp") == (1, 4)
+    assert r.step_time_s > 0
+    assert (r.parallel.span("ep"), r.parallel.span("edp")) == ((4, 4), (2, 8))
+    assert r.exposed_comm_s["ep"] + r.hidden_comm_s["ep"] > 0
+    # the collectives the transforms inserted (the estimate's transformed graphs, cached):
+    # (kind, group, members, consecutive ranks spanned)
+    from zrt_core.estimate.training import _TRANSFORMED
+
+    _captured, fwd, _bwd, bwd_sync, *_ = next(v for v in reversed(_TRANSFORMED.values()))
+    found = {(n.attrs["collective"], n.attrs["group"], n.attrs["group_size"], n.attrs["span"])
+             for g in (fwd, bwd_sync) for n in g.nodes if n.attrs.get("collective")}
+    assert {("all_to_all", "ep", 4, 4), ("all_reduce", "edp", 2, 8),
+            ("all_reduce", "dp", 4, 8)} <= found
