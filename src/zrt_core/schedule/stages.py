@@ -186,7 +186,7 @@ def plan_stages(num_layers: int, stages: int, pp: int, split: StageSplit | str |
     if num_layers % stages == 0 and not split.embedding_loss:
         return _plan([num_layers // stages] * stages, num_layers, mtp_depths,
                      mtp_layers_per_depth, mtp_stage=None)
-    even_rule = (f"pp × vp = {pp} × {vp} = {stages} does not divide the {num_layers} layers "
+    even_rule = (f"pp × vp = {stages} does not divide the {num_layers} layers "
                  "(Megatron-Core's even split)")
     if split.embedding_loss or split.fallback:
         padded = num_layers + 2
