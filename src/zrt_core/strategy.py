@@ -117,6 +117,10 @@ class TrainSpec:
     precision: str = field(default="bf16", validator=validators.in_(PRECISIONS))
     pp_schedule: str = field(default="1f1b", validator=validators.in_(PP_SCHEDULES))
     offload_optimizer: bool = False
+    #: LoRA fine-tuning: frozen base weights and adapters of this rank on every decoder
+    #: linear layer (:mod:`zrt_core.transforms.lora`); 0 trains every weight
+    lora_rank: int = field(default=0, validator=validators.and_(validators.instance_of(int),
+                                                                validators.ge(0)))
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -128,7 +132,7 @@ class TrainSpec:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp", "optimizer",
-            "precision", "pp_schedule", "offload_optimizer")}
+            "precision", "pp_schedule", "offload_optimizer", "lora_rank")}
 
 
 @frozen
