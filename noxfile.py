@@ -24,12 +24,13 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: a looser requirement, or torch pulled in as a dependency, may fetch a multi-GB CUDA build.
 TORCH = next(d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch=="))
 #: First-party plugin distributions, by folder under plugins/.
-PLUGINS = ("zrt_nvidia", "zrt_ascend", "zrt_deepseek", "zrt_fusion_rules")
+PLUGINS = ("zrt_nvidia", "zrt_ascend", "zrt_deepseek", "zrt_fusion_rules", "zrt_xai")
 #: The third-party pack that proves entry-point discovery of an installed wheel.
 EXTERNAL_PACK = "tests/external_pack"
 #: The tests that build real transformers models from configs: every family's capture and
-#: every model patch (DeepSeek MLA, V3.2, V4 live in zrt_deepseek).
-CAPTURE_TESTS = ("tests/capture", "plugins/zrt_deepseek/tests")
+#: every model patch (DeepSeek MLA, V3.2, V4 live in zrt_deepseek), every plugin model type
+#: (Grok-1 in zrt_xai).
+CAPTURE_TESTS = ("tests/capture", "plugins/zrt_deepseek/tests", "plugins/zrt_xai/tests")
 #: What ``lowest-deps`` runs on the lowest versions: the CLI end to end, a capture, and the
 #: exports (openpyxl's workbook, onnx's view) — every dependency's code path, in seconds.
 LOWEST_TESTS = ("tests/test_cli_run.py", "tests/test_export.py")
@@ -138,9 +139,9 @@ def lowest_deps(session: nox.Session) -> None:
     # the oldest build backend builds the wheels too (no isolated build environment)
     session.install("-c", str(constraints), "hatchling")
     session.install("--no-build-isolation", "-c", str(constraints), ".[test,onnx]",
-                    "plugins/zrt_nvidia", "plugins/zrt_deepseek")
+                    "plugins/zrt_nvidia", "plugins/zrt_deepseek", "plugins/zrt_xai")
     session.run("python", "-m", "pip", "freeze")
-    session.env["ZRT_TESTS_NEED_ALL"] = "1"  # these tests need only zrt-nvidia and zrt-deepseek besides
+    session.env["ZRT_TESTS_NEED_ALL"] = "1"  # these tests need only zrt-nvidia, zrt-deepseek and zrt-xai besides
     _pytest(session, *LOWEST_TESTS, *CAPTURE_TESTS)
 
 

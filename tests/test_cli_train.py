@@ -91,6 +91,11 @@ def test_out_writes_html_json_and_a_pipeline_trace(model_dir: Path, tmp_path: Pa
     (("--pp", "3"), "pp × vp = 3 does not divide the 4 layers"),
     (("--dp", "2", "--global-batch", "6"), "global batch 6 is not divisible"),
     (("--ep", "2", "--dp", "2"), "no routed experts"),
+    (("--pp", "3", "--global-batch", "6"), "--decoder-first/last-pipeline-num-layers"),
+    (("--pp", "3", "--global-batch", "6", "--pipeline-model-parallel-layout", "Ett|tt|L",
+      "--decoder-first-pipeline-num-layers", "2"), "cannot be combined"),
+    (("--pp", "3", "--global-batch", "6", "--pipeline-model-parallel-layout", "Ett|ttL"),
+     "2 stages, but the schedule runs 3"),
 ])
 @pytest.mark.needs("zrt-nvidia")
 def test_bad_layouts_are_one_line_with_exit_2(model_dir: Path,
@@ -107,3 +112,16 @@ def test_bad_flag_values_are_usage_errors(model_dir: Path,
         main(_run(model_dir, "--recompute", "half"))
     assert exc.value.code == 2
     assert "--recompute" in capsys.readouterr().err
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_uneven_pipeline_flags(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 4 layers over pp 3: first 2, the other two ranks one each (Megatron-Core's rule)
+    assert main(_run(model_dir, "--pp", "3", "--global-batch", "6",
+                     "--decoder-first-pipeline-num-layers", "2", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["layers"] for s in data["stages"]] == [[0, 2], [2, 3], [3, 4]]
+    assert main(_run(model_dir, "--pp", "3", "--global-batch", "6",
+                     "--pipeline-model-parallel-layout", "Et|ttt|L", "--json")) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["layers"] for s in data["stages"]] == [[0, 1], [1, 4], [4, 4]]

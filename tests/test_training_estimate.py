@@ -208,3 +208,30 @@ def test_host_launches_show_as_exposed_host_time(tiny, host, parallel: Parallel)
         assert left == pytest.approx(right, rel=1e-9, abs=1e-15), name
     graphed = _estimate(tiny, host, parallel, _train(), hw=slow, cuda_graph="full")
     assert graphed.step_time_s == pytest.approx(base.step_time_s)
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_uneven_pipeline_splits_reach_the_stages(tiny, host) -> None:
+    from zrt_core.schedule.stages import StageSplit
+
+    train = _train(global_batch=16)  # 8 micro-batches
+    # 4 layers over pp 3: Megatron refuses an even split; first 2 leaves 1 + 1
+    r = _estimate(tiny, host, Parallel(pp=3), train, stage_split=StageSplit(first_layers=2))
+    assert [s.layers for s in r.stages] == [(0, 2), (2, 3), (3, 4)]
+    assert any("pipeline layout Ett|t|tL" in n for n in r.notes)
+    for name, (left, right) in identities(r).items():
+        assert left == pytest.approx(right, rel=1e-9, abs=1e-15), name
+    # a layout with an empty middle stage: it only passes activations on (no compute)
+    e = _estimate(tiny, host, Parallel(pp=3), train,
+                  stage_split=StageSplit(layout="Ett||ttL"))
+    assert [s.layers for s in e.stages] == [(0, 2), (2, 2), (2, 4)]
+    assert e.stages[1].forward_s == 0 and e.stages[1].backward_s == 0
+    assert e.stages[0].forward_s > 0 and e.stages[2].forward_s > 0
+    # interleaved, 4 layers over pp 2 × vp 2 = 4 chunks: first 2 → one layer per chunk on
+    # rank 0; rank 1 takes the other 2, one per chunk
+    i = _estimate(tiny, host, Parallel(pp=2, vp=2), _train(global_batch=16,
+                  pp_schedule="interleaved"), stage_split=StageSplit(first_layers=2))
+    assert [s.layers for s in i.stages] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    with pytest.raises(LayoutError, match="not divisible by vp=2"):
+        _estimate(tiny, host, Parallel(pp=2, vp=2), _train(global_batch=16,
+                  pp_schedule="interleaved"), stage_split=StageSplit(first_layers=1))

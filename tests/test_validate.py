@@ -166,12 +166,19 @@ def test_layer_case_runs_one_micro_batch_per_replica() -> None:
 @pytest.fixture(scope="module")
 def run(host: PluginHost, tmp_path_factory: pytest.TempPathFactory) -> ValidationRun:
     bad_type = {**TRAIN, "id": "unknown-type",
-                "model": {"name": "x", "hf_config": {**TINY_GPT2, "model_type": "grok-1"}}}
+                "model": {"name": "x", "hf_config": {**TINY_GPT2, "model_type": "acme-1"}}}
     unknown_key = {**INFER, "id": "typo", "concurency": 4}
     missing = {**TRAIN, "id": "no-seq", "seq_len": None}
     zero_tp = {**TRAIN, "id": "tp0", "parallel": {"tp": 0}}
+    # 2 layers over pp 3: no even split, 2 + embedding + loss = 4 entries do not divide 3
+    pp3 = {**TRAIN, "id": "pp3", "num_gpus": 6, "parallel": {"tp": 2, "pp": 3}}
+    laid_out = {**pp3, "id": "pp3-layout",
+                "parallel": {"tp": 2, "pp": 3, "pipeline_model_parallel_layout": "Et|t|L"}}
+    bad_layout = {**pp3, "id": "pp3-bad-layout",
+                  "parallel": {"tp": 2, "pp": 3, "pipeline_model_parallel_layout": "Et|tL"}}
     path = tmp_path_factory.mktemp("validation") / "tiny.yaml"
-    path.write_text(yaml.safe_dump([TRAIN, bad_type, unknown_key, missing, zero_tp, INFER]))
+    path.write_text(yaml.safe_dump([TRAIN, bad_type, unknown_key, missing, zero_tp, pp3,
+                                    laid_out, bad_layout, INFER]))
     return Validator(host, use_cache=False).run(load_records(path), path=str(path))
 
 
@@ -179,9 +186,14 @@ def run(host: PluginHost, tmp_path_factory: pytest.TempPathFactory) -> Validatio
 def test_every_record_gets_a_row_and_the_run_goes_on(run: ValidationRun) -> None:
     by_id = {r.id: r for r in run.results}
     assert [r.id for r in run.results] == ["tiny-train", "unknown-type", "typo", "no-seq",
-                                           "tp0", "tiny-infer"]
-    assert by_id["tiny-train"].ok and by_id["tiny-infer"].ok
-    assert not by_id["unknown-type"].ok and "grok-1" in by_id["unknown-type"].message
+                                           "tp0", "pp3", "pp3-layout", "pp3-bad-layout",
+                                           "tiny-infer"]
+    assert by_id["tiny-train"].ok and by_id["tiny-infer"].ok and by_id["pp3-layout"].ok
+    assert not by_id["unknown-type"].ok and "unknown model_type 'acme-1'" in \
+        by_id["unknown-type"].message
+    assert "a zrt plugin that supplies 'acme-1'" in by_id["unknown-type"].message
+    assert "refuses it without a pipeline layout" in by_id["pp3"].message
+    assert "'Et|tL': 2 stages, but the schedule runs 3" in by_id["pp3-bad-layout"].message
     assert by_id["typo"].message.startswith("record typo: unknown key 'concurency'")
     assert "seq_len must be a positive integer" in by_id["no-seq"].message
     assert by_id["tp0"].message.startswith(
@@ -214,9 +226,12 @@ def test_json_has_the_schema_shape(run: ValidationRun) -> None:
     failed = data["records"][1]
     assert failed["status"] == "error" and failed["message"]
     s = data["summary"]
-    assert (s["records"], s["ok"], s["errors"]) == (6, 2, 4)
-    assert s["mape_step_time"] == pytest.approx(abs(run.results[0].error["step_time_s"]))
-    assert {f["id"] for f in s["failed"]} == {"unknown-type", "typo", "no-seq", "tp0"}
+    assert (s["records"], s["ok"], s["errors"]) == (9, 3, 6)
+    trains = [r for r in run.results if r.ok and r.workload == "train"]
+    assert s["mape_step_time"] == pytest.approx(
+        sum(abs(r.error["step_time_s"]) for r in trains) / len(trains))
+    assert {f["id"] for f in s["failed"]} == {"unknown-type", "typo", "no-seq", "tp0", "pp3",
+                                               "pp3-bad-layout"}
 
 
 def test_summary_arithmetic() -> None:

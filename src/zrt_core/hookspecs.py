@@ -43,6 +43,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from zrt_core.analytic.flops import PhaseFlops
+    from zrt_core.capture.model_types import ModelType
     from zrt_core.capture.patches import ModelPatch
     from zrt_core.cost.backend import CostBackendSpec
     from zrt_core.cost.measured import MeasuredTable
@@ -106,6 +107,17 @@ def zrt_model_patches() -> Sequence[ModelPatch]:
         configs it applies to and returns a context manager; the harness enters it around
         build and capture and exits it afterwards, so nothing stays patched. Names must be
         unique.
+    """
+
+
+@hookspec
+def zrt_model_types() -> Sequence[ModelType]:
+    """Model families (``model_type``) that transformers does not build, built by this plugin.
+
+    :return: a list or tuple of :class:`zrt_core.capture.model_types.ModelType`: the type's
+        name and callables returning its config class and causal-LM class. The core asks for
+        them only when a config's ``model_type`` is not built into transformers; nothing is
+        registered with transformers. Names must be unique across plugins.
     """
 
 

@@ -31,6 +31,7 @@ from zrt_core.errors import PluginError, UnknownNameError, ZrtError
 
 if TYPE_CHECKING:
     from zrt_core.analytic.flops import PhaseFlops
+    from zrt_core.capture.model_types import ModelType
     from zrt_core.capture.patches import ModelPatch
     from zrt_core.cost.backend import CostBackendSpec
     from zrt_core.cost.measured import MeasuredTable
@@ -57,6 +58,7 @@ CONTRIBUTION_TYPES: Mapping[str, tuple[str, str]] = {
     "zrt_measured_tables": ("zrt_core.cost.measured", "MeasuredTable"),
     "zrt_model_configs": ("zrt_core.models", "BundledModel"),
     "zrt_model_patches": ("zrt_core.capture.patches", "ModelPatch"),
+    "zrt_model_types": ("zrt_core.capture.model_types", "ModelType"),
     "zrt_op_formulas": ("zrt_core.formulas.registry", "OpFormula"),
     "zrt_fusion_rules": ("zrt_core.transforms.fusion", "FusionRulePack"),
     "zrt_graph_transforms": ("zrt_core.transforms.base", "TransformSpec"),
@@ -315,6 +317,10 @@ class PluginHost:
     @cached_property
     def model_patches(self) -> Registry[ModelPatch]:
         return self._collect("zrt_model_patches", Registry("model patch", lambda p: p.name))
+
+    @cached_property
+    def model_types(self) -> Registry[ModelType]:
+        return self._collect("zrt_model_types", Registry("model type", lambda t: t.name))
 
     @cached_property
     def fusion_rules(self) -> Registry[FusionRulePack]:

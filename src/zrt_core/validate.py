@@ -76,7 +76,11 @@ _INFER_KEYS = frozenset({"input_len", "output_len", "concurrency", "max_batch"})
 _LAYER_KEYS = frozenset({"recompute", "micro_batch", "seq_len", "layers_measured"})
 #: Keys either workload may carry as null (public.yaml gives every record every key).
 _KNOWN_KEYS = _COMMON_KEYS | _TRAIN_KEYS | _INFER_KEYS | _LAYER_KEYS
-_PARALLEL_KEYS = frozenset({"tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "zero", "fsdp"})
+#: ``pipeline_model_parallel_layout`` and ``decoder_first/last_pipeline_num_layers`` give an
+#: uneven pipeline split by Megatron's argument names (``STAGE_SPLIT_FIELDS``).
+_PARALLEL_KEYS = frozenset({"tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "zero", "fsdp",
+                            "pipeline_model_parallel_layout", "decoder_first_pipeline_num_layers",
+                            "decoder_last_pipeline_num_layers"})
 _MODEL_KEYS = frozenset({"name", "hf_config"})
 
 #: Record precision → (zrt weight/activation quantisation, KV-cache dtype) for serving.
@@ -224,11 +228,16 @@ def check_record(record: Record, seen: set[str]) -> None:
     if bad:
         raise SpecError(f"record {rid}: unknown parallel key {bad[0]!r}",
                         f"use {', '.join(sorted(_PARALLEL_KEYS))}")
-    for key in ("tp", "pp", "vp", "cp", "ep", "etp", "dp"):
+    for key in ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "decoder_first_pipeline_num_layers",
+                "decoder_last_pipeline_num_layers"):
         v = (par or {}).get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
             raise SpecError(f"record {rid}: parallel.{key} must be a positive integer or "
                             f"null, got {v!r}")
+    layout = (par or {}).get("pipeline_model_parallel_layout")
+    if layout is not None and not isinstance(layout, str):
+        raise SpecError(f"record {rid}: parallel.pipeline_model_parallel_layout must be a "
+                        f"string or null, got {layout!r}", "e.g. 'Et|(tt|)*30mL'")
     if (par or {}).get("zero") not in (None, 0, 1, 2, 3):
         raise SpecError(f"record {rid}: parallel.zero must be 0, 1, 2, 3 or null, got "
                         f"{par['zero']!r}")

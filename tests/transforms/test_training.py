@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from zrt_core.errors import LayoutError, SpecError
+from zrt_core.errors import SpecError
 from zrt_core.hardware import HardwareSpec
 from zrt_core.ir.graph import Category, LayerTemplate, OpGraph, OpNode, Phase, TensorMeta
 from zrt_core.modelinfo import ModelDims
@@ -30,7 +30,6 @@ from zrt_core.transforms.training import (
     param_inventory,
     precision_plan,
     split_layer_templates,
-    stage_layer_ranges,
     unfused_cross_entropy,
 )
 
@@ -463,16 +462,3 @@ def test_offloaded_states_move_over_the_host_link() -> None:
     d2h = next(n for n in g.nodes if n.op == "offload.d2h")
     # 512 fp32 gradients = 2048 bytes at 32 GB/s = 64 ns
     assert d2h.attrs["host_link_s"] == pytest.approx(2048 / 32e9)
-
-
-# -- stages ------------------------------------------------------------------------------------
-
-
-def test_stage_split_even_or_counting_embedding_and_loss_as_layers() -> None:
-    assert stage_layer_ranges(8, 4) == (range(0, 2), range(2, 4), range(4, 6), range(6, 8))
-    # DeepSeek-V3: 61 layers + embedding + (MTP + loss) = 64 over 16 stages of 4
-    ranges = stage_layer_ranges(61, 16, extra_first=1, extra_last=2)
-    assert [len(r) for r in ranges] == [3] + [4] * 14 + [2]
-    assert ranges[-1].stop == 61
-    with pytest.raises(LayoutError, match="does not divide the 7 layers"):
-        stage_layer_ranges(7, 4, extra_first=1, extra_last=1)

@@ -169,7 +169,7 @@ def _resolve(model: Any, host: PluginHost) -> tuple[str, str, dict[str, Any], An
     else:
         resolved = resolve_model(model, host)
         source = resolved.source
-    config = transformers_config(resolved.config, where=resolved.name)
+    config = transformers_config(resolved.config, where=resolved.name, host=host)
     return resolved.name, source, dict(resolved.config), config
 
 
@@ -234,6 +234,7 @@ class _Capture:
         from zrt_core.capture import build, templates
         from zrt_core.capture.phases import PhaseRunner
         from zrt_core.capture.recorder import CaptureSession, ModuleStack
+        from zrt_core.capture.sources import plugin_model_type
 
         num_experts = dims.experts if dims is not None else 0
         top_k = dims.top_k if dims is not None else 0
@@ -243,7 +244,10 @@ class _Capture:
             for patch in self._patches(config):
                 patches.enter_context(patch.context(config, self.options))
             start = time.perf_counter()
-            model = build.build_fake_model(config, self.options.dtype, fake_mode)
+            plugin_type = plugin_model_type({"model_type": config.model_type}, self.host)
+            model = build.build_fake_model(
+                config, self.options.dtype, fake_mode,
+                model_class=plugin_type.model_class() if plugin_type is not None else None)
             timings["build"] = time.perf_counter() - start
             params = build.count_params(model, num_experts, top_k)
 

@@ -22,6 +22,7 @@ from attrs import field, frozen
 from zrt_core.errors import ModelError
 
 if TYPE_CHECKING:
+    from zrt_core.capture.model_types import ModelType
     from zrt_core.models import BundledModel
     from zrt_core.plugins import PluginHost
 
@@ -88,7 +89,7 @@ def resolve_model(
     else:
         resolved = _from_name(spec.strip(), host)
     if check_model_type:
-        check_builtin_model_type(resolved.config, where=_where(resolved))
+        check_builtin_model_type(resolved.config, where=_where(resolved), host=host)
     return resolved
 
 
@@ -265,42 +266,65 @@ def builtin_model_types() -> frozenset[str]:
     return frozenset(CONFIG_MAPPING_NAMES)
 
 
-def check_builtin_model_type(config: Mapping[str, Any], *, where: str = "config") -> None:
-    """Refuse a ``model_type`` that transformers does not have built in.
+def plugin_model_type(config: Mapping[str, Any], host: PluginHost | None = None
+                      ) -> ModelType | None:
+    """The plugin :class:`ModelType` that builds ``config``'s ``model_type``, or None when
+    transformers has it built in (built-in types win) or no installed plugin provides it."""
+    model_type = str(config.get("model_type"))
+    if model_type in builtin_model_types():
+        return None
+    if host is None:
+        from zrt_core.plugins import get_plugin_manager
 
-    :raises ModelError: naming the type, the closest known types, and, when the config
-        carried ``auto_map``, that zrt does not execute remote code.
+        host = get_plugin_manager()
+    return host.model_types.get(model_type) if model_type in host.model_types else None
+
+
+def check_builtin_model_type(config: Mapping[str, Any], *, where: str = "config",
+                             host: PluginHost | None = None) -> None:
+    """Refuse a ``model_type`` that neither transformers nor an installed plugin builds.
+
+    :raises ModelError: naming the type, the closest known types, that a zrt plugin can
+        supply it (``zrt_model_types``), and, when the config carried ``auto_map``, that zrt
+        does not execute remote code.
     """
     import transformers
 
     model_type = str(config.get("model_type"))
     known = builtin_model_types()
-    if model_type in known:
+    if model_type in known or plugin_model_type(config, host) is not None:
         return
     close = difflib.get_close_matches(model_type, sorted(known), n=3, cutoff=0.6)
     similar = f"similar built-in types: {', '.join(close)}; " if close else ""
     raise ModelError(
         f"{where}: unknown model_type {model_type!r} (transformers "
-        f"{transformers.__version__} has no built-in implementation, and zrt never executes "
-        "remote code from a checkpoint's auto_map)",
-        f"{similar}use a config whose model_type transformers knows, or upgrade transformers",
+        f"{transformers.__version__} has no built-in implementation, no installed zrt plugin "
+        "provides it, and zrt never executes remote code from a checkpoint's auto_map)",
+        f"install a zrt plugin that supplies {model_type!r} (hook zrt_model_types; `zrt "
+        f"plugins` lists what is installed), {similar}or use a config whose model_type "
+        "transformers knows",
     )
 
 
-def transformers_config(config: Mapping[str, Any], *, where: str = "config") -> Any:
-    """Build the transformers ``PretrainedConfig`` for a config mapping, without remote code.
+def transformers_config(config: Mapping[str, Any], *, where: str = "config",
+                        host: PluginHost | None = None) -> Any:
+    """Build the transformers ``PretrainedConfig`` for a config mapping, without remote code
+    (a plugin's config class for a type it supplies, :func:`plugin_model_type`).
 
     :raises ModelError: unknown ``model_type`` or a field transformers rejects, one line.
     """
     from huggingface_hub import errors as hub_errors
     from transformers import AutoConfig
 
-    check_builtin_model_type(config, where=where)
+    check_builtin_model_type(config, where=where, host=host)
+    plugin_type = plugin_model_type(config, host)
     fields = {k: v for k, v in config.items()
               if k not in ("model_type", *_REMOTE_CODE_KEYS)}
     # transformers 5 validates fields through huggingface_hub's strict dataclasses.
     strict_error = getattr(hub_errors, "StrictDataclassError", ValueError)
     try:
+        if plugin_type is not None:
+            return plugin_type.config_class()(**fields)
         return AutoConfig.for_model(str(config["model_type"]), **fields)
     except (ValueError, TypeError, KeyError, AttributeError, strict_error) as exc:
         first = str(exc).strip().splitlines()

@@ -59,11 +59,23 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--embedding-loss-stages", action="store_true",
                    help="count the embedding and the loss as layers when splitting layers "
                         "into stages (Megatron's account_for_*_in_pipeline_split)")
+    g.add_argument("--decoder-first-pipeline-num-layers", type=positive_int(
+                   "--decoder-first-pipeline-num-layers"), default=None, metavar="N",
+                   help="decoder layers on the first pipeline rank (Megatron's uneven split; "
+                        "split over its vp chunks)")
+    g.add_argument("--decoder-last-pipeline-num-layers", type=positive_int(
+                   "--decoder-last-pipeline-num-layers"), default=None, metavar="N",
+                   help="decoder layers on the last pipeline rank")
+    g.add_argument("--pipeline-model-parallel-layout", default=None, metavar="LAYOUT",
+                   help="Megatron's layout string, one |-separated entry per virtual stage: "
+                        "E embedding, t decoder layer, m MTP layer, L loss, e.g. "
+                        "'Et|(tt|)*30mL'")
 
 
 def run_train(args: argparse.Namespace) -> int:
     from zrt_core.estimate.training import estimate_training, train_spec_defaults
     from zrt_core.plugins import get_plugin_manager
+    from zrt_core.schedule.stages import StageSplit
 
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
@@ -80,8 +92,11 @@ def run_train(args: argparse.Namespace) -> int:
     report = estimate_training(args.model, hw, parallel, train, host=host,
                                num_gpus=args.num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                attention=args.attention, keep_timelines=bool(args.out),
-                               stage_split="embedding-loss" if args.embedding_loss_stages
-                               else "even",
+                               stage_split=StageSplit(
+                                   first_layers=args.decoder_first_pipeline_num_layers,
+                                   last_layers=args.decoder_last_pipeline_num_layers,
+                                   layout=args.pipeline_model_parallel_layout,
+                                   embedding_loss=args.embedding_loss_stages),
                                use_cache=False if args.no_cache else None)
     written = write_training_outputs(report, args.out) if args.out else []
     if args.json:

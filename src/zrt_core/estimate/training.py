@@ -54,6 +54,8 @@ from zrt_core.schedule.pipeline import (
     virtual_stages,
 )
 from zrt_core.schedule.scheduler import OverlapRules, schedule_phase, weight_grad_s
+from zrt_core.schedule.stages import StageSplit, plan_stages
+from zrt_core.schedule.timeline import Timeline
 from zrt_core.strategy import Parallel, TrainSpec, check_layout
 from zrt_core.transforms.base import TransformContext, apply_all, around_fusion
 from zrt_core.transforms.training import (
@@ -74,7 +76,6 @@ from zrt_core.transforms.training import (
     param_inventory,
     precision_plan,
     split_layer_templates,
-    stage_layer_ranges,
     tp_overlap_hints,
     unfused_cross_entropy,
 )
@@ -85,14 +86,12 @@ if TYPE_CHECKING:
     from zrt_core.hardware import HardwareSpec
     from zrt_core.modelinfo import ModelDims
     from zrt_core.plugins import PluginHost
-    from zrt_core.schedule.timeline import Timeline
 
 #: Fraction of a device's memory a training job may fill: the rest is the CUDA context,
 #: NCCL's buffers and the caching allocator's fragmentation.
 USABLE_MEMORY_FRACTION = 0.95
 ATTENTION_KERNELS = ("flash", "unfused")
 CROSS_ENTROPY_KERNELS = ("fused", "megatron")
-STAGE_SPLITS = ("even", "embedding-loss")
 _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "other")
 
 
@@ -284,7 +283,7 @@ def estimate_training(
     attention: str = "flash",
     keep_timelines: bool = False,
     use_cache: bool | None = None,
-    stage_split: str = "even",
+    stage_split: str | StageSplit = "even",
     zero_algorithm: str | None = None,
     bf16_layers: tuple[int, int] = (0, 0),
     mtp: MtpSpec | None = None,
@@ -313,10 +312,12 @@ def estimate_training(
         and HTML).
     :param use_cache: read and write the capture cache on disk (default: unless
         ``ZRT_NO_CACHE=1``).
-    :param stage_split: ``even`` (pp × vp must divide the layers) or ``embedding-loss``
-        (Megatron's ``account_for_embedding_in_pipeline_split`` and
-        ``..._loss_in_pipeline_split``: the embedding and the loss, with any MTP layers,
-        count as layers, so 61 layers split over 16 stages).
+    :param stage_split: how layers split into pipeline stages, Megatron-Core's options
+        (:class:`~zrt_core.schedule.stages.StageSplit`: first/last stage layer counts, a
+        ``--pipeline-model-parallel-layout`` string, the embedding/loss accounting), or
+        ``even`` (pp × vp must divide the layers), ``embedding-loss`` (Megatron's
+        ``account_for_embedding_in_pipeline_split`` and ``..._loss_in_pipeline_split``) or
+        ``auto`` (even, else embedding-loss, else the balanced layout, noted).
     :param zero_algorithm: how ZeRO-3/FSDP gathers and reduce-scatters run: None / ``ring``
         (NCCL) or ``pairwise`` (flat, one scale-out link per GPU: DeepSpeed as of 2021).
     :param bf16_layers: ``(first, last)``: under an fp8/fp4 recipe, the linear layers of the
@@ -378,27 +379,23 @@ def estimate_training(
     schedule = _schedule_name(parallel, train)
     stages = virtual_stages(schedule, parallel.pp,
                             parallel.vp if schedule == "interleaved" else 1)
-    if stage_split not in STAGE_SPLITS:
-        raise SpecError(f"unknown stage split {stage_split!r}",
-                        f"use one of {', '.join(STAGE_SPLITS)}")
-    if stage_split == "even" or num_layers % stages == 0:
-        stage_ranges = stage_layer_ranges(num_layers, stages)
-    else:
-        stage_ranges = stage_layer_ranges(num_layers, stages, extra_first=1,
-                                          extra_last=1 + _mtp_layers(captured.config))
-        notes.append(f"{num_layers} layers over {stages} virtual stages: the embedding and "
-                     "the loss count as one layer each (Megatron's account_for_embedding/"
-                     "loss_in_pipeline_split)")
+    split = StageSplit.parse(stage_split)
+    stage_plan = plan_stages(
+        num_layers, stages, parallel.pp, split, mtp_depths=mtp.depths if mtp else 0,
+        mtp_layers_per_depth=mtp.layers // mtp.depths if mtp and mtp.depths else 1,
+        rank_major=schedule not in ("zb-v", "dualpipev"))
+    stage_ranges = stage_plan.ranges
+    if stage_plan.note:
+        notes.append(stage_plan.note)
+    if split != StageSplit() or num_layers % stages:
+        notes.append(f"pipeline layout {stage_plan.layout} (decoder layers per virtual stage "
+                     f"{'/'.join(str(r) for r in _decoder_counts(stage_ranges, num_layers))})")
     parallel = check_layout(parallel, _dims_for_layout(dims, stages, num_layers),
                             num_gpus=num_gpus, train=train)
-    mtp_count = mtp.layers if mtp is not None else 0
-    mtp_indices = tuple(range(num_layers, num_layers + mtp_count))
-    if mtp_count:
-        last = stage_ranges[-1]
-        stage_ranges = (*stage_ranges[:-1], range(last.start, last.stop + mtp_count))
+    if mtp is not None and mtp.layers:
         notes.append(f"multi-token prediction: {mtp.depths} module(s) of "
                      f"{'+'.join(mtp.kinds) or 'the last layer kind'} with their own LM head "
-                     "and loss on the last stage"
+                     "and loss on the stage the layout gives them (the last by default)"
                      + (", in bf16" if mtp.bf16 else "")
                      + (", weights shared across depths" if mtp.shared_weights else ""))
     m = train.num_microbatches(parallel)
@@ -408,7 +405,7 @@ def estimate_training(
     keep = tuple(range(min(start, num_layers))) + tuple(range(max(0, num_layers - end),
                                                               num_layers))
     if mtp is not None and mtp.bf16:
-        keep += mtp_indices
+        keep += tuple(range(num_layers, num_layers + mtp.layers))
     plan = precision_plan(train.precision, hw, high_precision_layers=keep)
     if plan.low_precision and keep:
         notes.append(f"{len(set(keep))} of {num_layers} decoder layers keep bf16 linear layers "
@@ -642,11 +639,16 @@ def _mtp_layers(config: Mapping[str, Any]) -> int:
 
 def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims:
     """``check_layout`` requires pp × vp to divide the layers; an uneven split that Megatron
-    accepts (embedding and loss counted as layers, :func:`stage_layer_ranges`) was already
-    checked, so the layer rule is checked against a count it divides."""
+    accepts (:func:`zrt_core.schedule.stages.plan_stages`) was already checked, so the layer
+    rule is checked against a count it divides."""
     if num_layers % stages == 0:
         return dims
     return evolve(dims, layers=stages * max(1, num_layers // stages))
+
+
+def _decoder_counts(ranges: Sequence[range], num_layers: int) -> list[int]:
+    """Decoder layers (MTP layers left out) of each stage range."""
+    return [len(range(r.start, min(r.stop, num_layers))) for r in ranges]
 
 
 def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
@@ -889,13 +891,16 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         hit = cache.get(signature)
         if hit is None:
             lay = list(layers)
-            ft = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
-                                head_side=last)
-            bt = schedule_phase(bwd, costs["bwd"], rules, layers=lay, embedding_side=first,
-                                head_side=last)
-            st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
-                                embedding_side=first, head_side=last) \
-                if bwd_sync is not bwd else bt
+            if lay or first or last:
+                ft = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
+                                    head_side=last)
+                bt = schedule_phase(bwd, costs["bwd"], rules, layers=lay, embedding_side=first,
+                                    head_side=last)
+                st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
+                                    embedding_side=first, head_side=last) \
+                    if bwd_sync is not bwd else bt
+            else:  # a layout's empty stage: it only passes activations on
+                ft = bt = st = Timeline.compose([])
             counts: dict[int, int] = {}
             for i in lay:
                 counts[kind_of.get(i, i)] = counts.get(kind_of.get(i, i), 0) + 1
@@ -1376,7 +1381,7 @@ class TrainingCase:
     overlap: OverlapRules
     num_gpus: int
     attention: str = "flash"
-    stage_split: str = "even"
+    stage_split: str | StageSplit = "even"
     zero_algorithm: str | None = None
     assumptions: tuple[str, ...] = ()
     #: the source published no layout (tp, pp, cp, vp and dp all null): :func:`estimate_case`
@@ -1515,7 +1520,6 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
             overlap = evolve(overlap, tp_comm_overlap=0.0)
             assumptions.append("no TP userbuffer overlap (the recipe sets no comm_overlap: "
                                "forward TP/SP collectives block)")
-    stage_split = "even"
     try:
         from zrt_core.modelinfo import ModelDims
 
@@ -1542,10 +1546,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append(f"nvfp4: the last {bf16_layers[1]} of {layers} layers keep bf16 "
                            "linear layers (NVIDIA's NVFP4 recipe, Megatron-Bridge "
                            "first_last_layers_bf16)")
-    if layers and layers % (pp * vp):
-        stage_split = "embedding-loss"
-        assumptions.append(f"{layers} layers over pp × vp = {pp * vp} stages: embedding and "
-                           "loss counted as layers (Megatron-Bridge recipes)")
+    stage_split = _record_stage_split(raw, layers, pp, vp, assumptions)
     moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", ""))
     if moe_token_drop:
         assumptions.append("MoE token drop padded to capacity (moe_pad_expert_input_to_capacity:"
@@ -1570,6 +1571,35 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
                         amax_reduction=amax_reduction, moe_token_drop=moe_token_drop,
                         cuda_graph=cuda_graph)
+
+
+#: Record fields (under ``parallel``) that give the pipeline split, by Megatron's argument
+#: names: ``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``,
+#: ``--pipeline-model-parallel-layout``.
+STAGE_SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                      "pipeline_model_parallel_layout")
+
+
+def _record_stage_split(raw: Mapping[str, Any], layers: int, pp: int, vp: int,
+                        assumptions: list[str]) -> str | StageSplit:
+    """The split a record gives (:data:`STAGE_SPLIT_FIELDS`), else Megatron's even split,
+    else ``auto`` (the embedding and loss counted, else the balanced layout: the estimate
+    notes which)."""
+    first, last, layout = (raw.get(k) for k in STAGE_SPLIT_FIELDS)
+    if first is not None or last is not None or layout is not None:
+        try:
+            return StageSplit(first_layers=None if first is None else int(first),
+                              last_layers=None if last is None else int(last),
+                              layout=None if layout is None else str(layout))
+        except (TypeError, ValueError) as exc:
+            raise LayoutError(f"bad pipeline split in the record ({exc})",
+                              "give integer layer counts or a layout string") from None
+    if layers and layers % (pp * vp):
+        assumptions.append(f"{layers} layers over pp × vp = {pp * vp} stages, no split "
+                           "published: Megatron-Core's embedding/loss accounting, else the "
+                           "balanced layout (the estimate's notes say which)")
+        return "auto"
+    return "even"
 
 
 def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
