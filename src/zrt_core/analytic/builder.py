@@ -133,6 +133,12 @@ def analytic_capture(
     if dtype not in _DTYPES:
         raise ModelError(f"unsupported dtype {dtype!r}", f"use one of {', '.join(_DTYPES)}")
     name, source, config = _resolve(model, host)
+    from zrt_core.checks import check_config, check_tokens
+
+    check_config(config, where=name)
+    decode = Phase.DECODE in options.phases
+    check_tokens(config, seq_len + (1 if decode else 0),
+                 f"a sequence of {seq_len}{' + 1 decoded' if decode else ''}", where=name)
     cfg = dict(text_config(config))
     model_type = str(cfg.get("model_type") or config.get("model_type") or "")
     if model_type not in FAMILIES:

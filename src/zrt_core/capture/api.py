@@ -152,9 +152,23 @@ def capture(
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
+    check_request(model, options, host)
     with _quiet_libraries():
         name, source, raw_config, hf_config = _resolve(model, host)
         return _Capture(name, source, raw_config, hf_config, options, host).run()
+
+
+def check_request(model: Any, options: CaptureOptions, host: PluginHost) -> None:
+    """The config's numbers and the sequence against its positions, from the config alone
+    (:mod:`zrt_core.checks`): before transformers is imported or a model is built."""
+    from zrt_core.checks import check_config, check_tokens, raw_config
+
+    config, where = raw_config(model, host)
+    check_config(config, where=where)
+    decode = Phase.DECODE in options.phases
+    check_tokens(config, options.seq_len + (1 if decode else 0),
+                 f"a sequence of {options.seq_len}{' + 1 decoded' if decode else ''}",
+                 where=where)
 
 
 def _resolve(model: Any, host: PluginHost) -> tuple[str, str, dict[str, Any], Any]:
@@ -211,7 +225,6 @@ class _Capture:
             raw = dict(raw["text_config"])
         config_dict = {**build.config_mapping(config), **raw}
         dims = self._dims(config_dict)
-        self._check_positions(config)
         recorded = self._record(config, dims)
         graphs = self._graphs(config, recorded)
         for phase, g in graphs.items():
@@ -307,16 +320,6 @@ class _Capture:
             graphs[phase] = build_graph(phase, recorded.session.ops.get(phase, []), registry,
                                         recorded.templates, meta, self.warnings)
         return graphs
-
-    def _check_positions(self, config: Any) -> None:
-        from zrt_core.capture.build import config_value
-
-        limit = config_value(config, "max_position_embeddings", "n_positions")
-        needed = self.options.seq_len + (1 if Phase.DECODE in self.options.phases else 0)
-        if isinstance(limit, int) and 0 < limit < needed:
-            self.warnings.append(
-                f"sequence of {needed} tokens exceeds the config's {limit} positions "
-                "(shapes and FLOPs are still those of the longer sequence)")
 
     def _dims(self, config_dict: dict[str, Any]) -> ModelDims | None:
         try:

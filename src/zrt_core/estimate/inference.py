@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
 
+from zrt_core.checks import check_hardware_arg, check_infer_request, raw_config
 from zrt_core.cost.pricing import (
     OUTSIDE_LAYERS,
     CostedGraph,
@@ -87,9 +88,12 @@ def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Paral
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
-    hw = hardware if isinstance(hardware, HardwareSpec) else host.hardware_spec(hardware)
+    check_hardware_arg(hardware)
     if captured is not None and not isinstance(captured, CapturedModel):
         captured = CapturedModel.from_capture(captured)
+    config, where = raw_config(model, host, captured=captured)
+    check_infer_request(config, parallel, infer, positions=captured is None, where=where)
+    hw = hardware if isinstance(hardware, HardwareSpec) else host.hardware_spec(hardware)
     if captured is None:
         captured = load_or_capture(model, infer.input_len, host=host, dtype=infer.dtype,
                                    use_cache=use_cache)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
+from zrt_core.checks import check_hardware_arg, check_train_request, layout_notes, raw_config
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import LayoutError, ModelError, SpecError
 from zrt_core.estimate.captures import CapturedGraphs
@@ -340,6 +341,10 @@ def estimate_training(
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
+    check_hardware_arg(hardware)
+    config, where = raw_config(model, host, captured=captured)
+    check_train_request(config, parallel, train, num_gpus=num_gpus, stage_split=stage_split,
+                        positions=captured is None, where=where)
     hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
     if captured is None:
         captured = capture_for_training(model, train.micro_batch, train.seq_len,
@@ -381,6 +386,7 @@ def estimate_training(
                      "loss_in_pipeline_split)")
     parallel = check_layout(parallel, _dims_for_layout(dims, stages, num_layers),
                             num_gpus=num_gpus, train=train)
+    notes.extend(layout_notes(parallel, train))
     mtp_count = mtp.layers if mtp is not None else 0
     mtp_indices = tuple(range(num_layers, num_layers + mtp_count))
     if mtp_count:

@@ -1,0 +1,319 @@
+"""Checks of the user's numbers before any slow work: a config's sizes and types, the
+workload's lengths and batches, and the layout's divisibility — from the numbers alone, no
+torch (docs/input-checks.md). Every front door calls these first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from zrt_core.errors import LayoutError, ModelError, SpecError
+from zrt_core.modelinfo import (
+    _EXPERTS,
+    _FFN,
+    _HEADS,
+    _HIDDEN,
+    _KV_HEADS,
+    _LAYERS,
+    _MOE_FFN,
+    _TOP_K,
+    _VOCAB,
+    ModelDims,
+    text_config,
+)
+
+#: Largest value zrt accepts per kind of size, each past every published model (the
+#: largest real one in the comment), so a typo or an overflow is refused up front instead
+#: of priced (a 10,000,000-layer config used to run for minutes).
+LIMITS: Mapping[str, int] = {
+    "layers": 4_096,  # Megatron 1T: 128; DeepNet (2022): 1,000
+    "width": 1 << 18,  # hidden/FFN/expert/latent widths: PaLM's FFN 73,728; Llama-3.1-405B 53,248
+    "heads": 4_096,  # Megatron 1T: 160
+    "head_dim": 4_096,  # Gemma: 256; MLA heads: 192
+    "vocab": 1 << 22,  # Gemma 3: 262,144
+    "experts": 16_384,  # Qwen3-Next: 512; Kimi K2: 384
+    "tokens": 1 << 24,  # sequence, prompt or generated tokens: Llama 4 Scout's 10,485,760
+    "batch": 1 << 24,  # sequences per step or micro-batch
+    "degree": 1 << 20,  # a parallel degree or GPU count: the largest clusters are ~2^17
+}
+
+# config keys → (kind of limit, must be positive); a key that is present must be an integer
+_SIZE_KEYS: dict[str, str] = {
+    **{k: "width" for k in (*_HIDDEN, *_FFN, *_MOE_FFN)},
+    **{k: "layers" for k in _LAYERS},
+    **{k: "heads" for k in (*_HEADS, *_KV_HEADS)},
+    **{k: "vocab" for k in _VOCAB},
+    **{k: "experts" for k in (*_EXPERTS, *_TOP_K)},
+    "head_dim": "head_dim", "kv_lora_rank": "width", "q_lora_rank": "width",
+    "qk_rope_head_dim": "head_dim", "qk_nope_head_dim": "head_dim", "v_head_dim": "head_dim",
+    "shared_expert_intermediate_size": "width", "moe_shared_expert_intermediate_size": "width",
+    "mamba_num_heads": "heads", "mamba_head_dim": "head_dim", "n_groups": "heads",
+    "ssm_state_size": "width", "conv_kernel": "width", "sliding_window": "tokens",
+    "max_position_embeddings": "tokens", "n_positions": "tokens", "moe_layer_freq": "layers",
+    "decoder_sparse_step": "layers", "interleave_moe_layer_step": "layers",
+    "attention_chunk_size": "tokens", "o_groups": "heads",
+}
+# keys where 0 is a real setting (none of them, or "off"), still bounded and integral
+_ZERO_OK: dict[str, str] = {
+    "n_shared_experts": "experts", "num_shared_experts": "experts",
+    "first_k_dense_replace": "layers", "num_nextn_predict_layers": "layers",
+}
+# keys a config may set to null to mean "not used": q_lora_rank (queries projected
+# directly), sliding_window (full attention), the width of a dense FFN some MoE configs omit
+_MAPPING_KEYS = ("quantization_config", "rope_scaling", "rope_parameters", "text_config")
+
+
+def check_config(config: Mapping[str, Any], *, where: str = "config") -> ModelDims:
+    """Check a config mapping's numbers; return its :class:`ModelDims`.
+
+    A size field that is present must be an integer within :data:`LIMITS` (positive, or
+    non-negative for counts where 0 means none); heads must divide the hidden size unless
+    ``head_dim`` is given, key/value heads must divide the attention heads, experts per token
+    must lie in ``1..experts``, Mamba groups must divide the Mamba heads.
+
+    :raises ModelError: the first field that fails, named with its value and the rule.
+    """
+    if not isinstance(config, Mapping):
+        raise ModelError(f"{where}: a config must be a mapping, got {type(config).__name__}",
+                         "pass a config.json mapping")
+    for key in _MAPPING_KEYS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise ModelError(f"{where}: {key} must be a mapping, got {_show(value)}",
+                             f"fix or remove {key} in config.json")
+    cfg = text_config(config)
+    for key, kind in _SIZE_KEYS.items():
+        _integer(cfg, key, kind, where, minimum=1)
+    for key, kind in _ZERO_OK.items():
+        _integer(cfg, key, kind, where, minimum=0)
+    try:
+        dims = ModelDims.from_config(config)
+    except (TypeError, ValueError, OverflowError) as exc:  # a list where a number belongs
+        raise ModelError(f"{where}: a model dimension cannot be read ({exc})",
+                         "fix the field in config.json") from None
+    except ModelError as exc:
+        raise ModelError(f"{where}: {exc.message}", exc.hint) from None
+    _check_dims(dims, cfg, where)
+    return dims
+
+
+def _integer(cfg: Mapping[str, Any], key: str, kind: str, where: str, *, minimum: int) -> None:
+    value = cfg.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)  # JSON writers sometimes give 4096.0
+        else:
+            raise ModelError(f"{where}: {key} must be an integer, got {_show(value)}",
+                             f"fix {key} in config.json")
+    limit = LIMITS[kind]
+    if value < minimum:
+        rule = "positive" if minimum == 1 else "0 or more"
+        raise ModelError(f"{where}: {key} must be {rule}, got {value}",
+                         f"fix {key} in config.json")
+    if value > limit:
+        raise ModelError(f"{where}: {key} = {_show(value)} is beyond any real model (zrt's "
+                         f"limit for {kind} is {limit:,})", f"fix {key} in config.json")
+
+
+def _check_dims(dims: ModelDims, cfg: Mapping[str, Any], where: str) -> None:
+    mla = dims.kv_lora_rank > 0
+    if cfg.get("head_dim") is None and not mla and dims.hidden % dims.heads:
+        raise ModelError(f"{where}: {dims.heads} attention heads do not divide hidden size "
+                         f"{dims.hidden} (and no head_dim is given)",
+                         "fix num_attention_heads or hidden_size, or give head_dim")
+    if dims.kv_heads > dims.heads:
+        raise ModelError(f"{where}: {dims.kv_heads} key/value heads outnumber the "
+                         f"{dims.heads} attention heads",
+                         "num_key_value_heads must be at most num_attention_heads")
+    if dims.heads % dims.kv_heads:
+        raise ModelError(f"{where}: {dims.kv_heads} key/value heads do not divide the "
+                         f"{dims.heads} attention heads (each KV head serves a whole group)",
+                         "num_key_value_heads must divide num_attention_heads")
+    if dims.experts:
+        top_k = next((cfg[k] for k in _TOP_K if cfg.get(k) is not None), None)
+        if top_k is not None and top_k > dims.experts:
+            raise ModelError(f"{where}: {top_k} experts per token but only {dims.experts} "
+                             "experts", "num_experts_per_tok must be at most the expert count")
+    if dims.mamba_heads and dims.mamba_groups and dims.mamba_heads % dims.mamba_groups:
+        raise ModelError(f"{where}: n_groups={dims.mamba_groups} does not divide the "
+                         f"{dims.mamba_heads} Mamba heads", "fix n_groups or mamba_num_heads")
+
+
+def position_limit(config: Mapping[str, Any]) -> int | None:
+    """Tokens a sequence may hold: ``max_position_embeddings`` (``n_positions``), stretched
+    by a RoPE scaling factor (YaRN, linear, dynamic, llama3) over its original length; None
+    when the config sets no limit (ALiBi models)."""
+    cfg = text_config(config)
+    limit = cfg.get("max_position_embeddings") or cfg.get("n_positions")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None
+    for key in ("rope_scaling", "rope_parameters"):
+        scaling = cfg.get(key)
+        if isinstance(scaling, Mapping):
+            factor = scaling.get("factor")
+            original = scaling.get("original_max_position_embeddings") or limit
+            if isinstance(factor, int | float) and not isinstance(factor, bool) and \
+                    isinstance(original, int) and math.isfinite(factor) and factor > 1:
+                limit = max(limit, int(original * factor))
+    return limit
+
+
+def check_tokens(config: Mapping[str, Any], tokens: int, what: str, *,
+                 where: str = "config") -> None:
+    """A sequence of ``tokens`` (``what`` names it) fits the model's positions and zrt's
+    limit.
+
+    :raises ModelError: naming the length and the limit.
+    """
+    cap = LIMITS["tokens"]
+    if tokens > cap:
+        raise ModelError(f"{what} ({_show(tokens)} tokens) is beyond any real model (zrt's "
+                         f"limit is {cap:,})", "use a real sequence length")
+    limit = position_limit(config)
+    if limit is not None and tokens > limit:
+        raise ModelError(f"{what} ({tokens:,} tokens) exceeds {where}'s {limit:,} positions "
+                         "(max_position_embeddings, with any RoPE scaling)",
+                         "shorten the sequence, or use a config that supports it")
+
+
+def check_count(value: Any, name: str, kind: str, error: type = SpecError) -> int:
+    """A positive integer within :data:`LIMITS`\\[kind\\]; else ``error`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{name} must be a positive integer, got {_show(value)}",
+                    f"give {name} as a whole number")
+    if value < 1:
+        raise error(f"{name} must be a positive integer, got {value}",
+                    f"give {name} as 1 or more")
+    if value > LIMITS[kind]:
+        raise error(f"{name} = {_show(value)} is beyond any real run (zrt's limit for {kind} "
+                    f"is {LIMITS[kind]:,})", f"give a real {name}")
+    return value
+
+
+def check_train_request(config: Mapping[str, Any], parallel: Any, train: Any, *,
+                        num_gpus: int | None = None, stage_split: str = "even",
+                        layout: bool = True, positions: bool = True,
+                        where: str = "config") -> ModelDims:
+    """Everything a training estimate can check before capturing: the config, the sequence
+    against the positions, the layout against the model and the step
+    (:func:`zrt_core.strategy.check_layout`) and the pipeline schedule
+    (:func:`zrt_core.schedule.pipeline.check_schedule`), as the estimator checks them.
+
+    :param stage_split: ``even`` or ``embedding-loss`` (Megatron counts the embedding and
+        the loss as layers, so pp × vp need not divide the layers).
+    :param layout: False when the layout is still to be searched (only the model and the
+        workload are checked).
+    :param positions: check the sequence against the config's positions (False for a
+        config completed with a library's defaults: a capture's, which holds limits the user
+        never stated).
+    """
+    from zrt_core.strategy import TrainSpec
+
+    _check_parallel(parallel)
+    if not isinstance(train, TrainSpec):
+        raise SpecError(f"train must be a zrt_core.strategy.TrainSpec, got {_show(train)}",
+                        "pass TrainSpec(micro_batch=..., global_batch=..., seq_len=...)")
+    dims = check_config(config, where=where)
+    check_tokens(config if positions else {}, train.seq_len, "a training sequence",
+                 where=where)
+    if layout:
+        from zrt_core.estimate.training import _dims_for_layout, _schedule_name
+        from zrt_core.schedule.pipeline import check_schedule, virtual_stages
+        from zrt_core.strategy import check_layout
+
+        schedule = _schedule_name(parallel, train)
+        vp = parallel.vp if schedule == "interleaved" else 1
+        stages = virtual_stages(schedule, parallel.pp, vp)
+        layout_dims = dims
+        if stage_split != "even" and dims.layers % stages:
+            from zrt_core.estimate.training import _mtp_layers
+            from zrt_core.transforms.training import stage_layer_ranges
+
+            stage_layer_ranges(dims.layers, stages, extra_first=1,
+                               extra_last=1 + _mtp_layers(text_config(config)))
+            layout_dims = _dims_for_layout(dims, stages, dims.layers)
+        elif stages != parallel.pp * parallel.vp and dims.layers % stages:
+            raise LayoutError(f"{schedule} runs {stages} virtual stages, which do not divide "
+                              f"the {dims.layers} layers", "choose pp so that layers split "
+                              "evenly into its stages")
+        checked = check_layout(parallel, layout_dims, num_gpus=num_gpus, train=train)
+        check_schedule(schedule, parallel.pp, vp, train.num_microbatches(checked))
+    return dims
+
+
+def check_infer_request(config: Mapping[str, Any], parallel: Any, infer: Any, *,
+                        positions: bool = True, where: str = "config") -> ModelDims:
+    """Everything a serving estimate can check before capturing: the config, prompt plus
+    output against the positions, and the layout against the model."""
+    from zrt_core.strategy import InferSpec, check_layout
+
+    _check_parallel(parallel)
+    if not isinstance(infer, InferSpec):
+        raise SpecError(f"infer must be a zrt_core.strategy.InferSpec, got {_show(infer)}",
+                        "pass InferSpec(input_len=..., output_len=...)")
+    dims = check_config(config, where=where)
+    tokens = infer.input_len + infer.output_len
+    check_tokens(config if positions else {}, tokens,
+                 f"a sequence of {infer.input_len} prompt + {infer.output_len} output tokens",
+                 where=where)
+    check_layout(parallel, dims)
+    return dims
+
+
+def layout_notes(parallel: Any, train: Any) -> list[str]:
+    """What a legal but idle setting means, for the report: ZeRO-1 (Megatron's distributed
+    optimizer, ``zrt run``'s default) over one data-parallel rank shards nothing."""
+    if train.zero == 1 and not train.fsdp and parallel.dp * parallel.cp == 1:
+        return ["zero=1 with dp × cp = 1: the distributed optimizer has no data-parallel "
+                "rank to shard over, so every device holds all optimizer states (Megatron "
+                "accepts this; raise dp to shard them)"]
+    return []
+
+
+def _check_parallel(parallel: Any) -> None:
+    from zrt_core.strategy import Parallel
+
+    if not isinstance(parallel, Parallel):
+        raise LayoutError(f"parallel must be a zrt_core.strategy.Parallel, got "
+                          f"{_show(parallel)}", "pass Parallel(tp=..., dp=...)")
+
+
+def check_hardware_arg(hardware: Any) -> None:
+    """The ``hardware`` argument of the estimators: an id or a spec."""
+    from zrt_core.hardware import HardwareSpec
+
+    if not isinstance(hardware, str | HardwareSpec):
+        raise SpecError(f"hardware must be a hardware id or a HardwareSpec, got "
+                        f"{_show(hardware)}", "`zrt hw list` shows the ids")
+
+
+def raw_config(model: Any, host: Any, *, captured: Any = None
+               ) -> tuple[Mapping[str, Any], str]:
+    """The config mapping of what a user passed as a model (bundled name, path, mapping,
+    HF-cache id or ``PretrainedConfig``) and where it came from, without importing torch;
+    a capture's own config when ``captured`` is given."""
+    from zrt_core.capture.sources import resolve_model
+
+    if captured is not None:
+        return captured.config, str(getattr(captured, "model", None) or captured.name)
+
+    if hasattr(model, "to_dict") and hasattr(model, "model_type"):
+        return dict(model.to_dict()), str(getattr(model, "name_or_path", "") or "config")
+    resolved = resolve_model(model, host, check_model_type=False)
+    where = str(resolved.path) if resolved.path is not None else resolved.name
+    return dict(resolved.config), where
+
+
+def _show(value: Any) -> str:
+    """A value in a message: long integers and reprs shortened to stay one readable line."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        digits = int(abs(value).bit_length() * math.log10(2)) + 1  # str() refuses 4,300+
+        return f"an integer of about {digits:,} digits"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
