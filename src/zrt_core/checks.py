@@ -180,6 +180,18 @@ def check_tokens(config: Mapping[str, Any], tokens: int, what: str, *,
                          "shorten the sequence, or use a config that supports it")
 
 
+def check_capture_request(model: Any, phases: Any, seq_len: int, host: Any) -> ModelDims:
+    """A capture's config numbers and its sequence against the config's positions, before
+    transformers is imported or a model is built (``zrt capture`` and :func:`zrt_core.
+    capture` call it; decode needs one position more than the cache)."""
+    config, where = raw_config(model, host)
+    dims = check_config(config, where=where)
+    decode = "decode" in phases
+    check_tokens(config, seq_len + (1 if decode else 0),
+                 f"a sequence of {seq_len}{' + 1 decoded' if decode else ''}", where=where)
+    return dims
+
+
 def check_count(value: Any, name: str, kind: str, error: type = SpecError) -> int:
     """A positive integer within :data:`LIMITS`\\[kind\\]; else ``error`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -228,18 +240,16 @@ def check_train_request(config: Mapping[str, Any], parallel: Any, train: Any, *,
         schedule = _schedule_name(parallel, train)
         vp = parallel.vp if schedule == "interleaved" else 1
         stages = virtual_stages(schedule, parallel.pp, vp)
+        from zrt_core.estimate.training import _mtp_layers
+        from zrt_core.transforms.training import stage_layer_ranges
+
         layout_dims = dims
         if stage_split != "even" and dims.layers % stages:
-            from zrt_core.estimate.training import _mtp_layers
-            from zrt_core.transforms.training import stage_layer_ranges
-
             stage_layer_ranges(dims.layers, stages, extra_first=1,
                                extra_last=1 + _mtp_layers(text_config(config)))
             layout_dims = _dims_for_layout(dims, stages, dims.layers)
-        elif stages != parallel.pp * parallel.vp and dims.layers % stages:
-            raise LayoutError(f"{schedule} runs {stages} virtual stages, which do not divide "
-                              f"the {dims.layers} layers", "choose pp so that layers split "
-                              "evenly into its stages")
+        elif dims.layers % stages:
+            stage_layer_ranges(dims.layers, stages)  # raises, as the estimator would
         checked = check_layout(parallel, layout_dims, num_gpus=num_gpus, train=train)
         check_schedule(schedule, parallel.pp, vp, train.num_microbatches(checked))
     return dims

@@ -133,12 +133,6 @@ def analytic_capture(
     if dtype not in _DTYPES:
         raise ModelError(f"unsupported dtype {dtype!r}", f"use one of {', '.join(_DTYPES)}")
     name, source, config = _resolve(model, host)
-    from zrt_core.checks import check_config, check_tokens
-
-    check_config(config, where=name)
-    decode = Phase.DECODE in options.phases
-    check_tokens(config, seq_len + (1 if decode else 0),
-                 f"a sequence of {seq_len}{' + 1 decoded' if decode else ''}", where=name)
     cfg = dict(text_config(config))
     model_type = str(cfg.get("model_type") or config.get("model_type") or "")
     if model_type not in FAMILIES:
@@ -146,6 +140,9 @@ def analytic_capture(
             f"the analytic front-end has no model of model_type {model_type!r}",
             f"it builds {', '.join(sorted(FAMILIES))}; use the capture front-end "
             "(--frontend capture) for other families")
+    from zrt_core.checks import check_capture_request
+
+    check_capture_request(config, options.phases, seq_len, host)
     cfg = {**FAMILY_DEFAULTS[model_type], **cfg}
     key, value = _ACTIVATION.get(model_type, ("hidden_act", "silu"))
     if str(cfg.get(key) or value) != value:

@@ -152,23 +152,12 @@ def capture(
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
-    check_request(model, options, host)
+    from zrt_core.checks import check_capture_request
+
+    check_capture_request(model, options.phases, options.seq_len, host)
     with _quiet_libraries():
         name, source, raw_config, hf_config = _resolve(model, host)
         return _Capture(name, source, raw_config, hf_config, options, host).run()
-
-
-def check_request(model: Any, options: CaptureOptions, host: PluginHost) -> None:
-    """The config's numbers and the sequence against its positions, from the config alone
-    (:mod:`zrt_core.checks`): before transformers is imported or a model is built."""
-    from zrt_core.checks import check_config, check_tokens, raw_config
-
-    config, where = raw_config(model, host)
-    check_config(config, where=where)
-    decode = Phase.DECODE in options.phases
-    check_tokens(config, options.seq_len + (1 if decode else 0),
-                 f"a sequence of {options.seq_len}{' + 1 decoded' if decode else ''}",
-                 where=where)
 
 
 def _resolve(model: Any, host: PluginHost) -> tuple[str, str, dict[str, Any], Any]:

@@ -71,11 +71,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from zrt_core.checks import check_capture_request
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()
-    # capture() checks the config's numbers (zrt_core.checks) before paying for the torch
-    # import: transformers would fill a missing hidden size with a default
+    # Find the config (or say how to get it) and check its numbers before paying for the
+    # torch import: transformers would fill a missing hidden size with a default.
+    check_capture_request(args.model, args.phases, args.seq_len, host)
     from zrt_core.capture.api import capture
 
     result = capture(args.model, phases=args.phases, batch=args.batch, seq_len=args.seq_len,

@@ -1523,7 +1523,8 @@ def layout_candidates(dims: ModelDims, num_gpus: int, global_batch: int, micro_b
     ``tp`` a divisor of the attention heads (and of the KV heads or a multiple of them, and
     of the FFN width) within the NVLink domain and at most :data:`MAX_SEARCH_TP`; ``pp`` a
     divisor of the layers; ``dp = GPUs / (tp × pp)`` whole, with the global batch a multiple
-    of ``micro_batch × dp``; no context or expert parallelism, no interleaving. With
+    of ``micro_batch × dp`` and at least ``pp`` micro-batches; no context or expert
+    parallelism, no interleaving. With
     ``usable_bytes``, layouts whose weights, fp32 gradients and sharded AdamW states alone
     exceed it (a lower bound on what a rank holds: ``P / (tp·pp) · (2 + 4 + 12/dp)``, with
     ``P`` counted without gated FFNs or biases) are left out."""
@@ -1541,7 +1542,7 @@ def layout_candidates(dims: ModelDims, num_gpus: int, global_batch: int, micro_b
             if dims.layers % pp or num_gpus % (tp * pp):
                 continue
             dp = num_gpus // (tp * pp)
-            if global_batch % (micro_batch * dp):
+            if global_batch % (micro_batch * dp) or global_batch // (micro_batch * dp) < pp:
                 continue
             if usable_bytes is not None and \
                     params / (tp * pp) * (2 + 4 + 12 / dp) > usable_bytes:
