@@ -42,6 +42,7 @@ from zrt_core.cost.pricing import (
 from zrt_core.errors import SpecError, ZrtError
 from zrt_core.estimate.captures import CapturedModel, load_or_capture
 from zrt_core.estimate.engine import GIB, EngineProfile, engine_profile
+from zrt_core.estimate.guards import check_flops, check_serving
 from zrt_core.estimate.memory import (
     KVCacheSize,
     activation_peak_bytes,
@@ -102,12 +103,15 @@ def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Paral
             f"the capture has prompts of {captured.seq_len} tokens, the workload "
             f"{infer.input_len}", "capture at the workload's input length")
     captured_s = time.perf_counter() - start
+    check_flops(captured.config, captured.graphs, host, model=captured.name)
     dims = captured.dims
     layout = check_layout(parallel, dims)
     report = _Estimator(captured, hw, layout, infer, host, engine).run()
     timings = {**report.timings_s, "capture_s": captured_s,
                "total_s": time.perf_counter() - start}
-    return evolve(report, timings_s=timings)
+    report = evolve(report, timings_s=timings)
+    check_serving(report)
+    return report
 
 
 # -- one step's graph and price -----------------------------------------------------------

@@ -33,6 +33,7 @@ from zrt_core.checks import check_hardware_arg, check_train_request, layout_note
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import LayoutError, ModelError, SpecError
 from zrt_core.estimate.captures import CapturedGraphs
+from zrt_core.estimate.guards import check_flops, check_training
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -368,6 +369,7 @@ def estimate_training(
                 f"sequence {g.meta.get('seq_len')}, not the micro-batch "
                 f"{train.micro_batch} × {train.seq_len}",
                 "capture at the training micro-batch and sequence length")
+    check_flops(captured.config, {g.phase: g for g in (fwd0, bwd0)}, host, model=where)
     num_layers = int(fwd0.meta.get("num_layers") or dims.layers)
     notes: list[str] = []
     schedule = _schedule_name(parallel, train)
@@ -481,7 +483,9 @@ def estimate_training(
         notes=notes, applied=applied, timelines=timelines, stage_times=stage_times,
         fwd=fwd, bwd=bwd, dims=dims, host=ctx.host)
     timings["total"] = time.perf_counter() - started
-    return evolve(report, timings_s=timings)
+    report = evolve(report, timings_s=timings)
+    check_training(report)
+    return report
 
 
 #: Transformed graphs of the last few estimates (they depend on the capture, the layout, the
