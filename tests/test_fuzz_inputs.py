@@ -41,12 +41,18 @@ FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_va
 
 
 def fuzz(examples: int) -> settings:
-    """Bounded, reproducible runs: the same examples every time, no saved database."""
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+    """Bounded, reproducible runs: the same examples every time, no saved database;
+    ``ZRT_FUZZ_SCALE=N`` runs N times as many (a longer hunt, outside the suite)."""
+    scale = int(os.environ.get("ZRT_FUZZ_SCALE") or 1)
+    return settings(max_examples=examples * scale, deadline=None, derandomize=scale == 1,
+                    database=None,
                     suppress_health_check=[HealthCheck.too_slow,
                                            HealthCheck.function_scoped_fixture])
 
+# about half the draws are plausible sizes, so that accepted inputs are priced and checked
+plausible = st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048])
 values = st.one_of(
+    plausible, plausible, plausible, plausible, plausible, plausible, plausible, plausible,
     st.integers(min_value=-3, max_value=5000), st.sampled_from([0, 3, 2**31, 10**7, 10**40]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6), st.none(),
     st.booleans(), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),
@@ -217,7 +223,8 @@ def test_spec_file_values_are_priced_sanely_or_refused(tmp_path: Path, capsys, s
         "hardware": "h100", "parallel": {"tp": 2},
         "train": {"micro_batch": 1, "global_batch": 4, "seq_len": 64}}
     key = data.draw(st.sampled_from(SPEC_KEYS[section]))
-    spec[section] = {**(spec.get(section) or {}), key: data.draw(yaml_values)}
+    spec[section] = {**(spec.get(section) or {}), key: data.draw(st.one_of(plausible,
+                                                                           yaml_values))}
     estimate(tmp_path, spec, capsys)
 
 
@@ -241,8 +248,8 @@ RECORD_FIELDS = {"num_gpus": None, "micro_batch": None, "global_batch": None, "s
 
 
 @fuzz(20)
-@given(changes=st.dictionaries(st.sampled_from(sorted(RECORD_FIELDS)), yaml_values,
-                               min_size=1, max_size=2),
+@given(changes=st.dictionaries(st.sampled_from(sorted(RECORD_FIELDS)),
+                               st.one_of(plausible, yaml_values), min_size=1, max_size=2),
        config_changes=st.dictionaries(st.sampled_from(FIELDS), values, max_size=1))
 def test_validation_records_are_predicted_or_reported(host: PluginHost, changes,
                                                       config_changes) -> None:
