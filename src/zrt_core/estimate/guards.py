@@ -13,9 +13,10 @@ from typing import Any
 from zrt_core.errors import InternalError, ModelError
 
 #: Largest relative gap between a captured phase's FLOPs and the analytic count
-#: (:func:`zrt_core.analytic.flops.reference_flops`) a prediction may rest on. Patched
-#: captures of every bundled model agree within 1.1% (seq 1024; docs/input-checks.md); a
-#: decode that lost its KV cache was −48.7%. ``zrt capture`` flags gaps over the same 10%.
+#: (:func:`zrt_core.analytic.flops.reference_flops`) a prediction may rest on. The captures
+#: of all 90 bundled models agree within 0.3% forward and 2.0% backward (1,024 tokens;
+#: docs/input-checks.md); a decode that lost its KV cache was −48.7%. ``zrt capture`` flags
+#: gaps over the same 10%.
 FLOPS_TOLERANCE = 0.10
 #: FlashAttention's backward recomputes the scores: 5 of the attention's matmuls against the
 #: forward's 2, i.e. 2.5 × the forward where the analytic reference counts 2 ×. The backward's
