@@ -211,7 +211,9 @@ SPEC_KEYS = {"model": ["hidden", "layers", "heads", "ffn", "vocab", "experts", "
                        "kv_heads", "head_dim", "family", "dense_layers", "max_positions"],
              "parallel": ["tp", "pp", "vp", "cp", "ep", "dp", "etp", "sp", "cp_kind"],
              "train": ["micro_batch", "global_batch", "seq_len", "zero", "recompute",
-                       "precision", "pp_schedule"]}
+                       "precision", "pp_schedule"],
+             "infer": ["input_len", "output_len", "batch", "quant", "kv_dtype", "dtype",
+                       "engine"]}
 
 
 @fuzz(20)
@@ -222,6 +224,9 @@ def test_spec_file_values_are_priced_sanely_or_refused(tmp_path: Path, capsys, s
         "model": {"hidden": 256, "layers": 4, "heads": 8, "ffn": 512, "vocab": 1024},
         "hardware": "h100", "parallel": {"tp": 2},
         "train": {"micro_batch": 1, "global_batch": 4, "seq_len": 64}}
+    if section == "infer":
+        spec["infer"] = {"input_len": 64, "output_len": 16, "batch": 2}
+        del spec["train"]
     key = data.draw(st.sampled_from(SPEC_KEYS[section]))
     spec[section] = {**(spec.get(section) or {}), key: data.draw(st.one_of(plausible,
                                                                            yaml_values))}

@@ -149,12 +149,16 @@ SPECS = [
     (b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00\x00", "not UTF-8 text"),
     ({"model": {**NUMBERS, "experts": 8, "dense_layers": "x"}, "hardware": "h100",
       "train": TRAIN}, "model.dense_layers must be an integer in 0..4"),
+    ({"model": NUMBERS, "hardware": "h100", "infer": {"input_len": 64, "output_len": 16,
+                                                      "kv_dtype": 7}},
+     "kv_dtype must be a name, got 7"),
 ]
 
 
 @pytest.mark.parametrize(("spec", "needle"), SPECS, ids=[
     "1e30-batch", "experts-analytic", "num_experts-analytic", "micro_batch-mapping",
-    "401-digit-tp", "5000-digit-int", "nested-100000", "binary", "dense_layers-string"])
+    "401-digit-tp", "5000-digit-int", "nested-100000", "binary", "dense_layers-string",
+    "kv_dtype-number"])
 def test_bad_spec_files_are_one_line(tmp_path: Path, capsys, spec, needle) -> None:
     assert needle in estimate_error(tmp_path, spec, capsys)
 

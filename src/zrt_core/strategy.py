@@ -26,7 +26,6 @@ QUANT = ("none", "int8", "int4", "fp8", "fp4")
 CP_KINDS = ("ring", "ulysses")
 
 
-
 def _count(kind: str, error: type = SpecError):
     """A validator: a positive integer within zrt's limit for ``kind`` (checks.LIMITS);
     anything else is ``error`` naming the field (one line, exit 2 at the CLI)."""
@@ -45,6 +44,17 @@ def _one_of(choices: tuple[Any, ...], error: type = SpecError):
                         f"{', '.join(map(str, choices))}, got {value!r}")
 
     return check
+
+
+def _text(_inst: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise SpecError(f"{attribute.name} must be a name, got {value!r}",
+                        "e.g. bfloat16 or fp8")
+
+
+def _flag(_inst: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise SpecError(f"{attribute.name} must be true or false, got {value!r}")
 
 
 _degree = _count("degree", LayoutError)
@@ -72,7 +82,7 @@ class Parallel:
     ep: int = field(default=1, validator=_degree)
     etp: int | None = field(default=None, validator=validators.optional(_degree))
     dp: int = field(default=1, validator=_degree)
-    sp: bool | None = None
+    sp: bool | None = field(default=None, validator=_flag)
     cp_kind: str = field(default="ring", validator=_one_of(CP_KINDS, LayoutError))
 
     @property
@@ -135,11 +145,11 @@ class TrainSpec:
     seq_len: int = field(validator=_count("tokens"))
     recompute: str = field(default="none", validator=_one_of(RECOMPUTE))
     zero: int = field(default=0, validator=_one_of((0, 1, 2, 3)))
-    fsdp: bool = False
+    fsdp: bool = field(default=False, validator=_flag)
     optimizer: str = field(default="adamw", validator=_one_of(OPTIMIZERS))
     precision: str = field(default="bf16", validator=_one_of(PRECISIONS))
     pp_schedule: str = field(default="1f1b", validator=_one_of(PP_SCHEDULES))
-    offload_optimizer: bool = False
+    offload_optimizer: bool = field(default=False, validator=_flag)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -168,8 +178,8 @@ class InferSpec:
     output_len: int = field(validator=_count("tokens"))
     batch: int | None = field(default=None, validator=validators.optional(_count("batch")))
     quant: str = field(default="none", validator=_one_of(QUANT))
-    dtype: str = "bfloat16"
-    kv_dtype: str | None = None
+    dtype: str = field(default="bfloat16", validator=_text)
+    kv_dtype: str | None = field(default=None, validator=_text)
 
     def to_json(self) -> dict[str, Any]:
         return {"input_len": self.input_len, "output_len": self.output_len, "batch": self.batch,
