@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zrt_core.errors import LayoutError, ModelError, SpecError
+from attrs import evolve
+
+from zrt_core.errors import LayoutError, ModelError, SpecError, UnknownNameError
 from zrt_core.modelinfo import (
     _EXPERTS,
     _FFN,
@@ -23,6 +25,9 @@ from zrt_core.modelinfo import (
     ModelDims,
     text_config,
 )
+
+if TYPE_CHECKING:
+    from zrt_core.strategy import Parallel, TrainSpec
 
 #: Largest value zrt accepts per kind of size, each past every published model (the
 #: largest real one in the comment), so a typo or an overflow is refused up front instead
@@ -60,8 +65,8 @@ _ZERO_OK: dict[str, str] = {
     "n_shared_experts": "experts", "num_shared_experts": "experts",
     "first_k_dense_replace": "layers", "num_nextn_predict_layers": "layers",
 }
-# keys a config may set to null to mean "not used": q_lora_rank (queries projected
-# directly), sliding_window (full attention), the width of a dense FFN some MoE configs omit
+# (a key set to null is "not used": q_lora_rank of V2-Lite, sliding_window of Mistral v0.3)
+# keys that hold a mapping when present
 _MAPPING_KEYS = ("quantization_config", "rope_scaling", "rope_parameters", "text_config")
 
 
@@ -104,11 +109,8 @@ def _integer(cfg: Mapping[str, Any], key: str, kind: str, where: str, *, minimum
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            value = int(value)  # JSON writers sometimes give 4096.0
-        else:
-            raise ModelError(f"{where}: {key} must be an integer, got {_show(value)}",
-                             f"fix {key} in config.json")
+        raise ModelError(f"{where}: {key} must be an integer, got {_show(value)}",
+                         f"fix {key} in config.json")
     limit = LIMITS[kind]
     if value < minimum:
         rule = "positive" if minimum == 1 else "0 or more"
@@ -233,16 +235,11 @@ def check_train_request(config: Mapping[str, Any], parallel: Any, train: Any, *,
     check_tokens(config if positions else {}, train.seq_len, "a training sequence",
                  where=where)
     if layout:
-        from zrt_core.estimate.training import _dims_for_layout, _schedule_name
-        from zrt_core.schedule.pipeline import check_schedule, virtual_stages
         from zrt_core.strategy import check_layout
 
         schedule = _schedule_name(parallel, train)
         vp = parallel.vp if schedule == "interleaved" else 1
         stages = virtual_stages(schedule, parallel.pp, vp)
-        from zrt_core.estimate.training import _mtp_layers
-        from zrt_core.transforms.training import stage_layer_ranges
-
         layout_dims = dims
         if stage_split != "even" and dims.layers % stages:
             stage_layer_ranges(dims.layers, stages, extra_first=1,
@@ -327,3 +324,125 @@ def _show(value: Any) -> str:
         return f"{value:,}"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- pipeline layout rules (used by the estimators and the pipeline simulation) ---------
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe", "dualpipev")
+
+
+def virtual_stages(schedule: str, pp: int, vp: int = 1) -> int:
+    """How many per-stage times a schedule takes (see the module docstring)."""
+    _check_name(schedule)
+    if schedule == "interleaved":
+        return pp * vp
+    if schedule in ("zb-v", "dualpipev"):
+        return 2 * pp
+    return pp
+
+
+def _check_name(schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise UnknownNameError(f"unknown pipeline schedule {schedule!r}",
+                               f"use one of {', '.join(SCHEDULES)}")
+
+
+def check_schedule(schedule: str, pp: int, vp: int, microbatches: int) -> None:
+    """Raise :class:`LayoutError` naming the rule when a schedule cannot run this layout."""
+    _check_name(schedule)
+    if pp < 1 or vp < 1 or microbatches < 1:
+        raise LayoutError(f"pp={pp}, vp={vp}, microbatches={microbatches} must all be ≥ 1",
+                          "give positive degrees and at least one micro-batch")
+    if schedule == "interleaved":
+        if vp < 2 or pp < 2:
+            raise LayoutError(
+                f"interleaved 1F1B needs pp ≥ 2 and vp ≥ 2 (got pp={pp}, vp={vp})",
+                "use 1f1b for vp=1, or set vp to the model chunks per rank")
+        if microbatches % pp:
+            raise LayoutError(
+                f"interleaved 1F1B needs the micro-batches ({microbatches}) to be a multiple "
+                f"of pp={pp} (Megatron's rule)", "adjust the global batch or micro-batch")
+        return
+    if schedule in ("zb-v", "dualpipev"):
+        if vp not in (1, 2):
+            raise LayoutError(
+                f"{schedule} always runs two chunks per rank in a V; vp={vp} is not supported",
+                "use vp=1 (or 2); the model is cut into 2 × pp virtual stages")
+    elif vp != 1:
+        raise LayoutError(f"{schedule} does not interleave model chunks; vp={vp} needs "
+                          "the interleaved schedule",
+                          "set vp=1 or use the interleaved schedule")
+    if schedule == "zb-h1" and microbatches < pp:
+        raise LayoutError(
+            f"zb-h1 needs at least pp={pp} micro-batches (got {microbatches})",
+            "raise the global batch or lower pp")
+    if schedule == "dualpipe" and (pp % 2 or microbatches % 2):
+        raise LayoutError(
+            f"dualpipe needs an even pp and an even number of micro-batches "
+            f"(got pp={pp}, microbatches={microbatches})",
+            "half of the micro-batches enter at each end of the pipeline")
+    if schedule in ("dualpipe", "dualpipev") and microbatches < 2 * pp:
+        raise LayoutError(
+            f"{schedule} needs at least 2 × pp = {2 * pp} micro-batches (got {microbatches})",
+            "raise the global batch or lower pp")
+
+
+def stage_layer_ranges(num_layers: int, stages: int, *, extra_first: int = 0,
+                       extra_last: int = 0) -> tuple[range, ...]:
+    """Contiguous decoder-layer ranges of ``stages`` virtual stages, model order.
+
+    Even split when ``stages`` divides the layers. Otherwise Megatron's
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``:
+    the embedding counts as ``extra_first`` layers on the first stage and the loss (with
+    any multi-token-prediction layers) as ``extra_last`` on the last, and
+    ``num_layers + extra_first + extra_last`` must split evenly.
+
+    :raises LayoutError: naming the rule when neither split works.
+    """
+    if stages < 1:
+        raise LayoutError(f"{stages} pipeline stages", "pp × vp must be at least 1")
+    if num_layers % stages == 0:
+        per = num_layers // stages
+        return tuple(range(i * per, (i + 1) * per) for i in range(stages))
+    padded = num_layers + extra_first + extra_last
+    if (extra_first or extra_last) and padded % stages == 0:
+        per = padded // stages
+        if per > extra_first and per > extra_last:
+            bounds = []
+            start = 0
+            for i in range(stages):
+                size = per - (extra_first if i == 0 else 0) - (extra_last if i == stages - 1
+                                                                 else 0)
+                bounds.append(range(start, start + size))
+                start += size
+            return tuple(bounds)
+    if extra_first or extra_last:
+        raise LayoutError(
+            f"pp × vp = {stages} does not divide the {num_layers} layers "
+            f"(nor {padded} with the embedding and loss counted as layers)",
+            "choose pp and vp so that layers split evenly into stages")
+    raise LayoutError(f"pp × vp = {stages} does not divide the {num_layers} layers",
+                      "choose pp and vp so that layers split evenly into stages (or count "
+                      "the embedding and loss as layers: --embedding-loss-stages)")
+
+
+def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
+    schedule = train.pp_schedule
+    if parallel.vp > 1 and schedule == "1f1b":
+        return "interleaved"
+    if parallel.pp == 1 and schedule in ("interleaved",):
+        return "1f1b"
+    return schedule
+
+
+def _mtp_layers(config: Mapping[str, Any]) -> int:
+    return int(config.get("num_nextn_predict_layers") or config.get("mtp_num_layers") or 0)
+
+
+def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims:
+    """``check_layout`` requires pp × vp to divide the layers; an uneven split that Megatron
+    accepts (embedding and loss counted as layers, :func:`stage_layer_ranges`) was already
+    checked, so the layer rule is checked against a count it divides."""
+    if num_layers % stages == 0:
+        return dims
+    return evolve(dims, layers=stages * max(1, num_layers // stages))

@@ -186,6 +186,15 @@ class InferSpec:
                 "quant": self.quant, "dtype": self.dtype, "kv_dtype": self.kv_dtype}
 
 
+def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
+    """A :class:`TrainSpec` with Megatron's defaults for what is not given (vp > 1 →
+    interleaved)."""
+    spec = TrainSpec(**fields)
+    if parallel.vp > 1 and spec.pp_schedule == "1f1b":
+        spec = evolve(spec, pp_schedule="interleaved")
+    return spec
+
+
 def check_layout(
     parallel: Parallel,
     dims: ModelDims,

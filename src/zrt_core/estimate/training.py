@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
-from zrt_core.checks import check_hardware_arg, check_train_request, layout_notes, raw_config
+from zrt_core.checks import (
+    _dims_for_layout,
+    _mtp_layers,
+    _schedule_name,
+    check_hardware_arg,
+    check_train_request,
+    layout_notes,
+    raw_config,
+)
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import LayoutError, ModelError, SpecError
 from zrt_core.estimate.captures import CapturedGraphs
@@ -55,7 +63,7 @@ from zrt_core.schedule.pipeline import (
     virtual_stages,
 )
 from zrt_core.schedule.scheduler import OverlapRules, schedule_phase, weight_grad_s
-from zrt_core.strategy import Parallel, TrainSpec, check_layout
+from zrt_core.strategy import Parallel, TrainSpec, check_layout, train_spec_defaults
 from zrt_core.transforms.base import TransformContext, apply_all, around_fusion
 from zrt_core.transforms.training import (
     RECOMPUTE_ATTR,
@@ -588,28 +596,6 @@ SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
 #: 3 Super at TP 2 + SP). Their forward all-gathers and reduce-scatters block; the backward
 #: ones still run beside the GEMMs (TE's asynchronous gathers and reduce-scatters).
 NO_TP_COMM_OVERLAP_RECIPES = ("perf_recipes/nemotronh/",)
-
-
-def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
-    schedule = train.pp_schedule
-    if parallel.vp > 1 and schedule == "1f1b":
-        return "interleaved"
-    if parallel.pp == 1 and schedule in ("interleaved",):
-        return "1f1b"
-    return schedule
-
-
-def _mtp_layers(config: Mapping[str, Any]) -> int:
-    return int(config.get("num_nextn_predict_layers") or config.get("mtp_num_layers") or 0)
-
-
-def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims:
-    """``check_layout`` requires pp × vp to divide the layers; an uneven split that Megatron
-    accepts (embedding and loss counted as layers, :func:`stage_layer_ranges`) was already
-    checked, so the layer rule is checked against a count it divides."""
-    if num_layers % stages == 0:
-        return dims
-    return evolve(dims, layers=stages * max(1, num_layers // stages))
 
 
 def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
@@ -1608,15 +1594,6 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
             f"dividing the layers, dp the rest); the fastest that fits: tp {p.tp} × pp {p.pp} "
             f"× dp {p.dp}")
     return evolve(best, notes=(note, *best.notes))
-
-
-def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
-    """A :class:`TrainSpec` with Megatron's defaults for what is not given (vp > 1 →
-    interleaved)."""
-    spec = TrainSpec(**fields)
-    if parallel.vp > 1 and spec.pp_schedule == "1f1b":
-        spec = evolve(spec, pp_schedule="interleaved")
-    return spec
 
 
 __all__ = [

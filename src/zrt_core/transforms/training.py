@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
-from zrt_core.errors import LayoutError, SpecError
+from zrt_core.checks import stage_layer_ranges  # noqa: F401  (re-exported)
+from zrt_core.errors import SpecError
 from zrt_core.ir.graph import (
     Category,
     LayerTemplate,
@@ -1505,40 +1506,3 @@ def optimizer_graph(
 # -- stage layout -----------------------------------------------------------------------------
 
 
-def stage_layer_ranges(num_layers: int, stages: int, *, extra_first: int = 0,
-                       extra_last: int = 0) -> tuple[range, ...]:
-    """Contiguous decoder-layer ranges of ``stages`` virtual stages, model order.
-
-    Even split when ``stages`` divides the layers. Otherwise Megatron's
-    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``:
-    the embedding counts as ``extra_first`` layers on the first stage and the loss (with
-    any multi-token-prediction layers) as ``extra_last`` on the last, and
-    ``num_layers + extra_first + extra_last`` must split evenly.
-
-    :raises LayoutError: naming the rule when neither split works.
-    """
-    if stages < 1:
-        raise LayoutError(f"{stages} pipeline stages", "pp × vp must be at least 1")
-    if num_layers % stages == 0:
-        per = num_layers // stages
-        return tuple(range(i * per, (i + 1) * per) for i in range(stages))
-    padded = num_layers + extra_first + extra_last
-    if (extra_first or extra_last) and padded % stages == 0:
-        per = padded // stages
-        if per > extra_first and per > extra_last:
-            bounds = []
-            start = 0
-            for i in range(stages):
-                size = per - (extra_first if i == 0 else 0) - (extra_last if i == stages - 1
-                                                                 else 0)
-                bounds.append(range(start, start + size))
-                start += size
-            return tuple(bounds)
-    if extra_first or extra_last:
-        raise LayoutError(
-            f"pp × vp = {stages} does not divide the {num_layers} layers "
-            f"(nor {padded} with the embedding and loss counted as layers)",
-            "choose pp and vp so that layers split evenly into stages")
-    raise LayoutError(f"pp × vp = {stages} does not divide the {num_layers} layers",
-                      "choose pp and vp so that layers split evenly into stages (or count "
-                      "the embedding and loss as layers: --embedding-loss-stages)")
