@@ -152,13 +152,17 @@ SPECS = [
     ({"model": NUMBERS, "hardware": "h100", "infer": {"input_len": 64, "output_len": 16,
                                                       "kv_dtype": 7}},
      "kv_dtype must be a name, got 7"),
+    ({"model": NUMBERS, "hardware": "h100", "parallel": {"tp": 2, "sp": "yes"},
+      "train": TRAIN}, "sp must be true or false, got 'yes'"),
+    ({"model": NUMBERS, "hardware": "h100", "parallel": {"dp": 2},
+      "train": {**TRAIN, "fsdp": 1}}, "fsdp must be true or false, got 1"),
 ]
 
 
 @pytest.mark.parametrize(("spec", "needle"), SPECS, ids=[
     "1e30-batch", "experts-analytic", "num_experts-analytic", "micro_batch-mapping",
     "401-digit-tp", "5000-digit-int", "nested-100000", "binary", "dense_layers-string",
-    "kv_dtype-number"])
+    "kv_dtype-number", "sp-string", "fsdp-number"])
 def test_bad_spec_files_are_one_line(tmp_path: Path, capsys, spec, needle) -> None:
     assert needle in estimate_error(tmp_path, spec, capsys)
 
