@@ -16,14 +16,13 @@ estimated at the fastest feasible Megatron layout (``search_layout`` in
 ``zrt_core.estimate.training``); they carry only an MFU, so they do not enter the
 step-time MAPE.
 
-``--fit-sustained`` fits each hardware's ``matmul_sustained`` on all its records, training and
-serving (never raising the serving records' MAPE), as the packs' values were fitted
-(docs/cost-model.md).
+``--fit-sustained`` refits the packs' fitted parameters (each hardware's ``matmul_sustained``,
+B200's NVFP4 rate) on all their records, training and serving, with ``zrt_core.calibrate``
+(docs/calibration.md; ``bench_crossval.py`` cross-validates the same fit).
 
 ``--fit`` fits each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
-``matmul_fp4`` of the hardware YAML's ``efficiency`` section) to every record on that
-hardware at that precision, by grid search on the step-time MAPE (docs/training-model.md,
-"Calibration").
+``matmul_fp4`` of the hardware YAML's ``efficiency`` section) on every record on that
+hardware at that precision with the same code (docs/training-model.md, "Calibration").
 """
 
 from __future__ import annotations
@@ -75,7 +74,6 @@ def captured(case, host, cache: Path | None):
 #: Which efficiency field a record's GEMMs run at, by its precision.
 FIT_FIELD = {"bf16": "matmul", "fp16": "matmul", None: "matmul", "fp8": "matmul_fp8",
              "mxfp8": "matmul_fp8", "nvfp4": "matmul_fp4"}
-FIT_GRID = tuple(round(0.40 + 0.01 * i, 2) for i in range(61))  # 0.40 .. 1.00
 
 
 def _estimate(case, cap, host, hw=None):
@@ -84,151 +82,65 @@ def _estimate(case, cap, host, hw=None):
     return estimate_case(case, host=host, captured=cap, hardware=hw or case.hardware)
 
 
-def fit(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
-    """Fit each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
-    ``matmul_fp4``) to the step times of every record on that hardware at that precision:
-    the grid value with the least mean absolute percentage error. A field with fewer than
-    three records is left as it is (one record is not a fit)."""
-    from attrs import evolve as _evolve
+def _fit(path: Path, only: str | None, cache: Path | None, params) -> dict[str, Any]:
+    """Fit ``params`` with ``zrt_core.calibrate`` (the one fitting code, docs/calibration.md)
+    on every record of the file, training and serving, and print each value."""
+    from zrt_core.calibrate.records import fit_records
+    from zrt_core.validate import load_records as load_all
 
-    from zrt_core.errors import ZrtError
-    from zrt_core.plugins import get_plugin_manager
-
-    host = get_plugin_manager()
-    groups: dict[tuple[str, str], list[tuple[Any, Any, float, str]]] = {}
-    for record in load_records(path):
-        if only and only not in record["id"]:
-            continue
-        measured = record.get("measured", {}).get("step_time_s")
-        if not measured:
-            continue
-        try:
-            case = record_case(record)
-            cap = captured(case, host, cache)
-        except ZrtError:
-            continue
-        key = (case.hardware, FIT_FIELD.get(record.get("precision"), "matmul"))
-        groups.setdefault(key, []).append((case, cap, measured, record["id"]))
+    if cache is not None:
+        os.environ["ZRT_CACHE_DIR"] = str(cache)
+    records = [r for r in load_all(path) if not only or only in r.id]
+    result, report = fit_records(records, params)
     out: dict[str, Any] = {}
-    for (hw_id, field), items in sorted(groups.items()):
-        hw = host.hardware_spec(hw_id)
-        current = getattr(hw.efficiency, field)
-        if len(items) < 3:
-            print(f"{hw_id:22s} {field:11s} {len(items)} record(s): not fitted "
-                  f"(stays {current})")
-            continue
-
-        def mape(value: float | None, hw=hw, field=field, items=items) -> float:
-            spec = hw if value is None else _evolve(
-                hw, efficiency=_evolve(hw.efficiency, **{field: value}))
-            errors = []
-            for case, cap, measured, _rid in items:
-                try:
-                    r = _estimate(case, cap, host, spec)
-                except ZrtError:
-                    continue
-                errors.append(abs(r.step_time_s - measured) / measured)
-            return statistics.fmean(errors) if errors else float("inf")
-
-        before = mape(None)
-        scores = {v: mape(v) for v in FIT_GRID}
-        best = min(scores, key=lambda v: (scores[v], abs(v - (current or 0))))
-        out[f"{hw_id}.{field}"] = {"records": len(items), "current": current,
-                                   "fitted": best, "mape_before": before,
-                                   "mape_after": scores[best]}
-        print(f"{hw_id:22s} {field:11s} {len(items):2d} records: {current} -> {best} "
-              f"(MAPE {before:.1%} -> {scores[best]:.1%})", flush=True)
+    for p, pf in zip(params, result.params, strict=True):
+        r = report[p.name]
+        out[p.name] = {"records": r["records"], "shipped": p.shipped, "fitted": pf.value,
+                       "how": pf.how, "mape_shipped": r["shipped_mape"],
+                       "mape_fitted": r["fitted_mape"]}
+        shown = "—" if r["shipped_mape"] is None else \
+            f"{r['shipped_mape']:.1%} -> {r['fitted_mape']:.1%}"
+        print(f"{p.name:34s} {r['records']:3d} records: {p.shipped} -> {pf.value} "
+              f"({pf.how}; MAPE {shown})", flush=True)
     return out
 
 
-SUSTAINED_GRID = tuple(round(0.70 + 0.01 * i, 2) for i in range(31))  # 0.70 .. 1.00
+def fit(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
+    """Fit each hardware's GEMM efficiency per precision (``matmul``, ``matmul_fp8``,
+    ``matmul_fp4``) on every record on that hardware at that precision (0.40 … 1.00; fewer
+    than three records: not fitted). The shipped values of these fields are publications'
+    (docs/calibration.md): this shows what the records alone would say."""
+    import yaml
+
+    from zrt_core.calibrate import Param
+    from zrt_core.plugins import get_plugin_manager
+
+    host = get_plugin_manager()
+    with path.open(encoding="utf-8") as f:
+        raw = [r for r in yaml.safe_load(f) if r.get("workload") in ("train", "infer")
+               and (not only or only in str(r.get("id")))]
+    groups: dict[tuple[str, str], set[str | None]] = {}
+    for r in raw:
+        precision = r.get("precision")
+        key = None if precision is None else str(precision).lower()
+        groups.setdefault((r["hardware"], FIT_FIELD.get(key, "matmul")), set()).add(key)
+    params = []
+    for (hw_id, field), precisions in sorted(groups.items(), key=str):
+        current = getattr(host.hardware_spec(hw_id).efficiency, field)
+        if current is None:
+            continue
+        params.append(Param(f"{hw_id}.{field}", field, (hw_id,), default=current,
+                            shipped=current, precisions=tuple(precisions)))
+    return _fit(path, only, cache, params)
 
 
 def fit_sustained(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
-    """Fit each hardware's ``matmul_sustained`` (the fraction of its isolated-kernel rate a
-    GEMM keeps inside a whole workload; docs/cost-model.md) to every record on it — training
-    step times and serving output tokens/s alike, since both estimators read it: the grid
-    value with the least joint MAPE among those that do not raise the serving records' MAPE
-    above its value at the current setting (the serving goal is already met there). Fewer
-    than three records: not fitted."""
-    import contextlib
+    """Fit the packs' fitted parameters (``zrt_core.calibrate.records.PACK_PARAMS``: the
+    A100 and GH100 ``matmul_sustained``, B200's ``matmul_fp4``) on every record they move,
+    training step times and serving output tokens/s together."""
+    from zrt_core.calibrate.records import PACK_PARAMS
 
-    from attrs import evolve as _evolve
-
-    from zrt_core.errors import ZrtError
-    from zrt_core.plugins import get_plugin_manager
-    from zrt_core.validate import Validator
-    from zrt_core.validate import load_records as load_all
-
-    host = get_plugin_manager()
-    train: dict[str, list[tuple[Any, Any, float]]] = {}
-    for record in load_records(path):
-        measured = record.get("measured", {}).get("step_time_s")
-        if (only and only not in record["id"]) or not measured:
-            continue
-        try:
-            case = record_case(record)
-            cap = captured(case, host, cache)
-        except ZrtError:
-            continue
-        train.setdefault(case.hardware, []).append((case, cap, measured))
-    serve: dict[str, list[Any]] = {}
-    for record in load_all(path):
-        if record.workload == "infer" and (not only or only in record.id):
-            serve.setdefault(record.hardware, []).append(record)
-    original = host.hardware_spec
-    out: dict[str, Any] = {}
-    for hw_id in sorted(set(train) | set(serve)):
-        items, served = train.get(hw_id, []), serve.get(hw_id, [])
-        hw = original(hw_id)
-        current = hw.efficiency.matmul_sustained
-        if len(items) + len(served) < 3:
-            print(f"{hw_id:22s} matmul_sustained: {len(items) + len(served)} record(s), "
-                  f"not fitted (stays {current})")
-            continue
-
-        def scores(value: float, hw=hw, items=items, served=served, hw_id=hw_id
-                   ) -> tuple[list[float], list[float]]:
-            spec = _evolve(hw, efficiency=_evolve(hw.efficiency, matmul_sustained=value))
-            t = []
-            for case, cap, measured in items:
-                with contextlib.suppress(ZrtError):
-                    t.append(abs(_estimate(case, cap, host, spec).step_time_s - measured)
-                             / measured)
-            s_ = []
-            host.hardware_spec = lambda x, _s=spec, _h=hw_id: _s if x == _h else original(x)
-            try:
-                validator = Validator(host)
-                for record in served:
-                    e = validator.predict(record).error.get("output_tokens_per_s")
-                    if e is not None:
-                        s_.append(abs(e))
-            finally:
-                host.hardware_spec = original
-            return t, s_
-
-        grid = {v: scores(v) for v in SUSTAINED_GRID}
-        base_t, base_s = scores(current)
-        limit = (statistics.fmean(base_s) + 0.0005) if base_s else float("inf")
-
-        def joint(v: float, grid=grid) -> float:
-            t, s_ = grid[v]
-            return statistics.fmean(t + s_) if t + s_ else float("inf")
-
-        allowed = [v for v in grid if not grid[v][1] or statistics.fmean(grid[v][1]) <= limit]
-        best = min(allowed or grid, key=lambda v: (joint(v), abs(v - current)))
-        t, s_ = grid[best]
-        out[f"{hw_id}.matmul_sustained"] = {
-            "train_records": len(items), "serve_records": len(served), "current": current,
-            "fitted": best, "train_mape": statistics.fmean(t) if t else None,
-            "serve_mape": statistics.fmean(s_) if s_ else None}
-        print(f"{hw_id:22s} matmul_sustained {len(items):2d} train + {len(served):2d} serve: "
-              f"{current} -> {best} (train "
-              f"{statistics.fmean(base_t) if base_t else float('nan'):.1%} -> "
-              f"{statistics.fmean(t) if t else float('nan'):.1%}, serve "
-              f"{statistics.fmean(base_s) if base_s else float('nan'):.1%} -> "
-              f"{statistics.fmean(s_) if s_ else float('nan'):.1%})", flush=True)
-    return out
+    return _fit(path, only, cache, PACK_PARAMS)
 
 
 def run(path: Path, only: str | None, cache: Path | None, verbose: bool

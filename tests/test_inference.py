@@ -144,6 +144,69 @@ def test_max_throughput_batch_is_limited_by_memory_and_engine(host, captured):
     assert r.output_tokens_per_s == pytest.approx(r.batch * 32 / period, rel=1e-9)
 
 
+def test_prompt_admission_bounds_the_busy_sequences():
+    from zrt_core.estimate.inference import _admission_limited, _prompt_chunk
+
+    # TensorRT-LLM 2048/128 on one H200 (70B): 3584 tokens a step, 193 sequences fit.
+    # Beside 193 decoding sequences 3391 tokens are free: one whole 2048-token prompt
+    # (chunked context off), and 193 prompts would need 193 > 128 iterations of it.
+    assert _prompt_chunk(193, 3584, 2048, False) == 2048
+    # n x 2048 <= 128 x chunk(n): chunk stays 2048 down to n = 1536 (3584 - 1536 = 2048),
+    # so n <= 128 x 2048 / 2048 = 128
+    assert _admission_limited(193, 3584, 2048, 128, False) == 128
+    # 128/128 with room to spare: 100 sequences, 3484 free -> 27 prompts = 3456 tokens a
+    # step; 100 x 128 = 12800 <= 128 x 3456, nothing changes
+    assert _admission_limited(100, 3584, 128, 128, False) == 100
+    # chunked prefill splits prompts: chunk = min(free, n x isl) = 3391, and
+    # 193 x 2048 = 395264 <= 128 x 3391 = 434048 -> all 193 stay busy
+    assert _admission_limited(193, 3584, 2048, 128, True) == 193
+
+
+def test_admission_limited_steady_state_identity(host, captured):
+    from zrt_core.estimate.engine import EngineProfile
+
+    # 4 sequences, 60 tokens a step, whole prompts: 4 x (1 + 32/3) = 46.7 <= 60 tokens, so
+    # the token budget allows 4; beside 4 decoding sequences 56 tokens are free, one
+    # 32-token prompt a step, and 4 prompts need 4 > 3 steps: 3 sequences run
+    # (3 x 32 = 96 <= 3 x 32), every iteration mixed
+    engine = EngineProfile(name="toy", kv_fraction=0.9, runtime_reserve_gib=0.0,
+                           kv_block_tokens=32, fixed_max_batch=4, fixed_max_tokens=60,
+                           chunked_prefill=False)
+    r = estimate_inference(None, _toy(), Parallel(), InferSpec(input_len=32, output_len=3),
+                           host=host, captured=captured, engine=engine)
+    t = r.throughput
+    assert t["prompt_admission_limited"] and not t["token_budget_limited"]
+    assert (t["concurrency"], t["prompt_tokens_per_mixed_iteration"]) == (3, 32)
+    assert t["mixed_iterations_per_period"] == 3
+    # period = 3 mixed iterations; 3 sequences x 3 tokens in it
+    assert r.output_tokens_per_s == pytest.approx(9 / (t["period_ms"] / 1e3), rel=1e-9)
+    assert t["period_ms"] == pytest.approx(3 * t["mixed_iteration_ms"], rel=1e-9)
+
+
+def test_fused_attention_writes_only_the_new_rows_of_a_sliding_cache():
+    from zrt_core.capture.api import capture
+    from zrt_core.estimate.inference import _Estimator
+    from zrt_core.ir.graph import Phase
+    from zrt_core.strategy import check_layout
+
+    # transformers' sliding-window cache keeps a slice of cat(cache, new) as the next
+    # step's cache, so the concatenation leaves the fused FlashAttention region; a paged
+    # engine writes only the new token's K and V rows
+    full = get_plugin_manager()  # the CUDA fusion pack
+    cfg = dict(LLAMA, model_type="mistral", sliding_window=64, head_dim=32)
+    cap = CapturedModel.from_capture(capture(cfg, phases=("prefill", "decode"), batch=1,
+                                             seq_len=32, host=full))
+    est = _Estimator(cap, full.hardware_spec("nvidia_h100_sxm"), check_layout(Parallel(),
+                     cap.dims), InferSpec(input_len=32, output_len=32), full, "trtllm")
+    attn = [n for n in est.graph(Phase.DECODE, 4, 40).nodes
+            if n.category == Category.ATTENTION]
+    assert attn and all(n.fused_from and n.attrs.get("paged") for n in attn)
+    # written: the output 4 x 1 x 4 heads x 32 x 2 B = 1024, its log-sum-exp 4 x 4 x 1 x
+    # 4 B = 64, and one new row of K and of V: 2 x (4 x 2 heads x 1 x 32 x 2 B) = 1024 —
+    # not the 41-row concatenations (2 x 20992 B) the graph returns
+    assert [n.bytes_written for n in attn] == [2112]  # one node per layer template
+
+
 def test_trtllm_bench_settings_follow_its_heuristic():
     # 8e9 params at 1 byte, 80 GiB device: (80 - 7.45) x 0.9 = 65.3 GiB of cache; 64 KiB per
     # token x 256 tokens = 16 MiB per request -> 4179 requests -> capped at 4096 -> 4096;

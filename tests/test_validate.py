@@ -220,3 +220,19 @@ def test_only_selects_records(host: PluginHost, tmp_path: Path) -> None:
     assert [r.id for r in run.results] == ["b-2"]
     assert run.results[0].message.startswith("record b-2: unknown workload 'serve'")
     assert math.isfinite(run.elapsed_s)
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_mfu_in_the_sources_definition_where_its_counter_is_known(host: PluginHost) -> None:
+    from zrt_core.source_flops import nemo2_llama_flops
+
+    raw = {**TRAIN, "id": "nemo-long", "model": {"name": "tiny llama", "hf_config": TINY_LLAMA},
+           "source": "NVIDIA NeMo long-sequence performance page, LLAMA3-8B (NeMo 25.04.rc2)",
+           "parallel": {"tp": 1, "pp": 1, "cp": 1, "dp": 4}, "measured": {"mfu": 0.5}}
+    result = Validator(host, use_cache=False).predict(_record(raw))
+    step = result.predicted["step_time_s"]
+    # NeMo 2's FLOPs (full s² attention) over the predicted step × 4 GPUs × 989.4 TFLOP/s
+    peak = host.hardware_spec("nvidia_h100_sxm").compute.bf16_tflops * 1e12
+    assert result.predicted["mfu"] == pytest.approx(
+        nemo2_llama_flops(TINY_LLAMA, 32, 8) / (step * 4 * peak), rel=1e-12)
+    assert any("NeMo 2 flops_formulas" in a for a in result.assumptions)

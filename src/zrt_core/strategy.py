@@ -14,7 +14,7 @@ from typing import Any
 
 from attrs import evolve, field, frozen, validators
 
-from zrt_core.checks import check_count
+from zrt_core.checks import LIMITS, check_count
 from zrt_core.errors import LayoutError, SpecError
 from zrt_core.modelinfo import ModelDims
 
@@ -55,6 +55,12 @@ def _text(_inst: Any, attribute: Any, value: Any) -> None:
 def _flag(_inst: Any, attribute: Any, value: Any) -> None:
     if value is not None and not isinstance(value, bool):
         raise SpecError(f"{attribute.name} must be true or false, got {value!r}")
+
+
+def _rank(_inst: Any, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LIMITS["width"]:
+        raise SpecError(f"{attribute.name} must be an integer from 0 to {LIMITS['width']:,}, "
+                        f"got {value!r}")
 
 
 _degree = _count("degree", LayoutError)
@@ -150,6 +156,9 @@ class TrainSpec:
     precision: str = field(default="bf16", validator=_one_of(PRECISIONS))
     pp_schedule: str = field(default="1f1b", validator=_one_of(PP_SCHEDULES))
     offload_optimizer: bool = field(default=False, validator=_flag)
+    #: LoRA fine-tuning: frozen base weights and adapters of this rank on every decoder
+    #: linear layer (:mod:`zrt_core.transforms.lora`); 0 trains every weight
+    lora_rank: int = field(default=0, validator=_rank)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -161,7 +170,7 @@ class TrainSpec:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp", "optimizer",
-            "precision", "pp_schedule", "offload_optimizer")}
+            "precision", "pp_schedule", "offload_optimizer", "lora_rank")}
 
 
 @frozen

@@ -45,6 +45,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="pipeline schedule (default 1f1b, interleaved when --vp > 1)")
     g.add_argument("--offload-optimizer", action="store_true",
                    help="keep optimizer states in host memory (needs --host-link-gbps)")
+    g.add_argument("--lora-rank", type=positive_int("--lora-rank"), default=0, metavar="R",
+                   help="LoRA fine-tuning: frozen base weights, rank-R adapters on every "
+                        "decoder linear layer (Megatron-Bridge's default is 32; without it "
+                        "every weight trains)")
     g.add_argument("--host-link-gbps", type=float, default=None, metavar="GB_S",
                    help="device-to-host bandwidth per device, GB/s (PCIe or C2C)")
     g.add_argument("--attention", choices=("flash", "unfused"), default="flash",
@@ -70,7 +74,7 @@ def run_train(args: argparse.Namespace) -> int:
         "micro_batch": args.micro_batch, "global_batch": global_batch,
         "seq_len": args.seq_len, "recompute": args.recompute, "zero": args.zero,
         "fsdp": args.fsdp, "optimizer": args.optimizer, "precision": args.precision,
-        "offload_optimizer": args.offload_optimizer}
+        "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank}
     if args.pp_schedule:
         fields["pp_schedule"] = args.pp_schedule
     train = train_spec_defaults(parallel, **fields)

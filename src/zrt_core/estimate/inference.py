@@ -314,11 +314,14 @@ class _Estimator:
             micro = budget_tokens / (1 + isl / osl)
             concurrency = micro * pp
         c = max(1, math.floor(micro))
-        free = max(budget_tokens - c, 1)
-        if free >= isl and not self.engine.chunked_prefill:
-            chunk = (free // isl) * isl  # whole prompts only: the rest of the budget idles
-        else:
-            chunk = min(free, c * isl)  # prompts split across iterations as needed
+        # admission bound: a slot is refilled only as fast as the iterations' spare budget
+        # admits prompts; if c prompts need more than osl iterations of it, fewer slots
+        # are ever busy (every iteration is mixed and holds osl × admitted-per-iteration
+        # sequences)
+        admitted = _admission_limited(c, budget_tokens, isl, osl, self.engine.chunked_prefill)
+        prefill_limited = admitted < c
+        c = admitted
+        chunk = _prompt_chunk(c, budget_tokens, isl, self.engine.chunked_prefill)
         n_mixed = min(osl, c * isl / chunk)
         prefill_budget = chunk
         t_gen = self._stage_max(Phase.DECODE, c, mean_cache)
@@ -330,7 +333,6 @@ class _Estimator:
         # a prompt is done after its chunks' iterations; the first token then has passed
         # every pipeline stage once
         ttft = t_mix * max(0, math.ceil(isl / prefill_budget) - 1) + sum(mix_stages)
-        del free
         mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * c * pp)
         throughput = {
             "model": "in-flight batching, steady state (docs/inference-model.md)",
@@ -339,6 +341,7 @@ class _Estimator:
             "sequences_fit_in_kv": fit,
             "concurrency": c * pp,
             "token_budget_limited": token_limited,
+            "prompt_admission_limited": prefill_limited,
             "prompt_tokens_per_mixed_iteration": chunk,
             "mixed_iterations_per_period": n_mixed,
             "decode_iteration_ms": t_gen * 1e3,
@@ -538,6 +541,36 @@ def _roles(costed: list[CostedGraph], pp: int) -> list[dict[str, float]]:
         out.append({"attention": attn, "head": head, "body": rest})
     del pp
     return out
+
+
+def _prompt_chunk(c: int, budget_tokens: int, isl: int, chunked: bool) -> int:
+    """Prompt tokens a mixed iteration admits beside ``c`` decoding sequences: whole
+    prompts only without chunked prefill (the rest of the budget idles), a prompt split
+    across iterations when it is longer than the free budget or chunking is on."""
+    free = max(budget_tokens - c, 1)
+    if free >= isl and not chunked:
+        return (free // isl) * isl
+    return min(free, c * isl)
+
+
+def _admission_limited(c: int, budget_tokens: int, isl: int, osl: int, chunked: bool) -> int:
+    """The most sequences, at most ``c``, that stay busy in steady state: a sequence lives
+    ``osl`` iterations and its prompt takes ``isl`` of the prompt tokens the iterations
+    admit (:func:`_prompt_chunk`), so ``n × isl ≤ osl × chunk(n)`` (fixed-length
+    requests: the slots a finished wave frees are refilled no faster than that). A
+    TensorRT-LLM run without chunked context on a long prompt and a short output (2048/128
+    on one H200: 3584 tokens a step admit one prompt each iteration, so ~128 sequences run,
+    not the 193 the KV cache holds) is bounded by it; otherwise it returns ``c``."""
+    if c * isl <= osl * _prompt_chunk(c, budget_tokens, isl, chunked):
+        return c
+    lo, hi = 1, c  # chunk(n) grows as n falls: the largest n that satisfies it
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid * isl <= osl * _prompt_chunk(mid, budget_tokens, isl, chunked):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _stage_weights(graphs: list[OpGraph], layers: set[int], plan: PipelinePlan,

@@ -198,6 +198,7 @@ class PagedKVCache:
     name = "paged_kv_cache"
 
     def apply(self, graph: OpGraph, ctx: TransformContext | None) -> OpGraph:
+        graph = _fused_cache_writes(graph)
         caches = cache_inputs(graph)
         if not caches:
             return graph
@@ -217,3 +218,43 @@ class PagedKVCache:
 
 def _bytes_in(meta: TensorMeta, dtype: str) -> int:
     return evolve(meta, dtype=dtype).nbytes
+
+
+def _fused_cache_writes(graph: OpGraph) -> OpGraph:
+    """A fused kernel (FlashAttention with the cache append) whose region ends in a cache
+    ``cat`` that leaves the graph as the next step's cache — transformers' chunked and
+    sliding caches keep a slice of the concatenation (Llama 4's chunked-attention layers)
+    — writes only the new token's rows into its paged blocks, not the whole concatenation
+    again: its ``bytes_written`` loses the cached rows. Prefill (an empty cache) is
+    unchanged."""
+    if graph.phase != Phase.DECODE:
+        return graph
+    produced = {t.tensor_id for n in graph.nodes for t in n.outputs if t.tensor_id is not None}
+    read_outside = {t.tensor_id for n in graph.nodes for t in n.inputs
+                    if t.tensor_id is not None}
+    nodes = []
+    changed = False
+    for n in graph.nodes:
+        out_ids = {t.tensor_id for t in n.outputs if t.tensor_id is not None}
+        saved = 0
+        inside = {t.tensor_id for m in n.fused_from or () for t in m.outputs}
+        for m in n.fused_from or ():
+            if op_base(m.op) != "cat" or not m.outputs:
+                continue
+            out = m.outputs[0]
+            if out.tensor_id not in out_ids or out.tensor_id in read_outside:
+                continue  # the concatenation is not written out as the cache
+            nd = len(out.shape)
+            cached = [t for t in m.inputs if t.tensor_id is not None and t.param is None
+                      and t.tensor_id not in produced and t.tensor_id not in inside
+                      and len(t.shape) == nd and nd >= 3]
+            if not cached:
+                continue
+            new = sum(_bytes_in(t, out.dtype) for t in m.inputs if t not in cached)
+            saved += max(0, out.nbytes - new)
+        if saved:
+            changed = True
+            n = replace_node(n, bytes_written=max(0, n.bytes_written - saved),
+                             attrs={**n.attrs, "paged": True})
+        nodes.append(n)
+    return replace_graph(graph, nodes=nodes) if changed else graph

@@ -531,9 +531,20 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
     fwd = apply_all(fwd, [Precision(plan)], ctx)
     bwd = mark_weight_grads(fwd, bwd)
     bwd = apply_all(bwd, [Precision(plan, forward=fwd0)], ctx)
+    if train.lora_rank:
+        from zrt_core.transforms.lora import LoRA
+
+        fwd, bwd = LoRA(train.lora_rank).apply_pair(fwd, bwd)
+        notes.append(f"LoRA: frozen base weights (no weight-gradient GEMMs), rank-"
+                     f"{train.lora_rank} bf16 adapters on each decoder linear layer, only "
+                     "they reduce gradients and keep optimizer states")
     bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
     bwd = tp_overlap_hints(bwd, fwd, rules)
     inventory = param_inventory(fwd, parallel, dims)
+    if train.lora_rank:
+        from zrt_core.transforms.lora import lora_inventory
+
+        inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
     sharded_grads = train.zero >= 1 or train.fsdp
     zero3 = train.zero == 3 or train.fsdp
     gdtype = grad_dtype(train.precision)
@@ -541,7 +552,7 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
         gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
         fwd = apply_all(fwd, [gather], ctx)
         bwd = apply_all(bwd, [gather], ctx)
-    sync = GradientSync(inventory, gdtype, sharded=sharded_grads,
+    sync = GradientSync(inventory.trainable or inventory, gdtype, sharded=sharded_grads,
                         algorithm=zero_algorithm if zero3 else None)
     per_microbatch_sync = train.zero >= 2 or train.fsdp
     bwd_sync = apply_all(bwd, [sync], ctx)
@@ -1054,7 +1065,10 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
         layers = [i for s in mine for i in range(*s.layers)]
         first = any(s.first for s in mine)
         last = any(s.last for s in mine)
-        dense, expert = inventory.stage(layers, templates, first=first, last=last, pp=pp)
+        trainable = inventory.trainable or inventory
+        all_dense, all_expert = inventory.stage(layers, templates, first=first, last=last,
+                                                pp=pp)
+        dense, expert = trainable.stage(layers, templates, first=first, last=last, pp=pp)
         g = optimizer_graph(inventory, templates, layers, parallel, train, first=first,
                             last=last, plan=plan, host_link_gb_per_s=link)
         graphs.append(g)
@@ -1083,12 +1097,12 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
         grad_elements = (dense / dense_dp + expert / expert_dp) if shard_grads \
             else dense + expert
         grads.append(grad_elements * gbytes)
-        param_elements = (dense / dense_dp + expert / expert_dp) if shard_params \
-            else dense + expert
+        param_elements = (all_dense / dense_dp + all_expert / expert_dp) if shard_params \
+            else all_dense + all_expert
         w = param_elements * pbytes
         if plan.low_precision:
             # TransformerEngine keeps row- and column-wise low-precision weight copies
-            w += 2 * plan.quantized_bytes(int(dense + expert), plan.gemm_dtype or "")
+            w += 2 * plan.quantized_bytes(int(all_dense + all_expert), plan.gemm_dtype or "")
         weights.append(w)
         if shard_params:
             mine_layers = set(layers)
@@ -1407,10 +1421,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     if precision is None:
         precision = "bf16"
         assumptions.append("precision=bf16 (16-bit mixed precision)")
+    lora_rank = _lora_rank(record, assumptions)
     train = TrainSpec(micro_batch=int(micro_batch), global_batch=global_batch,
                       seq_len=seq_len, recompute=str(recompute), zero=int(zero), fsdp=fsdp,
                       optimizer="adamw", precision=str(precision),
-                      pp_schedule="interleaved" if vp > 1 else "1f1b")
+                      pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
     source = str(record.get("source", ""))
     attention = "flash"
     if any(s in source for s in LEGACY_MEGATRON_SOURCES):
@@ -1479,6 +1494,31 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         assumptions=tuple(assumptions), layout_search=layout_search,
                         bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
                         amax_reduction=amax_reduction)
+
+
+def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
+    """The LoRA rank of a fine-tuning record: its ``peft`` field (``lora``, or a mapping with
+    ``method: lora`` and ``rank``), else ``lora`` as a token of its id (the Megatron-Bridge
+    LoRA rows) at Megatron-Bridge's default rank; 0 for full training."""
+    from zrt_core.transforms.lora import DEFAULT_LORA_RANK
+
+    peft = record.get("peft")
+    if isinstance(peft, Mapping):
+        if str(peft.get("method", "lora")).lower() != "lora":
+            raise ModelError(f"record {record.get('id')}: peft method {peft.get('method')!r} "
+                             "is not modelled", "only LoRA (peft: lora) is")
+        return int(peft.get("rank") or DEFAULT_LORA_RANK)
+    if isinstance(peft, str) and peft.lower() not in ("none", ""):
+        if peft.lower() != "lora":
+            raise ModelError(f"record {record.get('id')}: peft {peft!r} is not modelled",
+                             "only LoRA (peft: lora) is")
+        return DEFAULT_LORA_RANK
+    if peft is None and "lora" in str(record.get("id", "")).lower().split("-"):
+        assumptions.append(f"LoRA fine-tuning (the id says lora): rank {DEFAULT_LORA_RANK} "
+                           "adapters on linear_qkv/proj/fc1/fc2, base weights frozen "
+                           "(Megatron-Bridge's LoRA defaults)")
+        return DEFAULT_LORA_RANK
+    return 0
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,

@@ -1081,6 +1081,9 @@ class ParamInventory:
     embedding: ParamGroup
     head: ParamGroup
     tied_head: int = 0
+    #: the parameters that train when not all do (LoRA's adapters): gradients and optimizer
+    #: states; None when every parameter trains
+    trainable: ParamInventory | None = None
 
     def stage(self, layers: Iterable[int], templates: Mapping[int, LayerTemplate], *,
               first: bool, last: bool, pp: int) -> tuple[int, int]:
@@ -1412,11 +1415,13 @@ def optimizer_graph(
             layer_kind=kind, flops=int(flops), bytes_read=int(read), bytes_written=int(written),
             formula=op, attrs=dict(attrs or {})))
 
-    def step(layer: int | None, kind: str | None, group: ParamGroup, count: int) -> None:
+    def step(layer: int | None, kind: str | None, group: ParamGroup, count: int,
+             frozen: ParamGroup | None = None) -> None:
+        cast = frozen or group  # LoRA: TE still casts the frozen weights every step
         dense = math.ceil(group.dense / dense_shard) if group.dense else 0
         expert = math.ceil(group.expert / expert_shard) if group.expert else 0
         elements = dense + expert
-        if elements == 0:
+        if elements == 0 and cast.total == 0:
             return
         if train.offload_optimizer:
             if not host_link_gb_per_s:
@@ -1465,7 +1470,7 @@ def optimizer_graph(
                  read=adam_elements * (states + gbytes),
                  written=adam_elements * (states + pbytes))
         if plan.quantized_layer(templates.get(layer) if layer is not None else None, layer):
-            full = group.dense + group.expert  # every weight of the rank is cast, unsharded
+            full = cast.dense + cast.expert  # every weight of the rank is cast, unsharded
             node("precision.weight_cast", Category.ELEMENTWISE, layer, kind, flops=3 * full,
                  read=full * pbytes,
                  written=2 * plan.quantized_bytes(full, plan.gemm_dtype or "float8_e4m3fn"),
@@ -1480,23 +1485,25 @@ def optimizer_graph(
                         module_path=f"optimizer.{kind or 'outer'}", overlap="next_step",
                         dtype=plan.activation_dtype))
 
+    trainable = inventory.trainable or inventory
     for rep, count in counts.items():
         group = inventory.layers.get(rep)
         if group is None:
             continue
+        adapters = trainable.layers.get(rep, ParamGroup(group.key, rep, 0, 0))
         template = templates.get(rep)
         kind = template.kind if template else None
         indices = [i for i in (template.indices if template else (rep,)) if i in stage_layers]
         if rep not in indices:
             indices = [rep, *indices[1:]]
         new_templates[rep] = LayerTemplate(kind or "layer", rep, tuple(indices[:count]) or (rep,))
-        step(rep, kind, group, count)
+        step(rep, kind, adapters, count, frozen=group)
     if first:
-        step(None, None, inventory.embedding, 1)
+        step(None, None, trainable.embedding, 1)
     if last:
-        head = inventory.head
-        if parallel.pp > 1 and inventory.tied_head:
-            head = evolve(head, dense=head.dense + inventory.tied_head)
+        head = trainable.head
+        if parallel.pp > 1 and trainable.tied_head:
+            head = evolve(head, dense=head.dense + trainable.tied_head)
         step(None, None, head, 1)
     return OpGraph(phase=Phase.OPTIMIZER, nodes=nodes, templates=new_templates,
                    meta={"optimizer": optimizer, "zero": train.zero, "fsdp": train.fsdp,

@@ -1,0 +1,97 @@
+"""LoRA fine-tuning (zrt_core.transforms.lora): frozen base weights lose their weight
+gradients, each fused linear layer gets a rank-r adapter, only adapters train."""
+
+from __future__ import annotations
+
+import pytest
+from attrs import evolve
+
+from zrt_core.estimate.training import capture_for_training, case_from_record, estimate_training
+from zrt_core.ir.graph import Category, Phase
+from zrt_core.plugins import get_plugin_manager
+from zrt_core.strategy import Parallel, TrainSpec
+from zrt_core.transforms.lora import LoRA, lora_inventory
+from zrt_core.transforms.training import WEIGHT_GRAD, mark_weight_grads, param_inventory
+
+# h=64, 2 layers, 4 heads of 16 (2 KV heads), FFN 128, vocab 128
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 128, "max_position_embeddings": 256}
+TOKENS, RANK = 32, 4
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    cap = capture_for_training(TINY, 1, TOKENS, host=get_plugin_manager(), use_cache=False)
+    fwd = cap.graph(Phase.TRAIN_FORWARD)
+    bwd = mark_weight_grads(fwd, cap.graph(Phase.TRAIN_BACKWARD))
+    return cap, fwd, bwd
+
+
+def _lora(nodes):
+    return [n for n in nodes if n.attrs.get("lora") and n.category == Category.MATMUL]
+
+
+def test_frozen_weights_lose_their_gradients_and_adapters_join_each_linear_layer(graphs):
+    _, fwd, bwd = graphs
+    lf, lb = LoRA(RANK).apply_pair(fwd, bwd)
+    base_dw = [n for n in lb.nodes if n.category == Category.MATMUL
+               and n.attrs.get("grad") == WEIGHT_GRAD and not n.attrs.get("lora")]
+    assert base_dw == []
+    assert not any(n.op == "aten.embedding_dense_backward.default" for n in lb.nodes)
+    # every input-gradient GEMM of the base stays
+    dgrads = [n for n in bwd.nodes if n.attrs.get("grad") == "input"]
+    assert all(n.id in lb.by_id() for n in dgrads)
+    # one layer template: Q/K/V share an input (linear_qkv), gate/up (linear_fc1), o_proj,
+    # down_proj: 4 adapters, 2 forward and 4 backward GEMMs each
+    assert len(_lora(lf.nodes)) == 4 * 2 and len(_lora(lb.nodes)) == 4 * 4
+    # linear_qkv: X [32, 64], N = 64 + 32 + 32 = 128: X·A = 2·32·64·4 = 16384 FLOPs,
+    # H·B = 2·32·4·128 = 32768; the fused gate/up: N = 256, H·B = 2·32·4·256 = 65536
+    flops = sorted(n.flops for n in _lora(lf.nodes))
+    assert flops == sorted([16384, 32768,            # qkv
+                            16384, 16384,            # o_proj: K = N = 64
+                            16384, 65536,            # gate/up
+                            2 * 32 * 128 * 4, 16384])  # down_proj: K = 128, N = 64
+    # the backward does twice the forward's adapter FLOPs (dgrad and wgrad)
+    assert sum(n.flops for n in _lora(lb.nodes)) == 2 * sum(flops)
+
+
+def test_only_the_adapters_reduce_gradients_and_keep_optimizer_states(graphs):
+    _, fwd, bwd = graphs
+    lf, _ = LoRA(RANK).apply_pair(fwd, bwd)
+    p = Parallel(tp=1, pp=1, dp=1)
+    inv = lora_inventory(lf, p, None)
+    # per layer r·(K + N): qkv 4·(64+128) + o 4·(64+64) + fc1 4·(64+256) + fc2 4·(128+64)
+    #   = 768 + 512 + 1280 + 768 = 3328
+    assert [g.dense for g in inv.layers.values()] == [3328]
+    assert inv.embedding.total == inv.head.total == 0
+    # the frozen inventory still holds the base weights
+    full = param_inventory(lf, p, None)
+    assert full.layers[0].dense > 3328
+
+
+def test_a_lora_step_keeps_the_frozen_weights_and_stores_adapter_states_only(graphs):
+    cap, _, _ = graphs
+    host = get_plugin_manager()
+    p = Parallel(tp=1, pp=1, dp=2)
+    full = TrainSpec(micro_batch=1, global_batch=4, seq_len=TOKENS, zero=1)
+    lora = evolve(full, lora_rank=RANK)
+    a = estimate_training(TINY, "nvidia_h100_sxm", p, full, host=host, captured=cap)
+    b = estimate_training(TINY, "nvidia_h100_sxm", p, lora, host=host, captured=cap)
+    # the frozen weights stay, the adapters' bf16 weights join them: 2 layers × 3328 × 2 B
+    assert b.memory.weights_bytes == a.memory.weights_bytes + 2 * 3328 * 2
+    # 2 layers × 3328 adapter elements, fp32 gradients, AdamW's 12 bytes sharded over dp=2
+    assert b.memory.gradients_bytes == 2 * 3328 * 4
+    assert b.memory.optimizer_bytes == 2 * 3328 * 12 / 2
+    assert any(n.startswith("LoRA:") for n in b.notes)
+
+
+def test_records_read_lora_from_peft_or_the_id():
+    base = {"id": "x-lora-y", "workload": "train", "hardware": "nvidia_h100_sxm",
+            "num_gpus": 1, "seq_len": 32, "global_batch": 1, "model": {"hf_config": TINY},
+            "parallel": {"tp": 1, "pp": 1, "dp": 1}}
+    assert case_from_record(base).train.lora_rank == 32
+    assert any("LoRA" in a for a in case_from_record(base).assumptions)
+    assert case_from_record({**base, "peft": {"method": "lora", "rank": 16}}).train.lora_rank == 16
+    assert case_from_record({**base, "id": "x-sft-y"}).train.lora_rank == 0
+    assert case_from_record({**base, "peft": "none"}).train.lora_rank == 0
