@@ -33,12 +33,12 @@ def _dims(**changes) -> ModelDims:
 
 def test_layout_candidates_are_the_divisor_layouts_inside_the_nvlink_domain() -> None:
     # 16 GPUs, heads 4 → tp ∈ {1, 2, 4}; layers 4 → pp ∈ {1, 2, 4}; dp = 16 / (tp·pp) must
-    # divide the global batch 8 (micro-batch 1): dp ∈ {1, 2, 4, 8}, so tp·pp ≥ 2
+    # divide the global batch 8 (micro-batch 1): dp ∈ {1, 2, 4, 8}, so tp·pp ≥ 2; and the
+    # 8 / dp micro-batches must fill the pp stages: (1, 2, 8) has 1 < 2, (1, 4, 4) 2 < 4
     got = {(p.tp, p.pp, p.dp) for p in layout_candidates(_dims(), 16, 8, 1, 8)}
-    assert got == {(1, 2, 8), (1, 4, 4), (2, 1, 8), (2, 2, 4), (2, 4, 2), (4, 1, 4),
-                   (4, 2, 2), (4, 4, 1)}
-    # an NVLink domain of 2 caps tp at 2
-    assert {p.tp for p in layout_candidates(_dims(), 16, 8, 1, 2)} == {1, 2}
+    assert got == {(2, 1, 8), (2, 2, 4), (2, 4, 2), (4, 1, 4), (4, 2, 2), (4, 4, 1)}
+    # an NVLink domain of 2 caps tp at 2 (global batch 16: tp 1, pp 2, dp 8 has 2 micro-batches)
+    assert {p.tp for p in layout_candidates(_dims(), 16, 16, 1, 2)} == {1, 2}
     # GQA: 2 KV heads and tp 4 (a multiple of them) is allowed, tp 3 never divides 4 heads
     assert {p.tp for p in layout_candidates(_dims(kv_heads=2), 16, 16, 1, 8)} == {1, 2, 4}
 

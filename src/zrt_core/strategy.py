@@ -14,7 +14,8 @@ from typing import Any
 
 from attrs import evolve, field, frozen, validators
 
-from zrt_core.errors import LayoutError
+from zrt_core.checks import LIMITS, check_count
+from zrt_core.errors import LayoutError, SpecError
 from zrt_core.modelinfo import ModelDims
 
 RECOMPUTE = ("none", "selective", "full")
@@ -24,7 +25,45 @@ OPTIMIZERS = ("adam", "adamw", "muon", "sgd")
 QUANT = ("none", "int8", "int4", "fp8", "fp4")
 CP_KINDS = ("ring", "ulysses")
 
-_positive = validators.and_(validators.instance_of(int), validators.ge(1))
+
+def _count(kind: str, error: type = SpecError):
+    """A validator: a positive integer within zrt's limit for ``kind`` (checks.LIMITS);
+    anything else is ``error`` naming the field (one line, exit 2 at the CLI)."""
+
+    def check(_inst: Any, attribute: Any, value: Any) -> None:
+        check_count(value, attribute.name, kind, error)
+
+    return check
+
+
+def _one_of(choices: tuple[Any, ...], error: type = SpecError):
+    def check(_inst: Any, attribute: Any, value: Any) -> None:
+        if (isinstance(value, bool) and not any(isinstance(c, bool) for c in choices)) \
+                or value not in choices:
+            raise error(f"{attribute.name} must be one of "
+                        f"{', '.join(map(str, choices))}, got {value!r}")
+
+    return check
+
+
+def _text(_inst: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise SpecError(f"{attribute.name} must be a name, got {value!r}",
+                        "e.g. bfloat16 or fp8")
+
+
+def _flag(_inst: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise SpecError(f"{attribute.name} must be true or false, got {value!r}")
+
+
+def _rank(_inst: Any, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LIMITS["width"]:
+        raise SpecError(f"{attribute.name} must be an integer from 0 to {LIMITS['width']:,}, "
+                        f"got {value!r}")
+
+
+_degree = _count("degree", LayoutError)
 
 
 @frozen
@@ -42,15 +81,15 @@ class Parallel:
         None means "on when tp > 1" for training (Megatron's default) and off for serving.
     """
 
-    tp: int = field(default=1, validator=_positive)
-    pp: int = field(default=1, validator=_positive)
-    vp: int = field(default=1, validator=_positive)
-    cp: int = field(default=1, validator=_positive)
-    ep: int = field(default=1, validator=_positive)
-    etp: int | None = field(default=None, validator=validators.optional(_positive))
-    dp: int = field(default=1, validator=_positive)
-    sp: bool | None = None
-    cp_kind: str = field(default="ring", validator=validators.in_(CP_KINDS))
+    tp: int = field(default=1, validator=_degree)
+    pp: int = field(default=1, validator=_degree)
+    vp: int = field(default=1, validator=_degree)
+    cp: int = field(default=1, validator=_degree)
+    ep: int = field(default=1, validator=_degree)
+    etp: int | None = field(default=None, validator=validators.optional(_degree))
+    dp: int = field(default=1, validator=_degree)
+    sp: bool | None = field(default=None, validator=_flag)
+    cp_kind: str = field(default="ring", validator=_one_of(CP_KINDS, LayoutError))
 
     @property
     def world_size(self) -> int:
@@ -107,20 +146,19 @@ class Parallel:
 class TrainSpec:
     """One training step's workload and recipe."""
 
-    micro_batch: int = field(validator=_positive)
-    global_batch: int = field(validator=_positive)
-    seq_len: int = field(validator=_positive)
-    recompute: str = field(default="none", validator=validators.in_(RECOMPUTE))
-    zero: int = field(default=0, validator=validators.in_((0, 1, 2, 3)))
-    fsdp: bool = False
-    optimizer: str = field(default="adamw", validator=validators.in_(OPTIMIZERS))
-    precision: str = field(default="bf16", validator=validators.in_(PRECISIONS))
-    pp_schedule: str = field(default="1f1b", validator=validators.in_(PP_SCHEDULES))
-    offload_optimizer: bool = False
+    micro_batch: int = field(validator=_count("batch"))
+    global_batch: int = field(validator=_count("batch"))
+    seq_len: int = field(validator=_count("tokens"))
+    recompute: str = field(default="none", validator=_one_of(RECOMPUTE))
+    zero: int = field(default=0, validator=_one_of((0, 1, 2, 3)))
+    fsdp: bool = field(default=False, validator=_flag)
+    optimizer: str = field(default="adamw", validator=_one_of(OPTIMIZERS))
+    precision: str = field(default="bf16", validator=_one_of(PRECISIONS))
+    pp_schedule: str = field(default="1f1b", validator=_one_of(PP_SCHEDULES))
+    offload_optimizer: bool = field(default=False, validator=_flag)
     #: LoRA fine-tuning: frozen base weights and adapters of this rank on every decoder
     #: linear layer (:mod:`zrt_core.transforms.lora`); 0 trains every weight
-    lora_rank: int = field(default=0, validator=validators.and_(validators.instance_of(int),
-                                                                validators.ge(0)))
+    lora_rank: int = field(default=0, validator=_rank)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -145,16 +183,25 @@ class InferSpec:
     :param kv_dtype: the KV-cache dtype; None follows the activation dtype.
     """
 
-    input_len: int = field(validator=_positive)
-    output_len: int = field(validator=_positive)
-    batch: int | None = field(default=None, validator=validators.optional(_positive))
-    quant: str = field(default="none", validator=validators.in_(QUANT))
-    dtype: str = "bfloat16"
-    kv_dtype: str | None = None
+    input_len: int = field(validator=_count("tokens"))
+    output_len: int = field(validator=_count("tokens"))
+    batch: int | None = field(default=None, validator=validators.optional(_count("batch")))
+    quant: str = field(default="none", validator=_one_of(QUANT))
+    dtype: str = field(default="bfloat16", validator=_text)
+    kv_dtype: str | None = field(default=None, validator=_text)
 
     def to_json(self) -> dict[str, Any]:
         return {"input_len": self.input_len, "output_len": self.output_len, "batch": self.batch,
                 "quant": self.quant, "dtype": self.dtype, "kv_dtype": self.kv_dtype}
+
+
+def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
+    """A :class:`TrainSpec` with Megatron's defaults for what is not given (vp > 1 →
+    interleaved)."""
+    spec = TrainSpec(**fields)
+    if parallel.vp > 1 and spec.pp_schedule == "1f1b":
+        spec = evolve(spec, pp_schedule="interleaved")
+    return spec
 
 
 def check_layout(
@@ -213,9 +260,16 @@ def check_layout(
         raise LayoutError("vp > 1 needs pp > 1 (virtual stages interleave pipeline ranks)",
                           "set --pp or drop --vp")
     if train is not None:
-        if train.seq_len % p.cp:
-            raise LayoutError(f"cp={p.cp} does not divide seq_len={train.seq_len}",
-                              "choose cp dividing the sequence length")
+        # Megatron-Core splits the sequence into 2 × cp chunks for ring attention (rank r
+        # holds chunks r and 2·cp − 1 − r, balancing the causal mask:
+        # get_batch_on_this_cp_rank); all-to-all (Ulysses) splits it into cp parts
+        chunks = 2 * p.cp if p.cp_kind == "ring" else p.cp
+        if p.cp > 1 and train.seq_len % chunks:
+            split = f"2 × cp = {chunks} chunks" if p.cp_kind == "ring" else f"{chunks} parts"
+            raise LayoutError(f"cp={p.cp} ({p.cp_kind}) splits the sequence into {split}, "
+                              f"which do not divide seq_len={train.seq_len}",
+                              f"choose a sequence length that is a multiple of {chunks}, "
+                              "or another cp")
         per_step = train.micro_batch * p.dp
         if train.global_batch % per_step:
             raise LayoutError(
@@ -223,14 +277,29 @@ def check_layout(
                 f"{train.micro_batch} × {p.dp} = {per_step}",
                 "make the global batch a multiple of micro-batch × dp",
             )
+        microbatches = train.num_microbatches(p)
+        if p.pp > microbatches:
+            raise LayoutError(
+                f"pp={p.pp} pipeline stages but only {microbatches} micro-batch"
+                f"{'es' if microbatches > 1 else ''} per pipeline (global batch "
+                f"{train.global_batch} / (micro-batch {train.micro_batch} × dp {p.dp})): "
+                "the pipeline never fills",
+                f"raise the global batch to at least {p.pp * per_step} or lower pp")
         if p.vp > 1 and train.num_microbatches(p) % p.pp:
             raise LayoutError(
                 f"interleaved pipelining needs the {train.num_microbatches(p)} micro-batches "
                 f"to be a multiple of pp={p.pp}",
                 "adjust the global batch or micro-batch",
             )
-        if train.zero == 3 and train.fsdp:
-            pass  # FSDP is ZeRO-3 by another name; both flags together are fine
+        # ZeRO shards over the data-parallel ranks (dp × cp in Megatron's distributed
+        # optimizer); with one there is nothing to shard. Stage 1 is Megatron's distributed
+        # optimizer and zrt run's default, legal there (a note in the report); asking for
+        # gradient or parameter sharding with nothing to shard over is a mistake
+        if (train.zero >= 2 or train.fsdp) and p.dp * p.cp == 1:
+            what = "FSDP" if train.fsdp else f"ZeRO-{train.zero}"
+            raise LayoutError(
+                f"{what} shards over the data-parallel ranks, but dp × cp = 1: nothing "
+                "would be sharded", "raise dp, or use zero 0 or 1 without fsdp")
     sp = p.sequence_parallel(training=train is not None)
     return evolve(p, sp=sp)
 

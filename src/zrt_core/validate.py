@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import field, frozen
 
+from zrt_core.checks import check_infer_request, check_train_request
 from zrt_core.errors import ModelError, SpecError, UnknownNameError, ZrtError
 from zrt_core.ir.graph import Phase
 from zrt_core.source_flops import published_model_flops
@@ -634,6 +635,9 @@ class Validator:
         from zrt_core.estimate.training import capture_dtype, estimate_case
 
         case = training_case(record)
+        check_train_request(case.config, case.parallel, case.train, num_gpus=case.num_gpus,
+                            stage_split=case.stage_split, layout=not case.layout_search,
+                            where=f"record {record.id}")
         captured = self.training_capture(case.config, case.train.micro_batch,
                                          case.train.seq_len,
                                          capture_dtype(case.train.precision))
@@ -662,6 +666,9 @@ class Validator:
         from zrt_core.estimate.training import capture_dtype, estimate_case
 
         case = layer_case(record)
+        check_train_request(case.config, case.parallel, case.train, num_gpus=case.num_gpus,
+                            stage_split=case.stage_split, layout=not case.layout_search,
+                            where=f"record {record.id}")
         captured = self.training_capture(case.config, case.train.micro_batch,
                                          case.train.seq_len,
                                          capture_dtype(case.train.precision))
@@ -684,6 +691,7 @@ class Validator:
             raise SpecError(
                 f"record {record.id}: tp × cp × pp × dp = {case.parallel.world_size}, but "
                 f"the run has {case.num_gpus} GPUs", "fix the record's parallel degrees")
+        check_infer_request(case.config, case.parallel, case.infer, where=f"record {record.id}")
         captured = self.serving_capture(case.config, case.infer.input_len, case.infer.dtype)
         report = estimate_inference(None, case.hardware, case.parallel, case.infer,
                                     host=self.host, captured=captured, engine=case.engine)

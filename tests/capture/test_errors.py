@@ -37,7 +37,7 @@ def test_unknown_model_name(host, tiny):
 
 def test_unknown_model_type(host, tiny):
     with pytest.raises(ModelError) as exc:
-        capture({"model_type": "llamma", "hidden_size": 64}, host=host)
+        capture({**tiny["llama"], "model_type": "llamma"}, host=host)
     assert "unknown model_type 'llamma'" in _one_line(exc)
 
 
@@ -48,17 +48,24 @@ def test_missing_model_type(host, tiny):
 
 
 def test_field_of_the_wrong_type(host, tiny):
+    # refused from the config numbers (zrt_core.checks), before transformers is asked
     with pytest.raises(ModelError) as exc:
         capture({**tiny["llama"], "hidden_size": "wide"}, host=host)
-    assert "rejects the config" in _one_line(exc)
+    assert "hidden_size must be an integer, got 'wide'" in _one_line(exc)
 
 
-def test_config_that_cannot_build(host, tiny):
-    # 4 heads of a 130-wide hidden state: transformers cannot split it
+def test_a_field_transformers_rejects(host, tiny):
+    with pytest.raises(ModelError) as exc:
+        capture({**tiny["llama"], "rope_theta": "fast"}, host=host, phases=("prefill",))
+    assert "transformers cannot build 'llama'" in _one_line(exc)
+
+
+def test_heads_that_do_not_divide_the_hidden_size(host, tiny):
+    # 4 heads of a 130-wide hidden state: refused from the numbers, before any build
     with pytest.raises(ModelError) as exc:
         capture({**tiny["llama"], "hidden_size": 130, "num_key_value_heads": 4}, host=host,
                 phases=("prefill",))
-    assert "not a multiple of the number of attention heads" in _one_line(exc)
+    assert "4 attention heads do not divide hidden size 130" in _one_line(exc)
 
 
 def test_malformed_json_file(host, tiny, tmp_path):
@@ -77,16 +84,20 @@ def test_encoder_decoder_model_has_no_causal_lm(host, tiny):
 
 
 def test_model_code_failure_is_one_line_and_quiet(host, tiny, capfd):
-    # BERT has a causal-LM head, but 2048 positions exceed its 64 position embeddings
+    # BERT has a causal-LM head; a RoPE scaling it ignores lets 2048 positions past zrt's
+    # check (64 × 64 = 4096), but its 64 learned position embeddings cannot be indexed
     with pytest.raises(ModelError) as exc:
         capture({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2,
                  "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100,
-                 "max_position_embeddings": 64}, host=host, phases=("prefill",))
+                 "max_position_embeddings": 64, "rope_scaling": {"factor": 64.0}}, host=host,
+                phases=("prefill",))
     assert "prefill failed in the model code" in _one_line(exc)
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_sequence_longer_than_the_positions_is_a_warning(host, tiny):
-    r = capture({**tiny["gpt2"], "n_positions": 16}, host=host, batch=1, seq_len=16,
+def test_sequence_longer_than_the_positions_is_refused_up_front(host, tiny):
+    # decode needs seq_len + 1 = 17 positions; the config has 16
+    with pytest.raises(ModelError) as exc:
+        capture({**tiny["gpt2"], "n_positions": 16}, host=host, batch=1, seq_len=16,
                 phases=("prefill", "decode"))
-    assert "sequence of 17 tokens exceeds the config's 16 positions" in " ".join(r.warnings)
+    assert "(17 tokens) exceeds config's 16 positions" in _one_line(exc)

@@ -140,6 +140,9 @@ def analytic_capture(
             f"the analytic front-end has no model of model_type {model_type!r}",
             f"it builds {', '.join(sorted(FAMILIES))}; use the capture front-end "
             "(--frontend capture) for other families")
+    from zrt_core.checks import check_capture_request
+
+    check_capture_request(config, options.phases, seq_len, host)
     cfg = {**FAMILY_DEFAULTS[model_type], **cfg}
     key, value = _ACTIVATION.get(model_type, ("hidden_act", "silu"))
     if str(cfg.get(key) or value) != value:

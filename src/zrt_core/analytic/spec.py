@@ -17,7 +17,7 @@ from typing import Any
 
 from attrs import frozen
 
-from zrt_core.errors import SpecError
+from zrt_core.errors import SpecError, ZrtError
 from zrt_core.strategy import InferSpec, Parallel, TrainSpec
 
 TOP_KEYS = ("model", "hardware", "parallel", "train", "infer", "frontend", "num_gpus")
@@ -71,20 +71,16 @@ class EstimateSpec:
         :raises SpecError: the file cannot be read or parsed, or holds an unknown key, a
             missing one or a bad value (one line naming the file and the key).
         """
-        import yaml
-
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecError(f"{p}: not UTF-8 text (byte {exc.start}): not an estimate file",
+                            "pass a YAML file as docs/estimate.md describes") from None
         except OSError as exc:
             raise SpecError(f"{p}: cannot read the estimate file ({exc.strerror})",
                             "pass a YAML file as docs/estimate.md describes") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise SpecError(f"{p}:{where} is not valid YAML", "fix the YAML syntax") from None
+        data = load_yaml_text(text, str(p))
         return cls.from_mapping(data, where=str(p))
 
     @classmethod
@@ -121,6 +117,46 @@ class EstimateSpec:
         return cls(infer=infer, engine=engine, **common)
 
 
+#: Deepest nesting of mappings and lists a spec or validation file may have: a real one has
+#: five levels; PyYAML recurses per level and would overflow the stack on 100,000.
+MAX_YAML_DEPTH = 64
+
+
+def load_yaml_text(text: str, where: str) -> Any:
+    """``yaml.safe_load`` of a file's text, every failure one :class:`SpecError` naming the
+    file: bad syntax (line, column), nesting deeper than :data:`MAX_YAML_DEPTH`, an integer
+    longer than Python converts (4,300 digits), a value YAML cannot construct."""
+    import yaml
+
+    depth = _nesting(text)
+    if depth > MAX_YAML_DEPTH:
+        raise SpecError(f"{where}: nested {depth} levels deep (more than {MAX_YAML_DEPTH})",
+                        "a spec file is a few levels of mappings; check the file")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{where}:{at} is not valid YAML", "fix the YAML syntax") from None
+    except (ValueError, RecursionError, OverflowError) as exc:
+        detail = " ".join(str(exc).split())[:120]
+        raise SpecError(f"{where}: a value cannot be read ({type(exc).__name__}: {detail})",
+                        "numbers in a spec are a few digits long") from None
+
+
+def _nesting(text: str) -> int:
+    """An upper bound on the flow-style nesting of YAML text: the deepest run of open
+    brackets (block nesting is bounded by indentation, which PyYAML handles iteratively)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
 def _known(data: Mapping[str, Any], keys: tuple[str, ...], where: str, prefix: str) -> None:
     unknown = [str(k) for k in data if k not in keys]
     if unknown:
@@ -142,6 +178,9 @@ def _section(value: Any, keys: tuple[str, ...], where: str, name: str) -> dict[s
 def _build(cls: type, fields: dict[str, Any], where: str, name: str) -> Any:
     try:
         return cls(**fields)
+    except ZrtError as exc:
+        raise type(exc)(f"{where}: bad {name}: {exc.message}",
+                        exc.hint or "see docs/estimate.md") from None
     except (TypeError, ValueError) as exc:
         detail = " ".join(str(exc).split())
         raise SpecError(f"{where}: bad {name}: {detail[:160]}",
@@ -158,7 +197,10 @@ def _train(value: Any, parallel: Parallel, where: str) -> TrainSpec:
     for key in ("micro_batch", "seq_len"):
         if key not in fields:
             raise SpecError(f"{where}: train.{key} is missing", "see docs/estimate.md")
-    fields.setdefault("global_batch", fields["micro_batch"] * parallel.dp)
+    from zrt_core.checks import check_count
+
+    micro = check_count(fields["micro_batch"], f"{where}: train.micro_batch", "batch")
+    fields.setdefault("global_batch", micro * parallel.dp)
     if parallel.vp > 1 and "pp_schedule" not in fields:
         fields["pp_schedule"] = "interleaved"  # Megatron: virtual stages interleave
     return _build(TrainSpec, fields, where, "train")
@@ -262,7 +304,11 @@ def config_from_numbers(numbers: Mapping[str, Any], *, where: str = "model") -> 
                 cfg.update(num_local_experts=experts, num_experts_per_tok=top_k,
                            intermediate_size=moe_ffn)
             elif family == "qwen3_moe":
-                dense = int(numbers.get("dense_layers") or 0)
+                dense = numbers.get("dense_layers") or 0
+                if isinstance(dense, bool) or not isinstance(dense, int) or \
+                        not 0 <= dense <= layers:
+                    raise SpecError(f"{where}: model.dense_layers must be an integer in "
+                                    f"0..{layers} (the layers), got {dense!r}")
                 cfg.update(num_experts=experts, num_experts_per_tok=top_k,
                            moe_intermediate_size=moe_ffn, mlp_only_layers=list(range(dense)),
                            norm_topk_prob=bool(numbers.get("norm_topk", True)))

@@ -152,6 +152,9 @@ def capture(
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
+    from zrt_core.checks import check_capture_request
+
+    check_capture_request(model, options.phases, options.seq_len, host)
     with _quiet_libraries():
         name, source, raw_config, hf_config = _resolve(model, host)
         return _Capture(name, source, raw_config, hf_config, options, host).run()
@@ -211,7 +214,6 @@ class _Capture:
             raw = dict(raw["text_config"])
         config_dict = {**build.config_mapping(config), **raw}
         dims = self._dims(config_dict)
-        self._check_positions(config)
         recorded = self._record(config, dims)
         graphs = self._graphs(config, recorded)
         for phase, g in graphs.items():
@@ -311,16 +313,6 @@ class _Capture:
             graphs[phase] = build_graph(phase, recorded.session.ops.get(phase, []), registry,
                                         recorded.templates, meta, self.warnings)
         return graphs
-
-    def _check_positions(self, config: Any) -> None:
-        from zrt_core.capture.build import config_value
-
-        limit = config_value(config, "max_position_embeddings", "n_positions")
-        needed = self.options.seq_len + (1 if Phase.DECODE in self.options.phases else 0)
-        if isinstance(limit, int) and 0 < limit < needed:
-            self.warnings.append(
-                f"sequence of {needed} tokens exceeds the config's {limit} positions "
-                "(shapes and FLOPs are still those of the longer sequence)")
 
     def _dims(self, config_dict: dict[str, Any]) -> ModelDims | None:
         try:

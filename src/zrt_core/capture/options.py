@@ -19,9 +19,12 @@ def _positive(name: str):
 def _phases(value) -> tuple[str, ...]:
     if isinstance(value, str):
         value = (value,)
+    if not isinstance(value, list | tuple | set | frozenset):
+        raise ModelError(f"phases must be a phase name or a list of them, got {value!r}",
+                         f"capture phases are {', '.join(Phase.CAPTURED)}")
     out = []
     for p in value:
-        if p not in Phase.CAPTURED:
+        if not isinstance(p, str) or p not in Phase.CAPTURED:
             raise ModelError(f"unknown phase {p!r}",
                              f"capture phases are {', '.join(Phase.CAPTURED)}")
         if p not in out:

@@ -150,6 +150,10 @@ def read_config_file(file: str | os.PathLike[str]) -> dict[str, Any]:
             f"{file}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})",
             "fix the file, or download it again",
         ) from None
+    except (ValueError, RecursionError) as exc:  # 4,300+ digit integers, nesting past the stack
+        raise ModelError(f"{file}: not a config.json ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:100]})",
+                         "pass the model's config.json") from None
     if not isinstance(data, dict):
         raise ModelError(f"{file}: expected a JSON object, got {type(data).__name__}",
                          "pass the model's config.json")

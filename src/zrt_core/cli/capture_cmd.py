@@ -78,21 +78,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from zrt_core.capture.sources import resolve_model
-    from zrt_core.errors import ModelError
-    from zrt_core.modelinfo import ModelDims
+    from zrt_core.checks import check_capture_request
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()
-    # Find the config (or say how to get it) and check its essential fields before paying
-    # for the torch import: transformers would fill a missing hidden size with a default.
-    resolved = resolve_model(args.model, host, check_model_type=False)
-    try:
-        ModelDims.from_config(resolved.config)
-    except ModelError as exc:
-        where = resolved.path if resolved.path is not None else resolved.name
-        raise ModelError(f"{where}: {exc.message}", exc.hint) from None
-
+    # Find the config (or say how to get it) and check its numbers before paying for the
+    # torch import: transformers would fill a missing hidden size with a default.
+    check_capture_request(args.model, args.phases, args.seq_len, host)
     from zrt_core.capture.api import capture
 
     result = capture(args.model, phases=args.phases, batch=args.batch, seq_len=args.seq_len,

@@ -80,8 +80,15 @@ def estimate(spec: Any, host: Any, hw: Any, *, keep_timelines: bool = False) -> 
     """The report of an :class:`~zrt_core.analytic.spec.EstimateSpec`: graphs from its
     front-end, then :func:`~zrt_core.estimate.training.estimate_training` or
     :func:`~zrt_core.estimate.estimate_inference`."""
+    from zrt_core.checks import check_infer_request, check_train_request, raw_config
     from zrt_core.ir.graph import Phase
 
+    config, where = raw_config(spec.model, host)
+    if spec.workload == "train":
+        check_train_request(config, spec.parallel, spec.train, num_gpus=spec.num_gpus,
+                            where=where)
+    else:
+        check_infer_request(config, spec.parallel, spec.infer, where=where)
     if spec.workload == "train":
         from zrt_core.estimate.training import capture_dtype, estimate_training
 

@@ -115,7 +115,7 @@ def parallel_from_args(args: argparse.Namespace) -> Any:
 
 
 def run_infer(args: argparse.Namespace) -> int:
-    from zrt_core.estimate import estimate_inference
+    from zrt_core.checks import check_infer_request, raw_config
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.strategy import InferSpec
 
@@ -126,7 +126,13 @@ def run_infer(args: argparse.Namespace) -> int:
         kv = "fp8"
     infer = InferSpec(input_len=args.input_len, output_len=args.output_len,
                       batch=args.batch, quant=args.quant, kv_dtype=kv)
-    report = estimate_inference(args.model, hw, parallel_from_args(args), infer, host=host,
+    parallel = parallel_from_args(args)
+    # the config's numbers and the layout, before the estimator (and torch) is imported
+    config, where = raw_config(args.model, host)
+    check_infer_request(config, parallel, infer, where=where)
+    from zrt_core.estimate import estimate_inference
+
+    report = estimate_inference(args.model, hw, parallel, infer, host=host,
                                 engine=args.engine,
                                 use_cache=False if args.no_cache else None)
     written = write_outputs(report, args.out) if args.out else []

@@ -73,9 +73,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from zrt_core.estimate.training import estimate_training, train_spec_defaults
+    from zrt_core.checks import check_train_request, raw_config
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.schedule.stages import StageSplit
+    from zrt_core.strategy import train_spec_defaults
 
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
@@ -89,14 +90,20 @@ def run_train(args: argparse.Namespace) -> int:
     if args.pp_schedule:
         fields["pp_schedule"] = args.pp_schedule
     train = train_spec_defaults(parallel, **fields)
+    stage_split = StageSplit(first_layers=args.decoder_first_pipeline_num_layers,
+                             last_layers=args.decoder_last_pipeline_num_layers,
+                             layout=args.pipeline_model_parallel_layout,
+                             embedding_loss=args.embedding_loss_stages)
+    # the config's numbers and the layout, before the estimator (and torch) is imported
+    config, where = raw_config(args.model, host)
+    check_train_request(config, parallel, train, num_gpus=args.num_gpus,
+                        stage_split=stage_split, where=where)
+    from zrt_core.estimate.training import estimate_training
+
     report = estimate_training(args.model, hw, parallel, train, host=host,
                                num_gpus=args.num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                attention=args.attention, keep_timelines=bool(args.out),
-                               stage_split=StageSplit(
-                                   first_layers=args.decoder_first_pipeline_num_layers,
-                                   last_layers=args.decoder_last_pipeline_num_layers,
-                                   layout=args.pipeline_model_parallel_layout,
-                                   embedding_loss=args.embedding_loss_stages),
+                               stage_split=stage_split,
                                use_cache=False if args.no_cache else None)
     written = write_training_outputs(report, args.out) if args.out else []
     if args.json:

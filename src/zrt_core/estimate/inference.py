@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
 
+from zrt_core.checks import check_hardware_arg, check_infer_request, raw_config
 from zrt_core.cost.pricing import (
     OUTSIDE_LAYERS,
     CostedGraph,
@@ -41,6 +42,7 @@ from zrt_core.cost.pricing import (
 from zrt_core.errors import SpecError, ZrtError
 from zrt_core.estimate.captures import CapturedModel, load_or_capture
 from zrt_core.estimate.engine import GIB, EngineProfile, engine_profile
+from zrt_core.estimate.guards import check_flops, check_serving
 from zrt_core.estimate.memory import (
     KVCacheSize,
     activation_peak_bytes,
@@ -87,9 +89,12 @@ def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Paral
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
-    hw = hardware if isinstance(hardware, HardwareSpec) else host.hardware_spec(hardware)
+    check_hardware_arg(hardware)
     if captured is not None and not isinstance(captured, CapturedModel):
         captured = CapturedModel.from_capture(captured)
+    config, where = raw_config(model, host, captured=captured)
+    check_infer_request(config, parallel, infer, positions=captured is None, where=where)
+    hw = hardware if isinstance(hardware, HardwareSpec) else host.hardware_spec(hardware)
     if captured is None:
         captured = load_or_capture(model, infer.input_len, host=host, dtype=infer.dtype,
                                    use_cache=use_cache)
@@ -98,12 +103,15 @@ def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Paral
             f"the capture has prompts of {captured.seq_len} tokens, the workload "
             f"{infer.input_len}", "capture at the workload's input length")
     captured_s = time.perf_counter() - start
+    check_flops(captured.config, captured.graphs, host, model=captured.name)
     dims = captured.dims
     layout = check_layout(parallel, dims)
     report = _Estimator(captured, hw, layout, infer, host, engine).run()
     timings = {**report.timings_s, "capture_s": captured_s,
                "total_s": time.perf_counter() - start}
-    return evolve(report, timings_s=timings)
+    report = evolve(report, timings_s=timings)
+    check_serving(report)
+    return report
 
 
 # -- one step's graph and price -----------------------------------------------------------

@@ -29,9 +29,19 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
+from zrt_core.checks import (
+    _dims_for_layout,
+    _mtp_layers,
+    _schedule_name,
+    check_hardware_arg,
+    check_train_request,
+    layout_notes,
+    raw_config,
+)
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import LayoutError, ModelError, SpecError
 from zrt_core.estimate.captures import CapturedGraphs
+from zrt_core.estimate.guards import check_flops, check_training
 from zrt_core.estimate.host import HostModel, exposed_host_s, layer_host, phase_host
 from zrt_core.ir.graph import (
     Category,
@@ -56,7 +66,7 @@ from zrt_core.schedule.pipeline import (
 from zrt_core.schedule.scheduler import OverlapRules, schedule_phase, weight_grad_s
 from zrt_core.schedule.stages import StageSplit, plan_stages
 from zrt_core.schedule.timeline import Timeline
-from zrt_core.strategy import Parallel, TrainSpec, check_layout
+from zrt_core.strategy import Parallel, TrainSpec, check_layout, train_spec_defaults
 from zrt_core.transforms.base import TransformContext, apply_all, around_fusion
 from zrt_core.transforms.training import (
     RECOMPUTE_ATTR,
@@ -351,6 +361,10 @@ def estimate_training(
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
+    check_hardware_arg(hardware)
+    config, where = raw_config(model, host, captured=captured)
+    check_train_request(config, parallel, train, num_gpus=num_gpus, stage_split=stage_split,
+                        positions=captured is None, where=where)
     hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
     if captured is None:
         captured = capture_for_training(model, train.micro_batch, train.seq_len,
@@ -374,6 +388,7 @@ def estimate_training(
                 f"sequence {g.meta.get('seq_len')}, not the micro-batch "
                 f"{train.micro_batch} × {train.seq_len}",
                 "capture at the training micro-batch and sequence length")
+    check_flops(captured.config, {g.phase: g for g in (fwd0, bwd0)}, host, model=where)
     num_layers = int(fwd0.meta.get("num_layers") or dims.layers)
     notes: list[str] = []
     schedule = _schedule_name(parallel, train)
@@ -392,6 +407,7 @@ def estimate_training(
                      f"{'/'.join(str(r) for r in _decoder_counts(stage_ranges, num_layers))})")
     parallel = check_layout(parallel, _dims_for_layout(dims, stages, num_layers),
                             num_gpus=num_gpus, train=train)
+    notes.extend(layout_notes(parallel, train))
     if mtp is not None and mtp.layers:
         notes.append(f"multi-token prediction: {mtp.depths} module(s) of "
                      f"{'+'.join(mtp.kinds) or 'the last layer kind'} with their own LM head "
@@ -495,7 +511,9 @@ def estimate_training(
         notes=notes, applied=applied, timelines=timelines, stage_times=stage_times,
         fwd=fwd, bwd=bwd, dims=dims, host=ctx.host)
     timings["total"] = time.perf_counter() - started
-    return evolve(report, timings_s=timings)
+    report = evolve(report, timings_s=timings)
+    check_training(report)
+    return report
 
 
 #: Transformed graphs of the last few estimates (they depend on the capture, the layout, the
@@ -622,28 +640,6 @@ CUDA_GRAPH_MODES = ("none", "full")
 FULL_CUDA_GRAPH_RECIPES = (
     ("NeMo 25.09", "Qwen3-30B-A3B", ("nvidia_b200", "nvidia_gb200_nvl72")),
 )
-
-
-def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
-    schedule = train.pp_schedule
-    if parallel.vp > 1 and schedule == "1f1b":
-        return "interleaved"
-    if parallel.pp == 1 and schedule in ("interleaved",):
-        return "1f1b"
-    return schedule
-
-
-def _mtp_layers(config: Mapping[str, Any]) -> int:
-    return int(config.get("num_nextn_predict_layers") or config.get("mtp_num_layers") or 0)
-
-
-def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims:
-    """``check_layout`` requires pp × vp to divide the layers; an uneven split that Megatron
-    accepts (:func:`zrt_core.schedule.stages.plan_stages`) was already checked, so the layer
-    rule is checked against a count it divides."""
-    if num_layers % stages == 0:
-        return dims
-    return evolve(dims, layers=stages * max(1, num_layers // stages))
 
 
 def _decoder_counts(ranges: Sequence[range], num_layers: int) -> list[int]:
@@ -1660,7 +1656,8 @@ def layout_candidates(dims: ModelDims, num_gpus: int, global_batch: int, micro_b
     ``tp`` a divisor of the attention heads (and of the KV heads or a multiple of them, and
     of the FFN width) within the NVLink domain and at most :data:`MAX_SEARCH_TP`; ``pp`` a
     divisor of the layers; ``dp = GPUs / (tp × pp)`` whole, with the global batch a multiple
-    of ``micro_batch × dp``; no context or expert parallelism, no interleaving. With
+    of ``micro_batch × dp`` and at least ``pp`` micro-batches; no context or expert
+    parallelism, no interleaving. With
     ``usable_bytes``, layouts whose weights, fp32 gradients and sharded AdamW states alone
     exceed it (a lower bound on what a rank holds: ``P / (tp·pp) · (2 + 4 + 12/dp)``, with
     ``P`` counted without gated FFNs or biases) are left out."""
@@ -1678,7 +1675,7 @@ def layout_candidates(dims: ModelDims, num_gpus: int, global_batch: int, micro_b
             if dims.layers % pp or num_gpus % (tp * pp):
                 continue
             dp = num_gpus // (tp * pp)
-            if global_batch % (micro_batch * dp):
+            if global_batch % (micro_batch * dp) or global_batch // (micro_batch * dp) < pp:
                 continue
             if usable_bytes is not None and \
                     params / (tp * pp) * (2 + 4 + 12 / dp) > usable_bytes:
@@ -1740,15 +1737,6 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
             f"dividing the layers, dp the rest); the fastest that fits: tp {p.tp} × pp {p.pp} "
             f"× dp {p.dp}")
     return evolve(best, notes=(note, *best.notes))
-
-
-def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
-    """A :class:`TrainSpec` with Megatron's defaults for what is not given (vp > 1 →
-    interleaved)."""
-    spec = TrainSpec(**fields)
-    if parallel.vp > 1 and spec.pp_schedule == "1f1b":
-        spec = evolve(spec, pp_schedule="interleaved")
-    return spec
 
 
 __all__ = [

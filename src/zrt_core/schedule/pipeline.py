@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from attrs import field, frozen
 
-from zrt_core.errors import LayoutError, UnknownNameError
+from zrt_core.checks import (  # noqa: F401  (SCHEDULES and _check_name: re-exported)
+    SCHEDULES,
+    _check_name,
+    check_schedule,
+    virtual_stages,
+)
+from zrt_core.errors import LayoutError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -31,7 +37,6 @@ if TYPE_CHECKING:
     from zrt_core.hardware import HardwareSpec, InterconnectTier
     from zrt_core.strategy import Parallel
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe", "dualpipev")
 
 #: Schedules that split backward into B (input gradient) and W (weight gradient).
 SPLIT_BACKWARD = frozenset({"zb-h1", "zb-v", "dualpipe", "dualpipev"})
@@ -248,16 +253,6 @@ class _OpTable:
 
 
 # -- layout of virtual stages on ranks --------------------------------------------------------
-
-
-def virtual_stages(schedule: str, pp: int, vp: int = 1) -> int:
-    """How many per-stage times a schedule takes (see the module docstring)."""
-    _check_name(schedule)
-    if schedule == "interleaved":
-        return pp * vp
-    if schedule in ("zb-v", "dualpipev"):
-        return 2 * pp
-    return pp
 
 
 def stage_rank(schedule: str, pp: int, vp: int, stage: int) -> int:
@@ -619,52 +614,6 @@ def schedule_orders(schedule: str, pp: int, microbatches: int, vp: int = 1
 
 
 # -- the simulation --------------------------------------------------------------------------
-
-
-def _check_name(schedule: str) -> None:
-    if schedule not in SCHEDULES:
-        raise UnknownNameError(f"unknown pipeline schedule {schedule!r}",
-                               f"use one of {', '.join(SCHEDULES)}")
-
-
-def check_schedule(schedule: str, pp: int, vp: int, microbatches: int) -> None:
-    """Raise :class:`LayoutError` naming the rule when a schedule cannot run this layout."""
-    _check_name(schedule)
-    if pp < 1 or vp < 1 or microbatches < 1:
-        raise LayoutError(f"pp={pp}, vp={vp}, microbatches={microbatches} must all be ≥ 1",
-                          "give positive degrees and at least one micro-batch")
-    if schedule == "interleaved":
-        if vp < 2 or pp < 2:
-            raise LayoutError(
-                f"interleaved 1F1B needs pp ≥ 2 and vp ≥ 2 (got pp={pp}, vp={vp})",
-                "use 1f1b for vp=1, or set vp to the model chunks per rank")
-        if microbatches % pp:
-            raise LayoutError(
-                f"interleaved 1F1B needs the micro-batches ({microbatches}) to be a multiple "
-                f"of pp={pp} (Megatron's rule)", "adjust the global batch or micro-batch")
-        return
-    if schedule in ("zb-v", "dualpipev"):
-        if vp not in (1, 2):
-            raise LayoutError(
-                f"{schedule} always runs two chunks per rank in a V; vp={vp} is not supported",
-                "use vp=1 (or 2); the model is cut into 2 × pp virtual stages")
-    elif vp != 1:
-        raise LayoutError(f"{schedule} does not interleave model chunks; vp={vp} needs "
-                          "the interleaved schedule",
-                          "set vp=1 or use the interleaved schedule")
-    if schedule == "zb-h1" and microbatches < pp:
-        raise LayoutError(
-            f"zb-h1 needs at least pp={pp} micro-batches (got {microbatches})",
-            "raise the global batch or lower pp")
-    if schedule == "dualpipe" and (pp % 2 or microbatches % 2):
-        raise LayoutError(
-            f"dualpipe needs an even pp and an even number of micro-batches "
-            f"(got pp={pp}, microbatches={microbatches})",
-            "half of the micro-batches enter at each end of the pipeline")
-    if schedule in ("dualpipe", "dualpipev") and microbatches < 2 * pp:
-        raise LayoutError(
-            f"{schedule} needs at least 2 × pp = {2 * pp} micro-batches (got {microbatches})",
-            "raise the global batch or lower pp")
 
 
 def simulate(
