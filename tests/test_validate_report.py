@@ -124,6 +124,8 @@ def test_explain_on_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["validate", str(path), "--explain", "made-infer", "--no-cache",
                  "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("made-infer: ")  # styled, no markup printed literally
+    assert "[bold]" not in out
     assert "published and predicted" in out and "decode by op category" in out
     assert "assumptions (fields the source left out): KV cache fp8" in out
     data = json.loads(out_json.read_text())

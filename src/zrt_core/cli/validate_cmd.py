@@ -228,9 +228,13 @@ def explain_renderables(d: dict[str, Any]) -> list[Any]:
     """What ``--explain`` prints: the record, predicted beside published, the breakdown
     and the assumptions."""
     layout = ", ".join(f"{k} {v}" for k, v in d["layout"].items() if v not in (None, False))
+    from rich.text import Text
+
     parts: list[Any] = [
-        f"[bold]{d['id']}[/bold]: {d['model']} ({d['model_type']}) on {d['num_gpus']} × "
-        f"{d['hardware']}, {d['workload']}, precision {d['precision'] or '— (bf16 taken)'}",
+        # styled text, not markup: the console prints brackets literally (ids, configs)
+        Text.assemble((d["id"], "bold"), f": {d['model']} ({d['model_type']}) on "
+                      f"{d['num_gpus']} × {d['hardware']}, {d['workload']}, precision "
+                      f"{d['precision'] or '— (bf16 taken)'}"),
         f"source: {d['source']}",
         "layout published: " + (", ".join(f"{k} {v}" for k, v in d["published_layout"].items()
                                           if v is not None) or "none"),
