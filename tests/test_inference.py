@@ -188,6 +188,7 @@ def test_admission_limited_steady_state_identity(host, captured):
     assert t["period_ms"] == pytest.approx(3 * t["mixed_iteration_ms"], rel=1e-9)
 
 
+@pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack
 def test_fused_attention_writes_only_the_new_rows_of_a_sliding_cache():
     from zrt_core.capture.api import capture
     from zrt_core.estimate.inference import _Estimator

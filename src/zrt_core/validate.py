@@ -267,6 +267,8 @@ def check_record(record: Record, seen: set[str]) -> None:
 
         for key, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             v = raw.get(key)
+            if key == "precision" and isinstance(v, str):
+                v = v.lower()  # read as serving records are: FP8 is fp8
             if v is not None and v not in allowed:
                 raise SpecError(f"record {rid}: {key} {v!r} is not one zrt models for "
                                 "training", f"use one of {', '.join(allowed)}, or null")

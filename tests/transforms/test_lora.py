@@ -70,6 +70,7 @@ def test_only_the_adapters_reduce_gradients_and_keep_optimizer_states(graphs):
     assert full.layers[0].dense > 3328
 
 
+@pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack
 def test_a_lora_step_keeps_the_frozen_weights_and_stores_adapter_states_only(graphs):
     cap, _, _ = graphs
     host = get_plugin_manager()

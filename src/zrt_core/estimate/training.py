@@ -1487,6 +1487,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     if precision is None:
         precision = "bf16"
         assumptions.append("precision=bf16 (16-bit mixed precision)")
+    precision = str(precision).lower()  # as serving records are read: FP8 is fp8
     lora_rank = _lora_rank(record, assumptions)
     train = TrainSpec(micro_batch=int(micro_batch), global_batch=global_batch,
                       seq_len=seq_len, recompute=str(recompute), zero=int(zero), fsdp=fsdp,
