@@ -94,21 +94,17 @@ def tests(session: nox.Session) -> None:
     _pytest(session, "tests")
 
 
-def _plugin_session(plugin: str) -> None:
-    """Register the session that tests one first-party plugin next to the core alone."""
-
-    def run(session: nox.Session) -> None:
-        _install(session, f"plugins/{plugin}")
+@nox.session(python=PYTHON)
+def plugins(session: nox.Session) -> None:
+    """Each first-party plugin's tests with only zrt-core and that plugin installed: one
+    environment (torch and the core installed once), each plugin installed, tested and
+    uninstalled in turn, so no plugin's tests can lean on another's."""
+    _install(session)
+    for plugin in PLUGINS:
+        session.install(f"plugins/{plugin}")
         _pytest(session, f"plugins/{plugin}/tests")
-
-    name = plugin.removeprefix("zrt_")
-    run.__doc__ = f"{plugin} tests with only zrt-core and {plugin} installed."
-    run.__name__ = f"plugin_{name}"
-    nox.session(python=PYTHON, name=f"plugin-{name}")(run)
-
-
-for _plugin in PLUGINS:
-    _plugin_session(_plugin)
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q",
+                    plugin.replace("_", "-"))
 
 
 @nox.session(python=PYTHON)
