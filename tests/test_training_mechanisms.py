@@ -125,3 +125,24 @@ def test_nemotronh_bridge_recipes_run_without_tp_userbuffers() -> None:
     assert case.overlap.tp_comm_overlap == 0.0
     assert case.overlap.tp_backward_async  # TE's backward gathers still run beside the GEMMs
     assert any("no TP userbuffer overlap" in a for a in case.assumptions)
+
+
+def test_ep_batch_overlap_hides_min_of_all_to_all_and_compute_for_paired_microbatches():
+    from types import SimpleNamespace
+
+    from zrt_core.estimate.training import _ep_batch_overlap
+    from zrt_core.schedule.scheduler import OverlapRules
+
+    ft = SimpleNamespace(exposed_comm_s={"ep": 3.0}, compute_s=4.0)
+    bt = SimpleNamespace(exposed_comm_s={"ep": 1.0}, compute_s=8.0)
+    on = OverlapRules(ep_batch_overlap=True)
+    # A = 3 + 1 = 4 s under C = 12 s: all of it hides for the paired micro-batches,
+    # (m - pp) / m = (10 - 2) / 10 = 0.8 of them -> 3.2 s, split 3:1 -> (2.4, 0.8)
+    assert _ep_batch_overlap(on, ft, bt, 2, 10) == pytest.approx((2.4, 0.8), rel=1e-12)
+    # compute shorter than the all-to-all: C = 2 s hides, (m - 1)/m = 0.5 -> 1 s, 3:1
+    short_f = SimpleNamespace(exposed_comm_s={"ep": 3.0}, compute_s=1.0)
+    short_b = SimpleNamespace(exposed_comm_s={"ep": 1.0}, compute_s=1.0)
+    assert _ep_batch_overlap(on, short_f, short_b, 1, 2) == pytest.approx((0.75, 0.25))
+    # off by default, and nothing to pair with one micro-batch
+    assert _ep_batch_overlap(OverlapRules(), ft, bt, 1, 10) == (0.0, 0.0)
+    assert _ep_batch_overlap(on, ft, bt, 1, 1) == (0.0, 0.0)

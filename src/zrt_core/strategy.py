@@ -24,6 +24,12 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe", "du
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd")
 QUANT = ("none", "int8", "int4", "fp8", "fp4")
 CP_KINDS = ("ring", "ulysses")
+#: How MoE tokens cross the EP group: ``alltoall`` (Megatron-Core's
+#: ``MoEAlltoAllTokenDispatcher``: one NCCL all-to-all row per (token, expert) pair) or a
+#: deduplicating dispatcher — ``deepep`` (DeepEP's kernels) or ``hybridep`` (Megatron-Core's
+#: flex dispatcher with HybridEP) — that sends a token once per destination GPU inside a
+#: node and once per destination node across nodes (docs/moe-training.md).
+EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
 
 def _count(kind: str, error: type = SpecError):
@@ -79,6 +85,8 @@ class Parallel:
     :param dp: data parallel replicas.
     :param sp: sequence parallel (norms/dropout split along the sequence over TP ranks);
         None means "on when tp > 1" for training (Megatron's default) and off for serving.
+    :param cp_kind: ``ring`` or ``ulysses`` context parallelism.
+    :param ep_dispatcher: one of :data:`EP_DISPATCHERS`.
     """
 
     tp: int = field(default=1, validator=_degree)
@@ -90,6 +98,8 @@ class Parallel:
     dp: int = field(default=1, validator=_degree)
     sp: bool | None = field(default=None, validator=_flag)
     cp_kind: str = field(default="ring", validator=_one_of(CP_KINDS, LayoutError))
+    ep_dispatcher: str = field(default="alltoall",
+                               validator=_one_of(EP_DISPATCHERS, LayoutError))
 
     @property
     def world_size(self) -> int:
@@ -139,7 +149,8 @@ class Parallel:
 
     def to_json(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "vp": self.vp, "cp": self.cp, "ep": self.ep,
-                "etp": self.expert_tp, "dp": self.dp, "sp": self.sp, "cp_kind": self.cp_kind}
+                "etp": self.expert_tp, "dp": self.dp, "sp": self.sp, "cp_kind": self.cp_kind,
+                "ep_dispatcher": self.ep_dispatcher}
 
 
 @frozen

@@ -45,6 +45,7 @@ from zrt_core.checks import check_infer_request, check_train_request
 from zrt_core.errors import ModelError, SpecError, UnknownNameError, ZrtError
 from zrt_core.ir.graph import Phase
 from zrt_core.source_flops import published_model_flops
+from zrt_core.strategy import EP_DISPATCHERS
 
 if TYPE_CHECKING:
     from zrt_core.plugins import PluginHost
@@ -81,7 +82,7 @@ _KNOWN_KEYS = _COMMON_KEYS | _TRAIN_KEYS | _INFER_KEYS | _LAYER_KEYS
 #: uneven pipeline split by Megatron's argument names (``STAGE_SPLIT_FIELDS``).
 _PARALLEL_KEYS = frozenset({"tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "zero", "fsdp",
                             "pipeline_model_parallel_layout", "decoder_first_pipeline_num_layers",
-                            "decoder_last_pipeline_num_layers"})
+                            "decoder_last_pipeline_num_layers", "ep_dispatcher"})
 _MODEL_KEYS = frozenset({"name", "hf_config"})
 
 #: Record precision → (zrt weight/activation quantisation, KV-cache dtype) for serving.
@@ -229,6 +230,10 @@ def check_record(record: Record, seen: set[str]) -> None:
     if bad:
         raise SpecError(f"record {rid}: unknown parallel key {bad[0]!r}",
                         f"use {', '.join(sorted(_PARALLEL_KEYS))}")
+    dispatcher = (par or {}).get("ep_dispatcher")
+    if dispatcher is not None and dispatcher not in EP_DISPATCHERS:
+        raise SpecError(f"record {rid}: parallel.ep_dispatcher {dispatcher!r} is not one of "
+                        f"{', '.join(EP_DISPATCHERS)}", "leave it out for Megatron's alltoall")
     for key in ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "decoder_first_pipeline_num_layers",
                 "decoder_last_pipeline_num_layers"):
         v = (par or {}).get(key)

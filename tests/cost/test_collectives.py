@@ -116,3 +116,34 @@ def test_bad_collectives_are_errors(toy, args, message):
 def test_an_algorithm_the_collective_lacks_is_an_error(toy):
     with pytest.raises(CostError, match="all_gather has no 'tree' algorithm"):
         collective_cost("all_gather", 1e6, 4, 4, toy, algorithm="tree")
+
+
+def test_dedup_all_to_all_sends_a_token_once_per_destination_gpu_and_node(toy):
+    # 16 ranks over t0 (4 per domain) and t1; 16 experts, 2 per token; 1.6e8 B holds one
+    # row per (token, expert): one copy of the tokens is 8e7 B.
+    cost = collective_cost("all_to_all", 1.6e8, 16, 16, toy, "dedup", routing=(16, 2))
+    # t0: a GPU holds 1 expert; P(hit) = 1 - 15/16 * 14/15 = 0.125; copies over NVLink
+    #     (16 - 16/4) * 0.125 = 1.5 -> 8e7 * 1.5 / 5e10 = 2.4e-3 s
+    # t1: 4 domains of 4 experts; P(hit) = 1 - 12/16 * 11/15 = 0.45; other domains hit
+    #     3 * 0.45 = 1.35 -> 8e7 * 1.35 / 2e10 = 5.4e-3 s; the slower tier bounds: 5.4e-3
+    #     + alpha(t1) 5 us
+    assert cost.rule == "dedup_all_to_all"
+    assert cost.time_s == pytest.approx(5.4e-3 + 5e-6, rel=1e-12)
+    # Megatron's alltoall dispatcher (pairwise): t1 carries 12/16 of 1.6e8 B over 2e10 B/s
+    pairwise = collective_cost("all_to_all", 1.6e8, 16, 16, toy)
+    assert pairwise.time_s == pytest.approx(6e-3 + 5e-6, rel=1e-12)
+
+
+def test_dedup_all_to_all_with_one_expert_per_token_is_the_pairwise_one(toy):
+    # top 1: nothing to deduplicate; t1 share 12/16 * 8e7 / 2e10 = 3e-3 either way
+    dedup = collective_cost("all_to_all", 8e7, 16, 16, toy, "dedup", routing=(16, 1))
+    pairwise = collective_cost("all_to_all", 8e7, 16, 16, toy)
+    assert dedup.time_s == pytest.approx(pairwise.time_s, rel=1e-12)
+    assert dedup.time_s == pytest.approx(3e-3 + 5e-6, rel=1e-12)
+
+
+def test_dedup_all_to_all_needs_the_routing(toy):
+    with pytest.raises(CostError, match="needs"):
+        collective_cost("all_to_all", 1e6, 16, 16, toy, "dedup")
+    with pytest.raises(CostError, match="no 'dedup'"):
+        collective_cost("all_reduce", 1e6, 16, 16, toy, "dedup")

@@ -43,6 +43,11 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
                    help="tensor parallel inside each expert (default: --tp)")
     g.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
                    help="context parallel attention (default ring)")
+    g.add_argument("--ep-dispatcher", choices=("alltoall", "deepep", "hybridep"),
+                   default="alltoall",
+                   help="MoE token dispatch over the EP group: alltoall (Megatron's default, "
+                        "a row per token and expert), deepep or hybridep (a token once per "
+                        "destination GPU and node) (default alltoall)")
     sp = g.add_mutually_exclusive_group()
     sp.add_argument("--sp", dest="sp", action="store_const", const=True, default=None,
                     help="sequence parallelism (default: off for serving, on for training)")
@@ -111,7 +116,8 @@ def parallel_from_args(args: argparse.Namespace) -> Any:
     from zrt_core.strategy import Parallel
 
     return Parallel(tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep,
-                    etp=args.etp, dp=args.dp, sp=args.sp, cp_kind=args.cp_kind)
+                    etp=args.etp, dp=args.dp, sp=args.sp, cp_kind=args.cp_kind,
+                    ep_dispatcher=args.ep_dispatcher)
 
 
 def run_infer(args: argparse.Namespace) -> int:

@@ -51,6 +51,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "every weight trains)")
     g.add_argument("--host-link-gbps", type=float, default=None, metavar="GB_S",
                    help="device-to-host bandwidth per device, GB/s (PCIe or C2C)")
+    g.add_argument("--ep-overlap", action="store_true",
+                   help="overlap one micro-batch's EP all-to-all with another's compute "
+                        "(Megatron-Core --overlap-moe-expert-parallel-comm)")
     g.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: flash (default) or unfused (Megatron-LM before "
                         "FlashAttention)")
@@ -98,9 +101,14 @@ def run_train(args: argparse.Namespace) -> int:
     config, where = raw_config(args.model, host)
     check_train_request(config, parallel, train, num_gpus=args.num_gpus,
                         stage_split=stage_split, where=where)
-    from zrt_core.estimate.training import estimate_training
+    from zrt_core.estimate.training import default_overlap, estimate_training
 
-    report = estimate_training(args.model, hw, parallel, train, host=host,
+    overlap = None
+    if args.ep_overlap:
+        from attrs import evolve
+
+        overlap = evolve(default_overlap(parallel, train), ep_batch_overlap=True)
+    report = estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
                                num_gpus=args.num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                attention=args.attention, keep_timelines=bool(args.out),
                                stage_split=stage_split,

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 BACKEND = "roofline"
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
-ALGORITHMS = ("ring", "tree", "hierarchical", "pairwise", "p2p")
+ALGORITHMS = ("ring", "tree", "hierarchical", "pairwise", "p2p", "dedup")
 #: NCCL's tree bandwidth derating (tuning.cc: ``busBw * .9`` for the tree algorithm).
 TREE_BANDWIDTH_FACTOR = 0.9
 
@@ -65,7 +65,8 @@ _ALGORITHMS_FOR = {
 #: reduce-scatter, each rank exchanging its shard with every member directly — priced as
 #: the all-to-all (its bytes cross a tier per member first reached there), without a ring's
 #: sharing of one domain's inbound traffic over its rails (DeepSpeed ZeRO-3 as of 2021).
-_EXPLICIT_ONLY = {"all_gather": ("pairwise",), "reduce_scatter": ("pairwise",)}
+_EXPLICIT_ONLY = {"all_gather": ("pairwise",), "reduce_scatter": ("pairwise",),
+                  "all_to_all": ("dedup",)}
 
 
 class _Placement:
@@ -114,7 +115,8 @@ class _Placement:
 
 
 def collective_cost(kind: str, bytes: float, group_size: int, span: int,
-                    hardware: HardwareSpec, algorithm: str | None = None) -> NodeCost:
+                    hardware: HardwareSpec, algorithm: str | None = None,
+                    routing: tuple[int, int] | None = None) -> NodeCost:
     """Price one collective per rank on ``hardware``'s interconnect.
 
     :param kind: one of :data:`KINDS`.
@@ -122,7 +124,12 @@ def collective_cost(kind: str, bytes: float, group_size: int, span: int,
     :param group_size: members of the group.
     :param span: consecutive ranks the members spread over (``Parallel.span``).
     :param algorithm: ``ring``, ``tree``, ``hierarchical`` (``pairwise`` for all-to-all,
-        ``p2p`` for send/recv); None picks the cheapest, as NCCL's tuner does.
+        ``p2p`` for send/recv); None picks the cheapest, as NCCL's tuner does. ``dedup``
+        (all-to-all only, never picked by the tuner) is an MoE dispatch or combine that
+        sends a token once per destination GPU inside a node and once per destination node
+        across nodes (DeepEP, HybridEP); it needs ``routing``.
+    :param routing: ``(routed experts, experts per token)`` of a ``dedup`` all-to-all:
+        ``bytes`` holds one row per (token, expert) pair.
     :raises CostError: an unknown kind or algorithm, or a group that does not fit its span.
     """
     if kind not in _ALGORITHMS_FOR:
@@ -142,10 +149,18 @@ def collective_cost(kind: str, bytes: float, group_size: int, span: int,
                         source=PriceSource.FREE, bound="free",
                         detail={"group_size": group_size, "bytes": bytes})
 
+    if algorithm == "dedup" and (routing is None or routing[0] < 1 or not
+                                 0 < routing[1] <= routing[0]):
+        raise CostError(f"a dedup all-to-all needs (experts, experts per token), got {routing}",
+                        "the EP transform sets attrs['routing'] on MoE dispatch/combine nodes")
     place = _Placement(group_size, span, hardware)
-    candidates = [algorithm] if algorithm else [
-        a for a in allowed if a != "hierarchical" or len(place.crossed) > 1]
-    priced = {a: _price(kind, a, float(bytes), group_size, place) for a in candidates}
+    if algorithm == "dedup":
+        priced = {"dedup": _price_dedup(float(bytes), group_size, place,
+                                        routing)}  # type: ignore[arg-type]
+    else:
+        candidates = [algorithm] if algorithm else [
+            a for a in allowed if a != "hierarchical" or len(place.crossed) > 1]
+        priced = {a: _price(kind, a, float(bytes), group_size, place) for a in candidates}
     chosen = min(priced, key=lambda a: sum(priced[a]))
     wire_s, latency_s = priced[chosen]
     detail: dict[str, object] = {
@@ -163,6 +178,43 @@ def collective_cost(kind: str, bytes: float, group_size: int, span: int,
         source=PriceSource.ROOFLINE, compute_s=0.0, memory_s=wire_s, overhead_s=latency_s,
         bound="network" if wire_s >= latency_s else "latency", detail=detail,
     )
+
+
+def _domain_hit(experts: int, top_k: int, domains: float) -> float:
+    """Probability that one of ``domains`` equal domains (GPUs or nodes) holds at least one
+    of a token's ``top_k`` experts, the experts drawn uniformly without replacement from
+    ``experts`` (balanced routing: Megatron-Bridge forces it in its benchmarks)."""
+    per = experts / domains
+    miss = 1.0
+    for j in range(top_k):
+        miss *= max(0.0, (experts - per - j) / (experts - j))
+    return 1.0 - miss
+
+
+def _price_dedup(size: float, n: int, place: _Placement, routing: tuple[int, int]
+                 ) -> tuple[float, float]:
+    """A deduplicating MoE all-to-all (DeepEP ``deep_ep/buffer.py`` normal kernels;
+    Megatron-Core's flex dispatcher with HybridEP): a token goes once to each destination
+    *node* over the scale-out tier, then over NVLink to each destination GPU there, where
+    Megatron's alltoall dispatcher sends one row per (token, expert) pair.
+
+    One copy of the tokens is ``size / top_k``. Crossing tier ``i > 0`` it travels to each
+    *other* domain of ``below(i)`` ranks holding one of its experts: ``(D − 1) · P(D)``
+    copies, ``D = n / below(i)``. Over the innermost tier every copy to a GPU other than
+    the one it lands on crosses NVLink once (sent directly inside a node, forwarded after
+    the scale-out hop): ``(n − n / m_0) · P(n)`` copies. With ``top_k = 1`` both give the
+    pairwise all-to-all's shares."""
+    experts, top_k = routing
+    row = size / top_k
+    wire = 0.0
+    for i in place.crossed:
+        if i == 0:
+            copies = (n - n / place.members[0]) * _domain_hit(experts, top_k, n)
+        else:
+            domains = n / place.below(i)
+            copies = (domains - 1) * _domain_hit(experts, top_k, domains)
+        wire = max(wire, row * copies / place.bandwidth(i))
+    return wire, _alpha(place, place.crossed[-1])
 
 
 def _alpha(place: _Placement, i: int) -> float:

@@ -278,8 +278,10 @@ class RooflineBackend:
                 f"collective node {node.id} ({node.op}) lacks attrs {', '.join(missing)}",
                 "the parallel transforms set group_size, span and bytes on collective nodes "
                 "(docs/architecture.md)")
+        routing = attrs.get("routing")
         return collective_cost(kind, attrs["bytes"], int(attrs["group_size"]),
-                               int(attrs["span"]), self.hardware, attrs.get("algorithm"))
+                               int(attrs["span"]), self.hardware, attrs.get("algorithm"),
+                               routing=tuple(routing) if routing is not None else None)
 
     # -- helpers -------------------------------------------------------------------------
 

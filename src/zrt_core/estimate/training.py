@@ -483,7 +483,12 @@ def estimate_training(
         moe_sync=not moe_token_drop)
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
-        keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model)
+        keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
+        microbatches=m)
+    if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
+        notes.append("EP all-to-all overlapped across micro-batches (Megatron-Core "
+                     "--overlap-moe-expert-parallel-comm): each pair of one micro-batch's "
+                     "forward and another's backward lasts max(compute, all-to-all)")
     if any(r.exposed_comm_s.get("host") for r in stage_reports):
         notes.append(f"eager host launches at {hw.efficiency.host_launch_us:g} µs each"
                      + (", the host waiting at every dropless MoE layer's routing-count sync"
@@ -838,7 +843,7 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             NodeCost]], rules: OverlapRules, schedule: str, parallel: Parallel,
             ranges: Sequence[range], saved: Mapping[int | str, float],
             transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
-            host_model: HostModel | None = None
+            host_model: HostModel | None = None, microbatches: int = 1
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
@@ -946,6 +951,10 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             idle = tl.idle_s
             if idle > 1e-12:
                 exposed["other"] = exposed.get("other", 0.0) + idle
+        ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches)
+        if ep_hidden_f + ep_hidden_b > 0:
+            exposed["ep"] = exposed.get("ep", 0.0) - ep_hidden_f - ep_hidden_b
+            hidden["ep"] = hidden.get("ep", 0.0) + ep_hidden_f + ep_hidden_b
         if sync_s:
             exposed["dp"] = exposed.get("dp", 0.0) + 2 * sync_s
         if host_f + host_b > 0:
@@ -953,8 +962,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         reports.append(StageReport(
             stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
             if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
-            last=last, forward_s=ft.makespan_s + sync_s + host_f,
-            backward_s=bt.makespan_s + sync_s + host_b,
+            last=last, forward_s=ft.makespan_s + sync_s + host_f - ep_hidden_f,
+            backward_s=bt.makespan_s + sync_s + host_b - ep_hidden_b,
             weight_s=wgrad,
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
@@ -1057,6 +1066,29 @@ def _summarise(r: PipelineResult, schedule: str, pp: int, vp: int) -> _PipelineS
         peak_activation_bytes=tuple(s.peak_activation_bytes or 0.0 for s in r.ranks),
         end_before_total_s=tuple(end_before), last_backward_before_total_s=last_bwd,
         result=r)
+
+
+def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, m: int
+                      ) -> tuple[float, float]:
+    """EP all-to-all time hidden per micro-batch by batch-level overlap (forward, backward).
+
+    Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``,
+    ``megatron/core/pipeline_parallel/combined_1f1b.py``) runs micro-batch i+1's forward
+    with micro-batch i's backward, layer by layer, the all-to-all of each under the other's
+    computation: a pair lasts ``max(C, A)`` instead of ``C + A`` (C: both phases' compute,
+    A: their exposed all-to-all), hiding ``min(A, C)``. The warm-up forwards and cool-down
+    backwards of a pipeline stage have no partner: ``max(0, m − pp)`` of ``m`` micro-batches
+    pair. The hidden time is split over forward and backward as their all-to-all is."""
+    if not rules.ep_batch_overlap or m <= 1:
+        return 0.0, 0.0
+    a_f = ft.exposed_comm_s.get("ep", 0.0)
+    a_b = bt.exposed_comm_s.get("ep", 0.0)
+    total = a_f + a_b
+    if total <= 0:
+        return 0.0, 0.0
+    paired = max(0, m - pp) / m
+    hidden = min(total, ft.compute_s + bt.compute_s) * paired
+    return hidden * a_f / total, hidden * a_b / total
 
 
 def _rank_stages(schedule: str, pp: int, vp: int, m: int, n_stages: int
@@ -1473,8 +1505,9 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         zero = 1
         assumptions.append("zero=1 (distributed optimizer)")
     fsdp = bool(raw.get("fsdp") or False)
+    dispatcher = record_dispatcher(record, ep, assumptions)
     parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
-                        dp=dp, sp=None if sp is None else bool(sp))
+                        dp=dp, sp=None if sp is None else bool(sp), ep_dispatcher=dispatcher)
     recompute = record.get("recompute")
     if recompute is None:
         recompute = "none"
@@ -1568,6 +1601,16 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
                         amax_reduction=amax_reduction, moe_token_drop=moe_token_drop,
                         cuda_graph=cuda_graph)
+
+
+def record_dispatcher(record: Mapping[str, Any], ep: int, assumptions: list[str]) -> str:
+    """The MoE token dispatcher of a record's run: ``parallel.ep_dispatcher`` when the record
+    states it (zrt's extension of the schema), else Megatron-Core's default ``alltoall``."""
+    raw = dict(record.get("parallel") or {})
+    value = raw.get("ep_dispatcher")
+    if value is not None:
+        return str(value)
+    return "alltoall"
 
 
 #: Record fields (under ``parallel``) that give the pipeline split, by Megatron's argument

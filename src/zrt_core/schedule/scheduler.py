@@ -75,6 +75,10 @@ class OverlapRules:
     :param cp_comm_overlap: ring attention's KV exchange runs under the attention blocks.
     :param ep_async: EP all-to-all runs on its own stream, so independent compute (shared
         experts) overlaps it (``--moe-shared-expert-overlap``); otherwise it blocks.
+    :param ep_batch_overlap: the EP all-to-all of one micro-batch runs under the
+        computation of another (Megatron-Core ``--overlap-moe-expert-parallel-comm``: the
+        combined 1F1B schedule pairs micro-batch i+1's forward with micro-batch i's backward
+        layer by layer, DualPipe's idea); applied per stage by the training estimate.
     :param overlap_grad_reduce: DP gradient reduce-scatter/all-reduce is bucketed and runs
         during the rest of backward; only what is left after the last bucket is exposed.
     :param overlap_param_gather: ZeRO-3/FSDP parameter all-gathers are prefetched one layer
@@ -88,6 +92,7 @@ class OverlapRules:
     tp_backward_async: bool = True
     cp_comm_overlap: bool = True
     ep_async: bool = False
+    ep_batch_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     serial: bool = False

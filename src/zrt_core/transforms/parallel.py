@@ -2020,6 +2020,15 @@ class _ParallelPass(ShapePass):
             graph = _ring_attention_costs(graph, self._ring, self.cp, self.registry)
         return graph
 
+    def _dispatcher_attrs(self) -> dict[str, Any]:
+        """A deduplicating dispatcher (``Parallel.ep_dispatcher``: DeepEP, HybridEP) prices
+        its all-to-all by destination GPUs and nodes (``cost.collectives``, ``dedup``)."""
+        if self.p.ep_dispatcher == "alltoall" or self.dims is None \
+                or self.dims.experts < 1 or self.dims.top_k < 1:
+            return {}
+        return {"algorithm": "dedup", "dispatcher": self.p.ep_dispatcher,
+                "routing": (self.dims.experts, self.dims.top_k)}
+
     def _expert_all_to_all(self, node: OpNode, *, before: bool) -> None:
         if self.ep_shared >= self.ep:
             return
@@ -2031,7 +2040,8 @@ class _ParallelPass(ShapePass):
                                moe=("combine" if op_base(node.op) == "moe_combine"
                                     else "dispatch_backward"),
                                sent_bytes=int(_nbytes(lay.shape, m.dtype)
-                                              * (self.ep - 1) / self.ep)))
+                                              * (self.ep - 1) / self.ep),
+                               **self._dispatcher_attrs()))
         self.replace[m.tensor_id] = out.tensor_id  # type: ignore[index]
 
     def _expert_all_to_all_after(self, node: OpNode, outs: list[Layout]) -> list[Layout]:
@@ -2047,7 +2057,8 @@ class _ParallelPass(ShapePass):
                                moe=("dispatch" if op_base(node.op) == "moe_dispatch"
                                     else "combine_backward"),
                                sent_bytes=int(_nbytes(lay.shape, t.dtype)
-                                              * (self.ep - 1) / self.ep)),
+                                              * (self.ep - 1) / self.ep),
+                               **self._dispatcher_attrs()),
                     after=True)
         self.replace[t.tensor_id] = out.tensor_id  # type: ignore[index]
         return outs
