@@ -174,3 +174,17 @@ def test_lookup_is_none_for_an_unknown_release_model_or_layout() -> None:
     assert recipes.lookup({**record, "parallel": {**record["parallel"], "ep": 16}}) is None
     assert recipes.lookup({**record, "model": {"name": "Mixtral 8x7B"}}) is None
     assert recipes.model_key("Qwen3-235B-A22B") == "qwen3_235b_a22b"
+
+
+def test_25_11_qwen3_30b_dispatcher_is_the_provider_default() -> None:
+    # v0.2.0: QWEN3_30B_A3B_B200_FP8_MX_BASE_CONFIG names no flex backend and v0.2.0's
+    # set_workload_base_configs (utils/helpers.py) sets no dispatcher, so the value is the
+    # provider class default, src/megatron/bridge/models/qwen/qwen_provider.py
+    # moe_token_dispatcher_type: str = "alltoall"; the recipe graphs moe_router + moe_preprocess.
+    r = _only("mbridge-25.11-pre-training-qwen3-30b-a3b-b200-8gpu-fp8-mx-gbs512")
+    assert (r.moe_token_dispatcher_type, r.moe_flex_dispatcher_backend) == ("alltoall", None)
+    assert r.provider_defaults == (
+        "moe_token_dispatcher_type (src/megatron/bridge/models/qwen/qwen_provider.py)",)
+    assert (r.cuda_graph_impl, r.cuda_graph_scope) == (
+        "transformer_engine", ("moe_router", "moe_preprocess"))
+    assert r.moe_a2a_overlap is False

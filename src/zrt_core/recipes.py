@@ -60,6 +60,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "moe_expert_rank_capacity_factor": _OPT_NUM, "moe_permute_fusion": _OPT_BOOL,
     "moe_router_fusion": _OPT_BOOL, "cpu_offloading_num_layers": _OPT_INT,
     "offload_modules": _OPT_LIST, "use_megatron_fsdp": (bool,), "recipe_defaults": (list,),
+    "provider_defaults": (list,),
     "provenance_tag": (str,), "provenance_file": (str,), "provenance_config": (str,),
 }
 _CHOICES = {"release": RELEASES, "gpu": GPUS, "precision": PRECISIONS,
@@ -73,8 +74,9 @@ def _tuple(value: list[Any] | None) -> tuple[str, ...] | None:
 
 @attrs.frozen
 class Recipe:
-    """One perf config's effective settings; ``None`` means the perf code leaves the field to the
-    library recipe or model-provider default (named in ``recipe_defaults``), not resolved here."""
+    """One perf config's effective settings. ``None`` means the code leaves the field to a default
+    not resolved here (named in ``recipe_defaults``); ``provider_defaults`` names the fields whose
+    value is a model-provider class default, with the provider file it was read from."""
 
     release: str
     model: str
@@ -110,6 +112,7 @@ class Recipe:
     offload_modules: tuple[str, ...] | None = attrs.field(converter=_tuple)
     use_megatron_fsdp: bool
     recipe_defaults: tuple[str, ...] = attrs.field(converter=tuple)
+    provider_defaults: tuple[str, ...] = attrs.field(converter=tuple)
     provenance_tag: str
     provenance_file: str
     provenance_config: str
@@ -135,7 +138,8 @@ def _row(data: Any, where: str) -> Recipe:
                             f"{' or '.join(t.__name__ for t in types)}")
         if key in _CHOICES and value not in _CHOICES[key]:
             raise SpecError(f"{where}.{key} is {value!r}, expected one of {_CHOICES[key]}")
-    for key in ("cuda_graph_scope", "recompute_modules", "offload_modules", "recipe_defaults"):
+    for key in ("cuda_graph_scope", "recompute_modules", "offload_modules", "recipe_defaults",
+                "provider_defaults"):
         if data[key] is not None and not all(isinstance(x, str) for x in data[key]):
             raise SpecError(f"{where}.{key} must be a list of strings")
     unknown_default = set(data["recipe_defaults"]) - set(FIELD_TYPES)
