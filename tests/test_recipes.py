@@ -167,6 +167,17 @@ def test_25_09_deepseek_v3_h100_uses_deepep_and_a2a_overlap() -> None:
     assert (r.tp, r.pp, r.vp, r.ep, r.gbs) == (2, 8, 4, 64, 8192)
 
 
+def test_26_04_01_gpt_oss_graph_impl_is_the_megatron_core_default() -> None:
+    # No perf, recipe or provider code at v0.4.2 sets cuda_graph_impl for GPT-OSS, so it is
+    # Megatron-Core's TransformerConfig default at the pinned 3rdparty/Megatron-LM commit 2edffadb:
+    # cuda_graph_impl = "none"; the bridge (models/gpt_oss/gpt_oss_bridge.py) sets
+    # moe_permute_fusion = True.
+    r = _only("mbridge-26.04.01-pre-training-gpt-oss-120b-b200-64gpu-bf16-gbs1280")
+    assert r.cuda_graph_impl == "none" and r.moe_permute_fusion is True
+    assert ("cuda_graph_impl (Megatron-LM@2edffadb megatron/core/transformer/transformer_config.py)"
+            in r.provider_defaults)
+
+
 def test_lookup_is_none_for_an_unknown_release_model_or_layout() -> None:
     record = next(r for r in _moe_training_records()
                   if r["id"] == "mbridge-26.08-pre-training-deepseek-v3-gb300-256gpu-mxfp8-gbs4096")
@@ -183,8 +194,8 @@ def test_25_11_qwen3_30b_dispatcher_is_the_provider_default() -> None:
     # moe_token_dispatcher_type: str = "alltoall"; the recipe graphs moe_router + moe_preprocess.
     r = _only("mbridge-25.11-pre-training-qwen3-30b-a3b-b200-8gpu-fp8-mx-gbs512")
     assert (r.moe_token_dispatcher_type, r.moe_flex_dispatcher_backend) == ("alltoall", None)
-    assert r.provider_defaults == (
-        "moe_token_dispatcher_type (src/megatron/bridge/models/qwen/qwen_provider.py)",)
+    assert ("moe_token_dispatcher_type (src/megatron/bridge/models/qwen/qwen_provider.py)"
+            in r.provider_defaults)
     assert (r.cuda_graph_impl, r.cuda_graph_scope) == (
         "transformer_engine", ("moe_router", "moe_preprocess"))
     assert r.moe_a2a_overlap is False

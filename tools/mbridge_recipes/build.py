@@ -163,6 +163,57 @@ for row in rows:
             row["moe_token_dispatcher_type"] = value
             row["recipe_defaults"].remove("moe_token_dispatcher_type")
             row["provider_defaults"] = [f"moe_token_dispatcher_type ({path})"]
+# Fields no perf/recipe code wrote: the model-provider files at the tag, else Megatron-Core's
+# TransformerConfig default at the Megatron-LM commit the tag pins (3rdparty/Megatron-LM).
+FAMDIRS = [("deepseek", ["deepseek"]), ("kimi", ["kimi", "deepseek"]), ("qwen3_vl", ["qwen_vl", "qwen"]),
+           ("qwen35_vl", ["qwen_vl", "qwen"]), ("qwen3", ["qwen"]), ("gpt_oss", ["gpt_oss"]),
+           ("nemotron_3", ["nemotronh", "mamba"])]
+SIMPLE = ("cuda_graph_impl", "moe_permute_fusion", "moe_shared_expert_overlap", "moe_router_fusion")
+MLM = "/work/.mirror/NVIDIA+Megatron-LM/repo"
+TAGREF = {v: k for k, v in TAGS.items()}
+_grep = {}
+def provider_value(tag, model, field):
+    dirs = next((d for p, d in FAMDIRS if model.startswith(p)), None)
+    if dirs is None: return None, None
+    key = (tag, tuple(dirs), field)
+    if key in _grep: return _grep[key]
+    paths = [f"src/megatron/bridge/models/{d}" for d in dirs] + ["src/megatron/bridge/models/gpt_provider.py",
+             "src/megatron/bridge/models/model_provider.py", "src/megatron/bridge/models/transformer_config.py"]
+    out = subprocess.run(["git", "-C", MIRROR, "grep", "-h", "-E", rf"\b{field}\b\s*(:[^=]*)?=[^=]", tag, "--", *paths],
+                         capture_output=True, text=True).stdout
+    vals = set()
+    for line in out.splitlines():
+        m = re.search(rf"\b{field}\b\s*(?::[^=]*)?=\s*([^,#)]+)", line)
+        vals.add(m.group(1).strip() if m else line)
+    res = (None, None)
+    if not vals:
+        sub = subprocess.run(["git", "-C", MIRROR, "ls-tree", tag, "3rdparty/Megatron-LM"], capture_output=True, text=True).stdout.split()
+        if len(sub) >= 3:
+            text = subprocess.run(["git", "-C", MLM, "show", f"{sub[2]}:megatron/core/transformer/transformer_config.py"],
+                                  capture_output=True, text=True).stdout
+            m = re.search(rf"^    {field}: [^=]+= (.+)$", text, re.M)
+            if m:
+                res = (yaml.safe_load(m.group(1).strip()), f"Megatron-LM@{sub[2][:8]} megatron/core/transformer/transformer_config.py")
+    elif len(vals) == 1:
+        v = vals.pop()
+        try:
+            lit = yaml.safe_load(v.replace("True", "true").replace("False", "false"))
+        except Exception:
+            lit = None
+        ok = lit in ("none", "local", "transformer_engine", "full_iteration") if field == "cuda_graph_impl" else isinstance(lit, bool)
+        if ok:  # a literal of the field's kind, never an expression such as is_te_min_version(...)
+            res = (lit, "src/megatron/bridge/models/" + ",".join(dirs))
+    _grep[key] = res
+    return res
+for row in rows:
+    tag = row["provenance"]["tag"]; tag = "HEAD" if tag == "067f987d" else tag
+    for f in SIMPLE:
+        if f in row["recipe_defaults"]:
+            v, src = provider_value(tag, row["model"], f)
+            if v is not None:
+                row[f] = v
+                row["recipe_defaults"].remove(f)
+                row["provider_defaults"].append(f"{f} ({src})")
 print(len(rows))
 import collections
 print(collections.Counter(r["release"] for r in rows))
