@@ -48,10 +48,13 @@ for f in sorted(glob.glob("/tmp/mbx/lib-*.json")):
             tok = {"fp8_cs": "FP8_CS", "fp8_mx": "FP8_MX", "bf16": "BF16", "nvfp4": "NVFP4", "fp8_ss": "FP8_SS"}[prec]
             names = [n for n in r["base_names"] if f"_{gpu.upper()}_" in n and f"_{tok}" in n]
             if not names: continue
-            vname = [n for n in names if r["variant"] and n.endswith("_" + r["variant"].upper())]
-            if r["variant"] and not vname: continue  # v2 requested, fell back to v1: same as the v1 row
-            name = (vname or names)[0]
-            variant = r["variant"] or "default"
+            versioned = [n for n in names if re.search(r"_V\d+$", n)]
+            if r["variant"] and versioned:
+                vname = [n for n in versioned if n.endswith("_" + r["variant"].upper())]
+                if not vname: continue  # v2 requested, fell back to v1: same as the v1 row
+                name, variant = vname[0], r["variant"]
+            else:  # unversioned config (get_workload_base_config's fallback): one row, any variant
+                name, variant = names[0], "default"
             ngpu = r["base"]["num_gpus"]
             config = f"{fn}(precision={r['precision']!r}" + (f", config_variant={r['variant']!r}" if r["variant"] else "") + f") with {name}"
         if DENSE.match(model): continue
