@@ -1505,7 +1505,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         zero = 1
         assumptions.append("zero=1 (distributed optimizer)")
     fsdp = bool(raw.get("fsdp") or False)
-    dispatcher = record_dispatcher(record, ep, assumptions)
+    recipe = record_recipe(record)
+    dispatcher = record_dispatcher(record, recipe, assumptions)
     parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
                         dp=dp, sp=None if sp is None else bool(sp), ep_dispatcher=dispatcher)
     recompute = record.get("recompute")
@@ -1550,6 +1551,10 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
             overlap = evolve(overlap, tp_comm_overlap=0.0)
             assumptions.append("no TP userbuffer overlap (the recipe sets no comm_overlap: "
                                "forward TP/SP collectives block)")
+        if recipe is not None and recipe.moe_a2a_overlap and ep > 1:
+            overlap = evolve(overlap, ep_batch_overlap=True)
+            assumptions.append("EP all-to-all overlapped across micro-batches "
+                               f"(overlap_moe_expert_parallel_comm, {_recipe_name(recipe)})")
     try:
         from zrt_core.modelinfo import ModelDims
 
@@ -1577,14 +1582,16 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                            "linear layers (NVIDIA's NVFP4 recipe, Megatron-Bridge "
                            "first_last_layers_bf16)")
     stage_split = _record_stage_split(raw, layers, pp, vp, assumptions)
-    moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", ""))
+    moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", "")) or bool(
+        recipe is not None and recipe.moe_pad_expert_input_to_capacity)
     if moe_token_drop:
         assumptions.append("MoE token drop padded to capacity (moe_pad_expert_input_to_capacity:"
                            " no routing-count sync to the host)")
     cuda_graph = "none"
     name = str((record.get("model") or {}).get("name", ""))
     if any(s in source and m == name and hardware in hws
-           for s, m, hws in FULL_CUDA_GRAPH_RECIPES):
+           for s, m, hws in FULL_CUDA_GRAPH_RECIPES) or (
+            recipe is not None and _whole_graphs(recipe)):
         cuda_graph = "full"
         assumptions.append("whole layers as CUDA graphs (the recipe's enable_cuda_graph)")
     if layout_search:
@@ -1603,14 +1610,45 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         cuda_graph=cuda_graph)
 
 
-def record_dispatcher(record: Mapping[str, Any], ep: int, assumptions: list[str]) -> str:
+def record_recipe(record: Mapping[str, Any]) -> Any:
+    """The Megatron-Bridge perf recipe a record was measured with (:mod:`zrt_core.recipes`:
+    the release's config read from its source), or None for other sources and records
+    whose published layout no config of their release has."""
+    if "Megatron-Bridge" not in str(record.get("source", "")):
+        return None
+    from zrt_core.recipes import lookup
+
+    return lookup(record)
+
+
+def record_dispatcher(record: Mapping[str, Any], recipe: Any, assumptions: list[str]) -> str:
     """The MoE token dispatcher of a record's run: ``parallel.ep_dispatcher`` when the record
-    states it (zrt's extension of the schema), else Megatron-Core's default ``alltoall``."""
+    states it (zrt's extension of the schema), else its recipe's (Megatron-Core's flex
+    dispatcher with a DeepEP or HybridEP backend), else Megatron-Core's ``alltoall``."""
     raw = dict(record.get("parallel") or {})
     value = raw.get("ep_dispatcher")
     if value is not None:
         return str(value)
+    if recipe is not None and recipe.moe_token_dispatcher_type == "flex" \
+            and recipe.moe_flex_dispatcher_backend in ("deepep", "hybridep"):
+        assumptions.append(f"EP dispatch: flex + {recipe.moe_flex_dispatcher_backend} "
+                           f"({_recipe_name(recipe)})")
+        return str(recipe.moe_flex_dispatcher_backend)
     return "alltoall"
+
+
+def _whole_graphs(recipe: Any) -> bool:
+    """The recipe replays whole layers or the whole iteration as CUDA graphs: Megatron-Core's
+    ``cuda_graph_impl = "full_iteration"``, or ``"local"`` graphs of whole layers (no scope,
+    or the ``full_iteration`` one). Scoped TransformerEngine graphs (``attn``,
+    ``moe_router``...) leave the experts eager: not whole."""
+    impl = recipe.cuda_graph_impl
+    scope = tuple(recipe.cuda_graph_scope or ())
+    return impl == "full_iteration" or (impl == "local" and scope in ((), ("full_iteration",)))
+
+
+def _recipe_name(recipe: Any) -> str:
+    return f"Megatron-Bridge {recipe.provenance_tag} {recipe.provenance_config}"
 
 
 #: Record fields (under ``parallel``) that give the pipeline split, by Megatron's argument
