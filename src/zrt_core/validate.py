@@ -492,7 +492,7 @@ class ValidationRun:
                                   "mape_primary": _mape(prim)}
         ranked = sorted((r for r in ok if r.primary and r.primary not in INFORMATIONAL),
                         key=lambda r: -abs(r.error[r.primary]))
-        from zrt_core.validate_report import GROUPS, grouped
+        from zrt_core.validate_groups import GROUPS, grouped
 
         groups = {f"by_{name}": grouped(self.results, key) for name, key in GROUPS.items()}
         return {

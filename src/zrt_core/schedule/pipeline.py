@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from attrs import field, frozen
 
-from zrt_core.checks import (  # noqa: F401  (SCHEDULES and _check_name: re-exported)
+from zrt_core.errors import LayoutError
+from zrt_core.limits import (  # noqa: F401  (SCHEDULES and _check_name: re-exported)
     SCHEDULES,
     _check_name,
     check_schedule,
     virtual_stages,
 )
-from zrt_core.errors import LayoutError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
