@@ -36,6 +36,9 @@ CAPTURE_TESTS = ("tests/capture", "plugins/zrt_deepseek/tests", "plugins/zrt_xai
 LOWEST_TESTS = ("tests/test_cli_run.py", "tests/test_export.py")
 #: Linter version, pinned so a new ruff release cannot fail CI on unchanged code.
 RUFF = "ruff==0.17.6"
+#: The import-contract checker (pyproject.toml's [tool.importlinter]); 2.16 is the first CI ran,
+#: a new major may change the contract format.
+IMPORT_LINTER = "import-linter>=2.16,<3"
 #: Arguments every pytest run gets; importlib mode lets test files share a basename across
 #: the core's and the plugins' test folders in one run.
 PYTEST_ARGS = ("-ra", "--import-mode=importlib", "-p", "no:cacheprovider")
@@ -82,9 +85,13 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """Lint the core, the plugins, the tests and this file with ruff."""
-    session.install(RUFF)
-    session.run("ruff", "check", "src", "tests", "plugins", "noxfile.py")
+    """Lint the core, the plugins, the tests and this file with ruff; check the import
+    contracts (layers, no cycle, plugins through zrt_core.plugin) with import-linter, which
+    reads the sources from the paths below (nothing to install)."""
+    session.install(RUFF, IMPORT_LINTER)
+    session.run("ruff", "check", "src", "tests", "plugins", "noxfile.py", "benchmarks")
+    sources = [str(ROOT / "src"), *(str(ROOT / "plugins" / p / "src") for p in PLUGINS)]
+    session.run("lint-imports", env={"PYTHONPATH": ":".join(sources)})
 
 
 @nox.session(python=PYTHON)

@@ -52,3 +52,20 @@ def test_the_lowest_deps_session_pins_every_lower_bound_of_zrt_core():
     assert "torch==2.13.0" in pins and "transformers==5.23" in pins
     assert "hatchling==1.27" in pins  # the build backend builds with its oldest too
     assert len(pins) == len(_requirements(ROOT / "pyproject.toml"))
+
+
+def test_the_lint_tools_are_bounded():
+    """The lint session's tools are pinned like dependencies: ruff exactly, import-linter
+    between the release CI ran and the next major."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("noxfile", ROOT / "noxfile.py")
+    if spec is None or spec.loader is None or importlib.util.find_spec("nox") is None:
+        pytest.skip("nox is not installed here")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    assert {s.operator for s in Requirement(noxfile.RUFF).specifier} == {"=="}
+    assert {s.operator for s in Requirement(noxfile.IMPORT_LINTER).specifier} == {">=", "<"}
+    lines = [line.split("#")[0].strip()
+             for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()]
+    assert noxfile.IMPORT_LINTER in lines  # the dev venv gets the same range

@@ -36,7 +36,7 @@ def test_moe_weight_gradient_sees_every_row_under_sequence_parallel(host, monkey
     2 layers = 6,291,456; backward = dgrad + dW, each the forward's = 12,582,912. Before the
     fix the down projection's dW kept dY split over TP (half its rows): 11,534,336 (11/12),
     and HFU 4.050e-5 < MFU 4.102e-5."""
-    import zrt_core.estimate.training as training
+    import zrt_core.estimate.training.estimator as training  # where estimate_training calls it
 
     seen = {}
     stages = training._stages

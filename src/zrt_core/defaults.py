@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zrt_core.plugins import hookimpl
+from zrt_core.hookspecs import hookimpl
 
 
 @hookimpl

@@ -24,8 +24,7 @@ exposed through an entry point in the group ``zrt``::
     my_pack = "my_pack.plugin"
 
     # my_pack/plugin.py
-    from zrt_core import hookimpl
-    from zrt_core.hardware import HardwareSpec
+    from zrt_core.plugin import HardwareSpec, hookimpl
 
     @hookimpl
     def zrt_hardware_specs():
@@ -56,6 +55,10 @@ if TYPE_CHECKING:
 PROJECT = "zrt"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
+#: marks a plugin's hook implementations (re-exported as zrt_core.hookimpl and
+#: zrt_core.plugin.hookimpl); defined beside the specs so that contributors need not import
+#: the plugin host
+hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # -------------------------------------------------------------------------------------

@@ -47,8 +47,10 @@ CORE_DISTRIBUTION = "zrt-core"
 LOCAL_DISTRIBUTION = "<local>"
 ENV_DISABLE_AUTOLOAD = "ZRT_DISABLE_PLUGIN_AUTOLOAD"
 ENV_DISABLE = "ZRT_DISABLE_PLUGINS"
+#: modules holding the core's own hook implementations, registered by name in this order
+CORE_CONTRIBUTION_MODULES = ("zrt_core.defaults",)
 
-hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT)
+hookimpl = hookspecs.hookimpl
 
 T = TypeVar("T")
 
@@ -498,13 +500,15 @@ def get_plugin_manager(*, autoload: bool | None = None) -> PluginHost:
         two distributions use one entry-point name, or an implementation does not match
         its spec.
     """
-    from zrt_core import defaults
-
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     distributions: dict[str, tuple[str, str]] = {}
 
-    _register_checked(pm, defaults, CORE_PLUGIN_NAME, f"the core ({CORE_DISTRIBUTION})")
+    # the core's own contributions, by module name: the host imports no contributor at
+    # module level, so contributors may import anything below them without a cycle
+    for module_name in CORE_CONTRIBUTION_MODULES:
+        _register_checked(pm, importlib.import_module(module_name), CORE_PLUGIN_NAME,
+                          f"the core ({CORE_DISTRIBUTION})")
     distributions[CORE_PLUGIN_NAME] = (CORE_DISTRIBUTION, _core_version())
 
     if autoload is None:

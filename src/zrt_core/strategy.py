@@ -14,8 +14,8 @@ from typing import Any
 
 from attrs import evolve, field, frozen, validators
 
-from zrt_core.checks import LIMITS, check_count
 from zrt_core.errors import LayoutError, SpecError
+from zrt_core.limits import LIMITS, check_count
 from zrt_core.modelinfo import ModelDims
 
 RECOMPUTE = ("none", "selective", "full")

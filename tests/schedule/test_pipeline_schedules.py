@@ -396,7 +396,7 @@ def test_skipping_the_periodic_steady_state_is_exact(schedule: str, pp: int, vp:
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Uneven stages, F/B/W ratios and P2P that make the steady state periodic with a cycle
     # of several blocks; the skipped blocks must land exactly where the event loop puts them.
-    import zrt_core.schedule.pipeline as pipeline
+    import zrt_core.schedule.pipeline.simulation as pipeline  # where simulate reads _STEADY
 
     rng = random.Random(11)
     nv = virtual_stages(schedule, pp, vp)

@@ -10,6 +10,7 @@ registers ``train`` — see :func:`add_mode`). With ``--out DIR`` the run writes
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,14 @@ def add_infer_args(p: argparse.ArgumentParser) -> None:
                         "(default trtllm)")
 
 
+#: modules that register further modes with :func:`add_mode` when imported, loaded by name
+#: in :func:`register` (the training mode imports this module's helpers: no import cycle)
+MODE_MODULES = ("zrt_core.cli.run_train",)
+
+
 def register(sub: Any) -> None:
+    for module_name in MODE_MODULES:
+        importlib.import_module(module_name)
     p = sub.add_parser(
         "run", help="predict serving (default) or training of a model on a machine",
         description="Capture the model from its config, shard it over the layout, price "
@@ -199,6 +207,3 @@ def print_report(report: Any, written: list[Path]) -> None:
 
 
 add_mode("infer", add_infer_args, run_infer)
-
-# the training mode registers itself (zrt_core.cli.run_train: --train and its flags)
-from zrt_core.cli import run_train as _run_train  # noqa: E402, F401

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zrt_core import hookimpl
-from zrt_core.hardware import HardwareSpec, load_specs
+from zrt_core.plugin import HardwareSpec, hookimpl, load_specs
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 

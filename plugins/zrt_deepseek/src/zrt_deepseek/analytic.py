@@ -134,7 +134,7 @@ def is_v4(config: Mapping[str, Any]) -> bool:
 def v4_phase_flops(config: Mapping[str, Any], phase: str, batch: int, seq_len: int) -> Any:
     """Analytic FLOPs of a DeepSeek-V4 phase (whole model); ``seq_len`` is the cached length
     for decode. Returns a :class:`zrt_core.analytic.flops.PhaseFlops`."""
-    from zrt_core.analytic.flops import PhaseFlops
+    from zrt_core.plugin import PhaseFlops
 
     d = V4Dims.from_config(config)
     decode = phase == "decode"

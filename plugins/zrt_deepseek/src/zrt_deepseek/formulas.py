@@ -27,9 +27,7 @@ Which pairs a query sees:
 
 from __future__ import annotations
 
-from zrt_core.formulas.aten import attention_pairs
-from zrt_core.formulas.registry import OpCall, OpFormula
-from zrt_core.ir.graph import Category, TensorMeta
+from zrt_core.plugin import Category, OpCall, OpFormula, TensorMeta, attention_pairs
 
 _INT_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8"})
 

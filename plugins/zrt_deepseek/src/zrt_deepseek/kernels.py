@@ -21,8 +21,7 @@ from attrs import evolve, frozen
 from zrt_deepseek.ops import NAMESPACE, NPU_NAMES
 
 if TYPE_CHECKING:
-    from zrt_core.formulas.registry import FormulaRegistry
-    from zrt_core.ir.graph import OpGraph, OpNode
+    from zrt_core.plugin import FormulaRegistry, OpGraph, OpNode
 
 #: platform → {CUDA op packet: that platform's op packet}
 PLATFORM_OPS: dict[str, dict[str, str]] = {
@@ -46,7 +45,7 @@ def _packet(op: str) -> tuple[str, str]:
 def select_kernels(graph: OpGraph, platform: str, registry: FormulaRegistry) -> OpGraph:
     """``graph`` with DSA nodes renamed to ``platform``'s kernels (unchanged when the platform
     has none), their FLOPs and bytes re-evaluated from ``registry``."""
-    from zrt_core.formulas.registry import OpCall
+    from zrt_core.plugin import OpCall
 
     table = PLATFORM_OPS.get(platform)
     if not table:

@@ -110,7 +110,7 @@ def applies_to(config: Any) -> bool:
 
 
 def causal_pairs(q_len: int, kv_len: int, topk: int = 0) -> int:
-    from zrt_core.formulas.aten import attention_pairs
+    from zrt_core.plugin import attention_pairs
 
     return attention_pairs(q_len, kv_len, is_causal=True, topk=topk)
 
@@ -186,8 +186,7 @@ def mla_forward(family: MlaFamily) -> Callable[..., Any]:
                 ) -> tuple[Any, Any]:
         import torch
 
-        from zrt_core.capture.compat import take_cache
-        from zrt_core.capture.recorder import annotate
+        from zrt_core.plugin import annotate, take_cache
 
         # 5.24 passes the cache as ``cache=``, 5.23 and earlier as ``past_key_values=``
         past_key_values = take_cache(kwargs, past_key_values)

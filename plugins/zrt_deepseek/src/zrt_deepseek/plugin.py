@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from zrt_core import hookimpl
+from zrt_core.plugin import hookimpl
 
 
 def _mla_context(config: Any, options: Any) -> Any:
@@ -50,7 +50,7 @@ def _v4_applies(config: Any) -> bool:
 
 @hookimpl
 def zrt_model_patches() -> list[Any]:
-    from zrt_core.capture.patches import ModelPatch
+    from zrt_core.plugin import ModelPatch
 
     return [
         ModelPatch(
@@ -86,7 +86,7 @@ def zrt_model_configs() -> list[Any]:
     """DeepSeek checkpoints with V3's architecture that the core does not bundle."""
     from pathlib import Path
 
-    from zrt_core.models import load_bundled
+    from zrt_core.plugin import load_bundled
 
     return load_bundled(Path(__file__).parent / "models.yaml")
 
@@ -99,7 +99,7 @@ def _platform_kernels(_ctx: Any) -> Any:
 
 @hookimpl
 def zrt_graph_transforms() -> list[Any]:
-    from zrt_core.transforms.base import TransformSpec
+    from zrt_core.plugin import TransformSpec
 
     return [
         TransformSpec(

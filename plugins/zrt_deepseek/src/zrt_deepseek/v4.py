@@ -144,7 +144,7 @@ def v4_attention_forward(self: Any, hidden_states: Any, position_embeddings: Any
     import torch
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
-    from zrt_core.capture.compat import take_cache
+    from zrt_core.plugin import take_cache
 
     # 5.24 passes the cache as ``cache=``, 5.23 and earlier as ``past_key_values=``
     past_key_values = take_cache(_kwargs, past_key_values)

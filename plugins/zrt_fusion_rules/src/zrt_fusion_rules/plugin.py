@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zrt_core import hookimpl
-from zrt_core.errors import SpecError
-from zrt_core.transforms.fusion import FusionRulePack
+from zrt_core.plugin import FusionRulePack, SpecError, hookimpl
 
 RULES_DIR = Path(__file__).parent / "rules"
 

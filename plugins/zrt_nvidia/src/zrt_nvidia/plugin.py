@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zrt_core import hookimpl
-from zrt_core.hardware import HardwareSpec, load_specs
+from zrt_core.plugin import HardwareSpec, hookimpl, load_specs
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 
@@ -31,7 +30,7 @@ MEASURED_TABLES = (
 @hookimpl
 def zrt_measured_tables():
     """Published kernel measurements converted to times (CSV; each row names its source)."""
-    from zrt_core.cost.measured import MeasuredTable
+    from zrt_core.plugin import MeasuredTable
 
     return [MeasuredTable(name=f"{hw}/{table}", hardware_id=hw,
                           path=str(TABLES_DIR / f"{hw}_{table}.csv"), description=what)

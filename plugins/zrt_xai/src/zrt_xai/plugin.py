@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zrt_core import hookimpl
+from zrt_core.plugin import hookimpl
 
 
 def _config_class() -> Any:
@@ -23,7 +23,7 @@ def _model_class() -> Any:
 
 @hookimpl
 def zrt_model_types() -> list[Any]:
-    from zrt_core.capture.model_types import ModelType
+    from zrt_core.plugin import ModelType
 
     return [ModelType(
         name="grok-1", config_class=_config_class, model_class=_model_class,
@@ -36,6 +36,6 @@ def zrt_model_configs() -> list[Any]:
     """Grok-1 as released (xai-org/grok-1 ``run.py``)."""
     from pathlib import Path
 
-    from zrt_core.models import load_bundled
+    from zrt_core.plugin import load_bundled
 
     return load_bundled(Path(__file__).parent / "models.yaml")

@@ -1,0 +1,164 @@
+"""Activation and transient memory: the forward tensors the backward keeps, and the backward's
+peak of transient buffers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zrt_core.ir.graph import (
+    Category,
+    OpGraph,
+    OpNode,
+    dtype_bytes,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+# -- activations and transient memory --------------------------------------------------------
+
+
+def _members(node: OpNode) -> list[OpNode]:
+    """A node, or the ops a fused node replaced (recursively)."""
+    if not node.fused_from:
+        return [node]
+    out: list[OpNode] = []
+    for m in node.fused_from:
+        out.extend(_members(m))
+    return out
+
+
+_RANDOM_OPS = ("bernoulli", "rand", "dropout", "normal", "uniform")
+
+
+def _forward_tensors(forward: OpGraph) -> tuple[dict[int, int], dict[int, Any], set[int]]:
+    """What the forward graph says about its tensors: view → the storage it views (views of
+    views followed, inside fused nodes too), storage id → its metadata, and the tensors a
+    fused kernel recomputes in its backward instead of keeping.
+
+    Recomputed: what a fused kernel produces internally (neither a view nor one of its
+    outputs), and the outputs of a fused elementwise kernel that no other forward node
+    reads (kept only for its backward: a fused bias-GeLU's backward recomputes tanh from
+    the GEMM output, Megatron's ``bias_gelu``) — unless the kernel draws random numbers (a
+    dropout mask must be kept).
+    """
+    base: dict[int, int] = {}
+    meta: dict[int, Any] = {}
+    internal: set[int] = set()
+    read: set[int] = set()
+    for n in forward.nodes:
+        for t in n.inputs:
+            if t.tensor_id is not None:
+                read.add(t.tensor_id)
+    for n in forward.nodes:
+        boundary = {t.tensor_id for t in n.outputs}
+        members = _members(n)
+        fused = bool(n.fused_from)
+        random = fused and any(any(r in m.op for r in _RANDOM_OPS) for m in members)
+        for m in members:
+            view = m.category == Category.VIEW
+            src = m.inputs[0].tensor_id if m.inputs else None
+            for t in m.outputs:
+                tid = t.tensor_id
+                if tid is None:
+                    continue
+                if view and src is not None:
+                    base[tid] = base.get(src, src)
+                elif tid not in meta:
+                    meta[tid] = t
+                    if fused and not random and tid not in boundary:
+                        internal.add(tid)
+        if fused and not random and n.category == Category.ELEMENTWISE:
+            for t in n.outputs:
+                if t.tensor_id is not None and t.tensor_id not in read:
+                    internal.add(t.tensor_id)
+    # a view of a recomputed tensor is recomputed with it
+    for tid, root in base.items():
+        if root in internal:
+            internal.add(tid)
+    return base, meta, internal
+
+
+def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | str, float]:
+    """Bytes one micro-batch keeps from forward to backward, per layer template (key: its
+    representative, one layer's worth) and outside the layers (``"embedding"`` and
+    ``"head"`` sides).
+
+    A saved activation is a tensor a backward node reads that no backward node produced
+    and that is not a weight: capture shares tensor ids between the two phases
+    (docs/architecture.md). Views count once, as the storage they view; a tensor saved in
+    two dtypes (the bf16 original and an fp8 copy for a weight-gradient GEMM) counts both.
+    A tensor a fused forward kernel produces internally is not kept: the fused backward
+    kernel recomputes it from the fused kernel's inputs (Megatron's fused bias-GeLU keeps
+    the GEMM output only). Under recompute the backward reads re-computed tensors, so only
+    the checkpoints remain.
+    """
+    base, meta, internal = _forward_tensors(forward)
+    produced = {t.tensor_id for n in backward.nodes for t in n.outputs
+                if t.tensor_id is not None}
+    first_layer = next((i for i, n in enumerate(backward.nodes)
+                        if n.layer_index is not None), len(backward.nodes))
+    seen: dict[int, tuple[int | str, set[str], int]] = {}
+    for pos, n in enumerate(backward.nodes):
+        key: int | str
+        if n.layer_index is not None:
+            key = n.layer_index
+        else:
+            key = "head" if pos < first_layer else "embedding"
+        for t in n.inputs:
+            tid = t.tensor_id
+            if tid is None or t.param is not None or tid in produced:
+                continue
+            root = base.get(tid, tid)
+            if root in internal:
+                continue
+            entry = seen.get(root)
+            if entry is None:
+                stored = meta.get(root)
+                numel = stored.numel if stored is not None else t.numel
+                seen[root] = (key, {stored.dtype if stored is not None and t.dtype ==
+                                    stored.dtype else t.dtype}, numel)
+            else:
+                entry[1].add(t.dtype)
+    out: dict[int | str, float] = {}
+    for key, dtypes, numel in seen.values():
+        out[key] = out.get(key, 0.0) + sum(numel * dtype_bytes(d) for d in dtypes)
+    return out
+
+
+def transient_bytes(backward: OpGraph) -> dict[int | str, float]:
+    """Peak bytes of tensors a backward segment creates and frees while it runs (liveness
+    over the segment's nodes in order: outputs allocated, freed after their last reader),
+    per layer template and for the outer head / embedding segments."""
+    segments: dict[int | str, list[OpNode]] = {}
+    first_layer = next((i for i, n in enumerate(backward.nodes)
+                        if n.layer_index is not None), len(backward.nodes))
+    for pos, n in enumerate(backward.nodes):
+        key: int | str = n.layer_index if n.layer_index is not None else (
+            "head" if pos < first_layer else "embedding")
+        segments.setdefault(key, []).append(n)
+    out: dict[int | str, float] = {}
+    for key, nodes in segments.items():
+        last_use: dict[int, int] = {}
+        for i, n in enumerate(nodes):
+            for t in n.inputs:
+                if t.tensor_id is not None:
+                    last_use[t.tensor_id] = i
+        live = 0.0
+        peak = 0.0
+        sizes: dict[int, float] = {}
+        for i, n in enumerate(nodes):
+            if not (n.zero_cost or n.category in (Category.VIEW, Category.COLLECTIVE)):
+                for t in n.outputs:
+                    if t.tensor_id is not None and not t.is_view and t.tensor_id not in sizes:
+                        sizes[t.tensor_id] = t.nbytes
+                        live += t.nbytes
+            peak = max(peak, live)
+            for t in (*n.inputs, *n.outputs):
+                tid = t.tensor_id
+                if tid in sizes and last_use.get(tid, -1) <= i:
+                    live -= sizes.pop(tid)
+        out[key] = peak
+    return out

@@ -1,0 +1,458 @@
+"""Validation records: a record's training case (``case_from_record``), its estimate, and the
+search for a Megatron layout when the record gives none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from attrs import evolve, field, frozen
+
+from zrt_core.errors import LayoutError, ModelError
+from zrt_core.estimate.training.capture import TrainingCapture
+from zrt_core.estimate.training.estimator import (
+    FULL_CUDA_GRAPH_RECIPES,
+    FUSED_CROSS_ENTROPY_SOURCES,
+    NO_TP_COMM_OVERLAP_RECIPES,
+    SYNC_TP_BACKWARD_SOURCES,
+    TP_ONLY_AMAX_SOURCES,
+    default_overlap,
+    estimate_training,
+    legacy_overlap,
+)
+from zrt_core.estimate.training.spec import USABLE_MEMORY_FRACTION, MtpSpec, _ro, mtp_from_config
+from zrt_core.reports.training import TrainingReport
+from zrt_core.schedule.scheduler import OverlapRules
+from zrt_core.schedule.stages import StageSplit
+from zrt_core.strategy import Parallel, TrainSpec
+
+if TYPE_CHECKING:
+    from zrt_core.capture.api import CaptureResult
+    from zrt_core.modelinfo import ModelDims
+    from zrt_core.plugins import PluginHost
+
+
+@frozen
+class TrainingCase:
+    """The inputs of one estimate, as read from a validation record (SCHEMA.md) with
+    Megatron-LM / NeMo defaults for what the record leaves null; ``assumptions`` lists each
+    default that was taken."""
+
+    config: Mapping[str, Any] = field(converter=_ro)
+    hardware: str
+    parallel: Parallel
+    train: TrainSpec
+    overlap: OverlapRules
+    num_gpus: int
+    attention: str = "flash"
+    stage_split: str | StageSplit = "even"
+    zero_algorithm: str | None = None
+    assumptions: tuple[str, ...] = ()
+    #: the source published no layout (tp, pp, cp, vp and dp all null): :func:`estimate_case`
+    #: runs :func:`search_layout` instead of the placeholder ``parallel``
+    layout_search: bool = False
+    #: (first, last) decoder layers whose linear layers stay bf16 under an fp8/fp4 recipe
+    bf16_layers: tuple[int, int] = (0, 0)
+    #: multi-token prediction the recipe trains (:func:`mtp_from_config`)
+    mtp: MtpSpec | None = None
+    #: the loss kernels (``fused`` or ``megatron``)
+    cross_entropy: str = "fused"
+    #: fp8 delayed scaling's amax-reduction group (``dp_tp``, ``tp``, ``none``)
+    amax_reduction: str = "dp_tp"
+    #: MoE layers drop and pad tokens to capacity (no routing-count sync to the host)
+    moe_token_drop: bool = False
+    #: ``none`` (eager) or ``full`` (whole layers as CUDA graphs)
+    cuda_graph: str = "none"
+
+
+#: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
+#: recipe keeps in BF16: about 15% of the linear layers ("Pretraining Large Language Models
+#: with NVFP4", NVIDIA 2025); Megatron-Bridge's Nemotron 3 Super recipe
+#: (``nemotron_3_super_bf16_with_nvfp4_mixed``): ``first_last_layers_bf16`` with the last 14
+#: of 88 layers and none at the start.
+NVFP4_BF16_TAIL = 14 / 88
+
+
+#: Sources whose runs used Megatron-LM as of 2021-22, before overlapped gradient reduction,
+#: parameter gathers and TP userbuffers existed.
+LEGACY_MEGATRON_SOURCES = ("Narayanan et al. 2021", "Korthikanti et al. 2022")
+
+
+#: What a record's notes say of a token-drop MoE run (Megatron-Bridge 25.09's
+#: ``apply_moe_token_drop``: capacity factor 1, padded to capacity).
+TOKEN_DROP_NOTE = "Token-drop MoE run"
+
+
+def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
+    """Read a ``workload: train`` validation record (../shared/validation/SCHEMA.md).
+
+    Null fields take Megatron-LM / NeMo defaults (docs/training-model.md): dp =
+    GPUs / (tp × cp × pp); sequence parallelism on when tp > 1; the distributed optimizer
+    (ZeRO-1); no FSDP; no recompute; micro-batch 1; bf16; expert TP = TP; 1F1B, interleaved
+    when vp > 1; AdamW. Overlap flags: Megatron-Core's (:func:`default_overlap`), except
+    for runs of Megatron-LM as published in 2021-22 (:func:`legacy_overlap`).
+
+    :raises ModelError: the record is not a training record or lacks what cannot default.
+    """
+    if record.get("workload") != "train":
+        raise ModelError(f"record {record.get('id')!r} is not a training record",
+                         "only workload: train records have a training step")
+    rid = record.get("id", "?")
+    try:
+        config = record["model"]["hf_config"]
+        hardware = record["hardware"]
+        num_gpus = int(record["num_gpus"])
+        seq_len = int(record["seq_len"])
+        global_batch = int(record["global_batch"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"record {rid}: missing or bad field {exc}",
+                         "see ../shared/validation/SCHEMA.md") from None
+    raw = dict(record.get("parallel") or {})
+    assumptions: list[str] = []
+    layout_search = all(raw.get(k) is None for k in ("tp", "pp", "cp", "vp", "dp"))
+
+    def take(key: str, default: Any, why: str) -> Any:
+        value = raw.get(key)
+        if value is None:
+            assumptions.append(f"{key}={default} ({why})")
+            return default
+        return value
+
+    tp = int(take("tp", 1, "not published"))
+    pp = int(take("pp", 1, "not published"))
+    cp = int(take("cp", 1, "not published"))
+    vp = int(take("vp", 1, "no interleaving stated"))
+    ep = int(take("ep", 1, "not published"))
+    if raw.get("dp") is None:
+        dp = max(1, num_gpus // (tp * pp * cp))
+        assumptions.append(f"dp={dp} (GPUs / (tp × cp × pp))")
+    else:
+        dp = int(raw["dp"])
+    etp = raw.get("etp")
+    if etp is None and ep > 1:
+        etp = 1
+        assumptions.append("etp=1 (NeMo / Megatron-Bridge MoE recipes: experts are not "
+                           "tensor-parallel)")
+    sp = raw.get("sp")
+    if sp is None and tp > 1:
+        assumptions.append("sp on (Megatron/NeMo default with tp > 1)")
+    zero = raw.get("zero")
+    if zero is None:
+        zero = 1
+        assumptions.append("zero=1 (distributed optimizer)")
+    fsdp = bool(raw.get("fsdp") or False)
+    recipe = record_recipe(record)
+    dispatcher = record_dispatcher(record, recipe, assumptions)
+    parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
+                        dp=dp, sp=None if sp is None else bool(sp), ep_dispatcher=dispatcher)
+    recompute = record.get("recompute")
+    if recompute is None:
+        recompute = "none"
+        assumptions.append("recompute=none")
+    micro_batch = record.get("micro_batch")
+    if micro_batch is None:
+        micro_batch = 1
+        assumptions.append("micro_batch=1")
+    precision = record.get("precision")
+    if precision is None:
+        precision = "bf16"
+        assumptions.append("precision=bf16 (16-bit mixed precision)")
+    precision = str(precision).lower()  # as serving records are read: FP8 is fp8
+    lora_rank = _lora_rank(record, assumptions)
+    train = TrainSpec(micro_batch=int(micro_batch), global_batch=global_batch,
+                      seq_len=seq_len, recompute=str(recompute), zero=int(zero), fsdp=fsdp,
+                      optimizer="adamw", precision=str(precision),
+                      pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
+    source = str(record.get("source", ""))
+    attention = "flash"
+    if any(s in source for s in LEGACY_MEGATRON_SOURCES):
+        attention = "unfused"
+        assumptions.append("2021-22 attention kernels (no FlashAttention)")
+    zero_algorithm = None
+    if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) == 3:
+        zero_algorithm = "pairwise"
+        assumptions.append("DeepSpeed ZeRO-3 of 2021: parameter gathers and gradient "
+                           "reduce-scatters at one scale-out link per GPU")
+    if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) != 3:
+        sync_tp = any(s in source for s in SYNC_TP_BACKWARD_SOURCES)
+        overlap = legacy_overlap(tp_backward_async=not sync_tp)
+        assumptions.append("Megatron-LM of 2021-22: no overlapped grad reduction, param "
+                           "gather or TP userbuffers"
+                           + ("; the backward TP all-reduce blocking (before "
+                              "--async-tensor-model-parallel-allreduce)" if sync_tp else ""))
+    else:
+        overlap = default_overlap(parallel, train)
+        notes = str(record.get("notes", ""))
+        if overlap.tp_comm_overlap > 0 and any(r in notes for r in NO_TP_COMM_OVERLAP_RECIPES):
+            overlap = evolve(overlap, tp_comm_overlap=0.0)
+            assumptions.append("no TP userbuffer overlap (the recipe sets no comm_overlap: "
+                               "forward TP/SP collectives block)")
+        if recipe is not None and recipe.moe_a2a_overlap and ep > 1:
+            overlap = evolve(overlap, ep_batch_overlap=True)
+            assumptions.append("EP all-to-all overlapped across micro-batches "
+                               f"(overlap_moe_expert_parallel_comm, {_recipe_name(recipe)})")
+    try:
+        from zrt_core.modelinfo import ModelDims
+
+        layers = ModelDims.from_config(config).layers
+    except ModelError:
+        layers = 0
+    cross_entropy = "fused"
+    if not any(s in source for s in FUSED_CROSS_ENTROPY_SOURCES):
+        cross_entropy = "megatron"
+        assumptions.append("cross-entropy unfused (Megatron-LM / NeMo default before "
+                           "--cross-entropy-loss-fusion; Megatron-Bridge recipes fuse it)")
+    amax_reduction = "dp_tp"
+    if any(s in source for s in TP_ONLY_AMAX_SOURCES):
+        amax_reduction = "tp"
+        assumptions.append("fp8 amax reduction over TP only (tp_only_amax_red)")
+    mtp = mtp_from_config(config)
+    if mtp is not None:
+        assumptions.append(f"multi-token prediction trained: {mtp.depths} depth(s) of "
+                           f"{'+'.join(mtp.kinds) or 'the last layer kind'} (the config's "
+                           "num_nextn_predict_layers; Megatron-Bridge recipes)")
+    bf16_layers = (0, 0)
+    if str(precision) == "nvfp4" and layers:
+        bf16_layers = (0, round(layers * NVFP4_BF16_TAIL))
+        assumptions.append(f"nvfp4: the last {bf16_layers[1]} of {layers} layers keep bf16 "
+                           "linear layers (NVIDIA's NVFP4 recipe, Megatron-Bridge "
+                           "first_last_layers_bf16)")
+    stage_split = _record_stage_split(raw, layers, pp, vp, assumptions)
+    moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", "")) or bool(
+        recipe is not None and recipe.moe_pad_expert_input_to_capacity)
+    if moe_token_drop:
+        assumptions.append("MoE token drop padded to capacity (moe_pad_expert_input_to_capacity:"
+                           " no routing-count sync to the host)")
+    cuda_graph = "none"
+    name = str((record.get("model") or {}).get("name", ""))
+    if any(s in source and m == name and hardware in hws
+           for s, m, hws in FULL_CUDA_GRAPH_RECIPES) or (
+            recipe is not None and _whole_graphs(recipe)):
+        cuda_graph = "full"
+        assumptions.append("whole layers as CUDA graphs (the recipe's enable_cuda_graph)")
+    if layout_search:
+        assumptions = [a for a in assumptions if not a.startswith(("tp=", "pp=", "cp=", "vp=",
+                                                                   "dp=", "sp on"))]
+        assumptions.append("layout not published: the fastest feasible Megatron layout "
+                           "(search_layout: tp within the NVLink domain dividing the heads, "
+                           "pp dividing the layers, dp the rest, the global batch divisible, "
+                           "memory within capacity)")
+    return TrainingCase(config=config, hardware=str(hardware), parallel=parallel, train=train,
+                        overlap=overlap, num_gpus=num_gpus, attention=attention,
+                        stage_split=stage_split, zero_algorithm=zero_algorithm,
+                        assumptions=tuple(assumptions), layout_search=layout_search,
+                        bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
+                        amax_reduction=amax_reduction, moe_token_drop=moe_token_drop,
+                        cuda_graph=cuda_graph)
+
+
+def record_recipe(record: Mapping[str, Any]) -> Any:
+    """The Megatron-Bridge perf recipe a record was measured with (:mod:`zrt_core.recipes`:
+    the release's config read from its source), or None for other sources and records
+    whose published layout no config of their release has."""
+    if "Megatron-Bridge" not in str(record.get("source", "")):
+        return None
+    from zrt_core.recipes import lookup
+
+    return lookup(record)
+
+
+def record_dispatcher(record: Mapping[str, Any], recipe: Any, assumptions: list[str]) -> str:
+    """The MoE token dispatcher of a record's run: ``parallel.ep_dispatcher`` when the record
+    states it (zrt's extension of the schema), else its recipe's (Megatron-Core's flex
+    dispatcher with a DeepEP or HybridEP backend), else Megatron-Core's ``alltoall``."""
+    raw = dict(record.get("parallel") or {})
+    value = raw.get("ep_dispatcher")
+    if value is not None:
+        return str(value)
+    if recipe is not None and recipe.moe_token_dispatcher_type == "flex" \
+            and recipe.moe_flex_dispatcher_backend in ("deepep", "hybridep"):
+        assumptions.append(f"EP dispatch: flex + {recipe.moe_flex_dispatcher_backend} "
+                           f"({_recipe_name(recipe)})")
+        return str(recipe.moe_flex_dispatcher_backend)
+    return "alltoall"
+
+
+def _whole_graphs(recipe: Any) -> bool:
+    """The recipe replays whole layers or the whole iteration as CUDA graphs: Megatron-Core's
+    ``cuda_graph_impl = "full_iteration"``, or ``"local"`` graphs of whole layers (no scope,
+    or the ``full_iteration`` one). Scoped TransformerEngine graphs (``attn``,
+    ``moe_router``...) leave the experts eager: not whole."""
+    impl = recipe.cuda_graph_impl
+    scope = tuple(recipe.cuda_graph_scope or ())
+    return impl == "full_iteration" or (impl == "local" and scope in ((), ("full_iteration",)))
+
+
+def _recipe_name(recipe: Any) -> str:
+    return f"Megatron-Bridge {recipe.provenance_tag} {recipe.provenance_config}"
+
+
+#: Record fields (under ``parallel``) that give the pipeline split, by Megatron's argument
+#: names: ``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``,
+#: ``--pipeline-model-parallel-layout``.
+STAGE_SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                      "pipeline_model_parallel_layout")
+
+
+def _record_stage_split(raw: Mapping[str, Any], layers: int, pp: int, vp: int,
+                        assumptions: list[str]) -> str | StageSplit:
+    """The split a record gives (:data:`STAGE_SPLIT_FIELDS`), else Megatron's even split,
+    else ``auto`` (the embedding and loss counted, else the balanced layout: the estimate
+    notes which)."""
+    first, last, layout = (raw.get(k) for k in STAGE_SPLIT_FIELDS)
+    if first is not None or last is not None or layout is not None:
+        try:
+            return StageSplit(first_layers=None if first is None else int(first),
+                              last_layers=None if last is None else int(last),
+                              layout=None if layout is None else str(layout))
+        except (TypeError, ValueError) as exc:
+            raise LayoutError(f"bad pipeline split in the record ({exc})",
+                              "give integer layer counts or a layout string") from None
+    if layers and layers % (pp * vp):
+        assumptions.append(f"{layers} layers over pp × vp = {pp * vp} stages, no split "
+                           "published: Megatron-Core's embedding/loss accounting, else the "
+                           "balanced layout (the estimate's notes say which)")
+        return "auto"
+    return "even"
+
+
+def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
+    """The LoRA rank of a fine-tuning record: its ``peft`` field (``lora``, or a mapping with
+    ``method: lora`` and ``rank``), else ``lora`` as a token of its id (the Megatron-Bridge
+    LoRA rows) at Megatron-Bridge's default rank; 0 for full training."""
+    from zrt_core.transforms.lora import DEFAULT_LORA_RANK
+
+    peft = record.get("peft")
+    if isinstance(peft, Mapping):
+        if str(peft.get("method", "lora")).lower() != "lora":
+            raise ModelError(f"record {record.get('id')}: peft method {peft.get('method')!r} "
+                             "is not modelled", "only LoRA (peft: lora) is")
+        return int(peft.get("rank") or DEFAULT_LORA_RANK)
+    if isinstance(peft, str) and peft.lower() not in ("none", ""):
+        if peft.lower() != "lora":
+            raise ModelError(f"record {record.get('id')}: peft {peft!r} is not modelled",
+                             "only LoRA (peft: lora) is")
+        return DEFAULT_LORA_RANK
+    if peft is None and "lora" in str(record.get("id", "")).lower().split("-"):
+        assumptions.append(f"LoRA fine-tuning (the id says lora): rank {DEFAULT_LORA_RANK} "
+                           "adapters on linear_qkv/proj/fc1/fc2, base weights frozen "
+                           "(Megatron-Bridge's LoRA defaults)")
+        return DEFAULT_LORA_RANK
+    return 0
+
+
+def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
+                  captured: TrainingCapture | CaptureResult | None = None,
+                  **options: Any) -> TrainingReport:
+    """:func:`estimate_training` with every input a :class:`TrainingCase` carries (layout,
+    recipe, overlap rules, attention kernels, stage split, ZeRO collectives); ``options``
+    adds or overrides keyword arguments (``keep_timelines=True``, a hardware spec...)."""
+    if case.layout_search:
+        return search_layout(case, host=host, captured=captured, **options)
+    kwargs: dict[str, Any] = {
+        "host": host, "captured": captured, "overlap": case.overlap,
+        "num_gpus": case.num_gpus, "attention": case.attention,
+        "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
+        "bf16_layers": case.bf16_layers, "mtp": case.mtp,
+        "cross_entropy": case.cross_entropy, "amax_reduction": case.amax_reduction,
+        "moe_token_drop": case.moe_token_drop, "cuda_graph": case.cuda_graph}
+    hardware = options.pop("hardware", case.hardware)
+    kwargs.update(options)
+    return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
+
+
+#: Largest tensor-parallel degree :func:`search_layout` tries: Megatron users keep TP inside
+#: an 8-GPU board even on larger NVLink domains (TE userbuffers and the TP collectives of
+#: every layer), and no published recipe goes beyond it.
+MAX_SEARCH_TP = 8
+
+
+def layout_candidates(dims: ModelDims, num_gpus: int, global_batch: int, micro_batch: int,
+                      nvlink_domain: int | None, *, usable_bytes: float | None = None
+                      ) -> list[Parallel]:
+    """The Megatron layouts a user of the framework could run for an unpublished layout:
+    ``tp`` a divisor of the attention heads (and of the KV heads or a multiple of them, and
+    of the FFN width) within the NVLink domain and at most :data:`MAX_SEARCH_TP`; ``pp`` a
+    divisor of the layers; ``dp = GPUs / (tp × pp)`` whole, with the global batch a multiple
+    of ``micro_batch × dp`` and at least ``pp`` micro-batches; no context or expert
+    parallelism, no interleaving. With
+    ``usable_bytes``, layouts whose weights, fp32 gradients and sharded AdamW states alone
+    exceed it (a lower bound on what a rank holds: ``P / (tp·pp) · (2 + 4 + 12/dp)``, with
+    ``P`` counted without gated FFNs or biases) are left out."""
+    top = min(MAX_SEARCH_TP, nvlink_domain or MAX_SEARCH_TP)
+    params = dims.layers * (dims.hidden * (dims.heads + 2 * dims.kv_heads) * dims.head_dim
+                            + dims.heads * dims.head_dim * dims.hidden
+                            + 2 * dims.hidden * max(dims.ffn, dims.moe_ffn)) \
+        + dims.vocab * dims.hidden
+    out = []
+    for tp in range(1, top + 1):
+        if dims.heads % tp or (dims.kv_heads % tp and tp % dims.kv_heads) or \
+                (dims.ffn and dims.ffn % tp) or num_gpus % tp:
+            continue
+        for pp in range(1, dims.layers + 1):
+            if dims.layers % pp or num_gpus % (tp * pp):
+                continue
+            dp = num_gpus // (tp * pp)
+            if global_batch % (micro_batch * dp) or global_batch // (micro_batch * dp) < pp:
+                continue
+            if usable_bytes is not None and \
+                    params / (tp * pp) * (2 + 4 + 12 / dp) > usable_bytes:
+                continue
+            out.append(Parallel(tp=tp, pp=pp, dp=dp))
+    return out
+
+
+def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
+                  captured: TrainingCapture | CaptureResult | None = None,
+                  **options: Any) -> TrainingReport:
+    """Estimate a record whose source did not publish its layout: every candidate of
+    :func:`layout_candidates` with the case's recipe (1F1B, Megatron-Core's overlap flags),
+    and the fastest one that fits in memory (the fastest of all, noted as not fitting, when
+    none does). The report's ``parallel`` is the chosen layout and its notes say how many
+    were tried."""
+    from zrt_core.errors import ZrtError
+    from zrt_core.modelinfo import ModelDims
+
+    if host is None:
+        from zrt_core.plugins import get_plugin_manager
+
+        host = get_plugin_manager()
+    hardware = options.pop("hardware", case.hardware)
+    hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
+    dims = ModelDims.from_config(case.config)
+    usable = hw.memory.capacity_gb * 2.0 ** 30 * USABLE_MEMORY_FRACTION
+    tier0 = hw.interconnect[0].devices if hw.interconnect else None
+    candidates = layout_candidates(dims, case.num_gpus, case.train.global_batch,
+                                   case.train.micro_batch, tier0, usable_bytes=usable)
+    if not candidates:
+        raise LayoutError(
+            f"no Megatron layout of {case.num_gpus} GPUs divides the model and the global "
+            f"batch of {case.train.global_batch}",
+            "publish the layout in the record (parallel.tp, pp, dp)")
+    best: TrainingReport | None = None
+    tried = 0
+    for par in candidates:
+        train = evolve(case.train, pp_schedule="1f1b")
+        try:
+            report = estimate_training(
+                case.config, hw, par, train, host=host, captured=captured,
+                overlap=default_overlap(par, train), num_gpus=case.num_gpus,
+                attention=case.attention, zero_algorithm=case.zero_algorithm,
+                bf16_layers=case.bf16_layers, mtp=case.mtp,
+                cross_entropy=case.cross_entropy, amax_reduction=case.amax_reduction,
+                moe_token_drop=case.moe_token_drop, cuda_graph=case.cuda_graph, **options)
+        except ZrtError:
+            continue
+        tried += 1
+        key = (not report.feasible, report.step_time_s)
+        if best is None or key < (not best.feasible, best.step_time_s):
+            best = report
+    if best is None:
+        raise LayoutError(f"none of the {len(candidates)} candidate layouts could be estimated")
+    p = best.parallel
+    note = (f"layout not published: searched {tried} Megatron layouts of {case.num_gpus} GPUs "
+            f"(tp ≤ {min(MAX_SEARCH_TP, tier0 or MAX_SEARCH_TP)} dividing the heads, pp "
+            f"dividing the layers, dp the rest); the fastest that fits: tp {p.tp} × pp {p.pp} "
+            f"× dp {p.dp}")
+    return evolve(best, notes=(note, *best.notes))

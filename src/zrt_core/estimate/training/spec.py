@@ -1,0 +1,68 @@
+"""The estimator's settings: usable memory, the kernel choices, and multi-token prediction
+(``MtpSpec``) read from a config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from attrs import field, frozen
+
+from zrt_core.checks import _mtp_layers
+
+if TYPE_CHECKING:
+    pass
+
+
+#: Fraction of a device's memory a training job may fill: the rest is the CUDA context,
+#: NCCL's buffers and the caching allocator's fragmentation.
+USABLE_MEMORY_FRACTION = 0.95
+ATTENTION_KERNELS = ("flash", "unfused")
+CROSS_ENTROPY_KERNELS = ("fused", "megatron")
+_GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "other")
+
+
+def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+@frozen
+class MtpSpec:
+    """Multi-token prediction as the training recipe runs it (Megatron-Core
+    ``--mtp-num-layers``): ``depths`` MTP modules, each a block of the layer ``kinds`` (empty:
+    the kind of the last decoder layer, as DeepSeek's) with its own LM head and loss;
+    ``shared_weights``: one block's weights at every depth (``mtp_use_repeated_layer``);
+    ``bf16``: the MTP layers' linear layers stay bf16 under fp8/fp4 recipes
+    (``keep_mtp_spec_in_bf16``). :func:`zrt_core.transforms.training.add_mtp_layers`."""
+
+    depths: int
+    kinds: tuple[str, ...] = field(default=(), converter=tuple)
+    shared_weights: bool = False
+    bf16: bool = False
+
+    @property
+    def layers(self) -> int:
+        return self.depths * max(1, len(self.kinds))
+
+
+#: Nemotron-H block characters (``hybrid_override_pattern``) → captured template kinds.
+_NEMOTRON_KINDS = {"M": "mamba", "E": "moe", "*": "full_attention", "-": "mlp"}
+
+
+def mtp_from_config(config: Mapping[str, Any]) -> MtpSpec | None:
+    """The MTP the Megatron-Bridge recipes train with for a HF config that declares MTP
+    layers (``num_nextn_predict_layers``): DeepSeek-V3/V4 one MoE block per layer declared;
+    Nemotron 3 (Super, 3.5 Lightning) the ``mtp_hybrid_override_pattern`` block (``"*E"``)
+    run at two depths with repeated weights and kept in bf16
+    (``recipes/nemotronh``: ``mtp_num_layers = 2``, ``mtp_use_repeated_layer``,
+    ``keep_mtp_spec_in_bf16``)."""
+    n = _mtp_layers(config)
+    if not n:
+        return None
+    if str(config.get("model_type")) == "nemotron_h":
+        pattern = str(config.get("mtp_hybrid_override_pattern") or "*E")
+        kinds = tuple(_NEMOTRON_KINDS[c] for c in pattern if c in _NEMOTRON_KINDS)
+        return MtpSpec(depths=2, kinds=kinds, shared_weights=True, bf16=True)
+    return MtpSpec(depths=n)

@@ -1,0 +1,238 @@
+"""Per-stage schedules: each pipeline stage's forward and backward on compute and communication
+streams, the amax reductions and the pipeline's point-to-point messages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from zrt_core.cost.pricing import OUTSIDE_LAYERS
+from zrt_core.errors import SpecError
+from zrt_core.estimate.host import HostModel, exposed_host_s, layer_host, phase_host
+from zrt_core.ir.graph import (
+    Category,
+    OpGraph,
+    dtype_bytes,
+)
+from zrt_core.reports.training import StageReport
+from zrt_core.schedule.pipeline import (
+    SPLIT_BACKWARD,
+    StageTimes,
+    stage_rank,
+)
+from zrt_core.schedule.scheduler import OverlapRules, schedule_phase, weight_grad_s
+from zrt_core.schedule.timeline import Timeline
+from zrt_core.strategy import Parallel, TrainSpec
+from zrt_core.transforms.training import (
+    RECOMPUTE_ATTR,
+    PrecisionPlan,
+)
+
+if TYPE_CHECKING:
+    from zrt_core.cost.backend import NodeCost
+    from zrt_core.hardware import HardwareSpec
+    from zrt_core.modelinfo import ModelDims
+
+
+# -- per-stage schedules --------------------------------------------------------------------
+
+
+def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, Mapping[int,
+            NodeCost]], rules: OverlapRules, schedule: str, parallel: Parallel,
+            ranges: Sequence[range], saved: Mapping[int | str, float],
+            transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
+            host_model: HostModel | None = None, microbatches: int = 1
+            ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
+                       dict[str, Timeline]]:
+    """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
+    stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``;
+    ``host_model``: the host's launch time the device waits for (:mod:`.host`), counted as
+    exposed ``host``."""
+    host_model = host_model or HostModel()
+    fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
+        if host_model.launch_s > 0 else {}
+    bwd_host = phase_host(bwd, costs["bwd"]) if host_model.launch_s > 0 else {}
+    kind_of: dict[int, int] = {}
+    kind_name: dict[int | None, str] = {None: OUTSIDE_LAYERS}
+    for g in (bwd, fwd):
+        for rep, t in g.templates.items():
+            for i in t.indices:
+                kind_of[i] = rep
+                kind_name[i] = t.kind
+    recompute_nodes = [n for n in bwd.nodes if n.attrs.get(RECOMPUTE_ATTR)
+                       and n.category != Category.COLLECTIVE]
+    fwd_flops = {}
+    bwd_flops = {}
+    for g, acc in ((fwd, fwd_flops), (bwd, bwd_flops)):
+        for n in g.nodes:
+            acc[n.layer_index] = acc.get(n.layer_index, 0) + n.flops
+    first_layer_pos_bwd = next((i for i, n in enumerate(bwd.nodes) if n.layer_index is not None),
+                               len(bwd.nodes))
+    outer_bwd_flops = {"head": 0.0, "embedding": 0.0}
+    for pos, n in enumerate(bwd.nodes):
+        if n.layer_index is None:
+            outer_bwd_flops["head" if pos < first_layer_pos_bwd else "embedding"] += n.flops
+    first_layer_pos_fwd = next((i for i, n in enumerate(fwd.nodes) if n.layer_index is not None),
+                               len(fwd.nodes))
+    outer_fwd_flops = {"head": 0.0, "embedding": 0.0}
+    for pos, n in enumerate(fwd.nodes):
+        if n.layer_index is None:
+            outer_fwd_flops["embedding" if pos < first_layer_pos_fwd else "head"] += n.flops
+
+    cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    reports: list[StageReport] = []
+    dp_tails: list[tuple[float, float]] = []
+    timelines: dict[str, Timeline] = {}
+    n_stages = len(ranges)
+    for v, layers in enumerate(ranges):
+        first, last = v == 0, v == n_stages - 1
+        signature = (tuple(kind_of.get(i, i) for i in layers), first, last)
+        hit = cache.get(signature)
+        if hit is None:
+            lay = list(layers)
+            if lay or first or last:
+                ft = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
+                                    head_side=last)
+                bt = schedule_phase(bwd, costs["bwd"], rules, layers=lay, embedding_side=first,
+                                    head_side=last)
+                st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
+                                    embedding_side=first, head_side=last) \
+                    if bwd_sync is not bwd else bt
+            else:  # a layout's empty stage: it only passes activations on
+                ft = bt = st = Timeline.compose([])
+            counts: dict[int, int] = {}
+            for i in lay:
+                counts[kind_of.get(i, i)] = counts.get(kind_of.get(i, i), 0) + 1
+            recompute = sum(costs["bwd"][n.id].time_s * counts.get(n.layer_index, 0)
+                            for n in recompute_nodes if n.layer_index is not None)
+            wgrad = weight_grad_s(bwd, costs["bwd"], layers=lay) \
+                if schedule in SPLIT_BACKWARD else 0.0
+            act = sum(saved.get(rep, 0.0) * c for rep, c in counts.items())
+            act += (saved.get("embedding", 0.0) if first else 0.0) + \
+                (saved.get("head", 0.0) if last else 0.0)
+            trans = max([transient.get(rep, 0.0) for rep in counts]
+                        + ([transient.get("head", 0.0)] if last else [])
+                        + ([transient.get("embedding", 0.0)] if first else []) + [0.0])
+            ff = sum(fwd_flops.get(rep, 0) * c for rep, c in counts.items()) + \
+                (outer_fwd_flops["embedding"] if first else 0) + \
+                (outer_fwd_flops["head"] if last else 0)
+            bf = sum(bwd_flops.get(rep, 0) * c for rep, c in counts.items()) + \
+                (outer_bwd_flops["embedding"] if first else 0) + \
+                (outer_bwd_flops["head"] if last else 0)
+            dp_busy = sum(v for k, v in st.stream_busy_s.items()
+                          if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
+            by_category: dict[str, float] = {}
+            by_kind: dict[str, float] = {}
+            for tl in (ft, bt):
+                for k, val in tl.compute_by_category().items():
+                    by_category[k] = by_category.get(k, 0.0) + val
+                for i, val in tl.compute_by_layer().items():
+                    kind = kind_name.get(i, "layer")
+                    by_kind[kind] = by_kind.get(kind, 0.0) + val
+            reps: list[int | None] = [kind_of.get(i, i) for i in lay]
+            if first or last:
+                reps = [None, *reps] if first else [*reps, None]
+            host_f, host_b = exposed_host_s(host_model, reps, fwd_host, bwd_host,
+                                            ft.makespan_s, bt.makespan_s)
+            hit = (ft, bt, st, recompute, min(wgrad, bt.makespan_s), act, trans, ff, bf,
+                   dp_busy, by_category, by_kind, host_f, host_b)
+            cache[signature] = hit
+        (ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind,
+         host_f, host_b) = hit
+        exposed: dict[str, float] = {}
+        hidden: dict[str, float] = {}
+        for tl in (ft, bt):
+            for k, val in tl.exposed_comm_s.items():
+                exposed[k] = exposed.get(k, 0.0) + val
+            for k, val in tl.hidden_comm_s.items():
+                hidden[k] = hidden.get(k, 0.0) + val
+            idle = tl.idle_s
+            if idle > 1e-12:
+                exposed["other"] = exposed.get("other", 0.0) + idle
+        ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches)
+        if ep_hidden_f + ep_hidden_b > 0:
+            exposed["ep"] = exposed.get("ep", 0.0) - ep_hidden_f - ep_hidden_b
+            hidden["ep"] = hidden.get("ep", 0.0) + ep_hidden_f + ep_hidden_b
+        if sync_s:
+            exposed["dp"] = exposed.get("dp", 0.0) + 2 * sync_s
+        if host_f + host_b > 0:
+            exposed["host"] = exposed.get("host", 0.0) + host_f + host_b
+        reports.append(StageReport(
+            stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
+            if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
+            last=last, forward_s=ft.makespan_s + sync_s + host_f - ep_hidden_f,
+            backward_s=bt.makespan_s + sync_s + host_b - ep_hidden_b,
+            weight_s=wgrad,
+            forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
+            recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
+            activation_bytes=act, transient_bytes=trans, forward_flops=ff, backward_flops=bf,
+            compute_by_category_s=by_category, compute_by_layer_kind_s=by_kind))
+        # the last micro-batch's backward with the gradient reduction: how much longer it
+        # runs, and how long the DP streams are busy
+        dp_tails.append((max(0.0, st.makespan_s - bt.makespan_s), dp_busy))
+        if keep_timelines and v == 0:
+            timelines = {"forward": ft, "backward": bt, "backward_last": st}
+    times = StageTimes(
+        forward_s=[r.forward_s for r in reports], backward_s=[r.backward_s for r in reports],
+        weight_s=[r.weight_s for r in reports] if schedule in SPLIT_BACKWARD else None,
+        activation_bytes=[r.activation_bytes for r in reports])
+    return reports, times, dp_tails, timelines
+
+
+AMAX_REDUCTIONS = ("dp_tp", "tp", "none")
+
+
+def _amax_reduction_s(fwd: OpGraph, plan: PrecisionPlan, parallel: Parallel,
+                      hw: HardwareSpec, group: str, stages: int = 1) -> float:
+    """One amax all-reduce of fp8 delayed scaling (TransformerEngine ``DelayedScaling`` with
+    ``reduce_amax``: ``FP8GlobalStateManager.reduce_and_update_fp8_tensors`` at every
+    autocast exit, over Megatron's amax-reduction group): 3 fp32 amaxes (input, weight,
+    gradient) per linear GEMM of a (virtual) stage — latency-bound."""
+    if plan.recipe != "fp8" or group == "none":
+        return 0.0
+    if group not in AMAX_REDUCTIONS:
+        raise SpecError(f"unknown amax reduction group {group!r}",
+                        f"use one of {', '.join(AMAX_REDUCTIONS)}")
+    from zrt_core.cost.collectives import collective_cost
+
+    size = parallel.tp * parallel.cp * (parallel.dp if group == "dp_tp" else 1)
+    if size <= 1:
+        return 0.0
+    gemms = sum(fwd.multiplicity(n) for n in fwd.nodes
+                if n.attrs.get("precision") == plan.recipe and n.category == Category.MATMUL)
+    per_stage = math.ceil(gemms / max(1, stages))
+    return collective_cost("all_reduce", 3 * 4 * max(1, per_stage), size, size, hw).time_s
+
+
+def _p2p_message_bytes(fwd: OpGraph, parallel: Parallel, train: TrainSpec, dims: ModelDims,
+                       plan: PrecisionPlan) -> float:
+    """One micro-batch's activation between stages, per rank: ``b·s·h`` 16-bit values split
+    over TP (sequence parallel, or Megatron's scatter-gather optimisation without it) and
+    CP."""
+    elements = train.micro_batch * train.seq_len * dims.hidden
+    return elements * dtype_bytes(plan.activation_dtype) / (parallel.tp * parallel.cp)
+
+
+def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, m: int
+                      ) -> tuple[float, float]:
+    """EP all-to-all time hidden per micro-batch by batch-level overlap (forward, backward).
+
+    Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``,
+    ``megatron/core/pipeline_parallel/combined_1f1b.py``) runs micro-batch i+1's forward
+    with micro-batch i's backward, layer by layer, the all-to-all of each under the other's
+    computation: a pair lasts ``max(C, A)`` instead of ``C + A`` (C: both phases' compute,
+    A: their exposed all-to-all), hiding ``min(A, C)``. The warm-up forwards and cool-down
+    backwards of a pipeline stage have no partner: ``max(0, m − pp)`` of ``m`` micro-batches
+    pair. The hidden time is split over forward and backward as their all-to-all is."""
+    if not rules.ep_batch_overlap or m <= 1:
+        return 0.0, 0.0
+    a_f = ft.exposed_comm_s.get("ep", 0.0)
+    a_b = bt.exposed_comm_s.get("ep", 0.0)
+    total = a_f + a_b
+    if total <= 0:
+        return 0.0, 0.0
+    paired = max(0, m - pp) / m
+    hidden = min(total, ft.compute_s + bt.compute_s) * paired
+    return hidden * a_f / total, hidden * a_b / total

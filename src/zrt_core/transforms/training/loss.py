@@ -1,0 +1,85 @@
+"""The loss: Megatron's unfused vocabulary-parallel cross-entropy as its fp32 passes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from zrt_core.ir.graph import (
+    Category,
+    OpGraph,
+    OpNode,
+    TensorMeta,
+)
+from zrt_core.transforms.training.common import _next_id
+
+if TYPE_CHECKING:
+    pass
+
+
+# -- the loss ---------------------------------------------------------------------------------
+
+#: Megatron-Core's ``vocab_parallel_cross_entropy`` without ``--cross-entropy-loss-fusion``:
+#: the kernels over the ``[tokens, vocab/tp]`` logits, as (op, bytes read, bytes written per
+#: logit). Forward: ``logits.float()``, the max, ``-= max`` in place, ``exp`` in place, the
+#: sum, the softmax ``/= sum`` in place (kept for backward); backward: ``softmax − onehot``
+#: times the incoming gradient in place, and the cast back to the logits' 16-bit dtype.
+MEGATRON_CE_FORWARD = (("megatron.ce.to_float", 2, 4), ("megatron.ce.max", 4, 0),
+                       ("megatron.ce.sub_max", 4, 4), ("megatron.ce.exp", 4, 4),
+                       ("megatron.ce.sum", 4, 0), ("megatron.ce.softmax", 4, 4))
+MEGATRON_CE_BACKWARD = (("megatron.ce.grad", 4, 4), ("megatron.ce.to_half", 4, 2))
+
+
+def unfused_cross_entropy(forward: OpGraph, backward: OpGraph) -> tuple[OpGraph, OpGraph]:
+    """Megatron's cross-entropy as it runs without the fused loss kernel (Megatron-LM and
+    NeMo until ``--cross-entropy-loss-fusion``; ``megatron/core/tensor_parallel/
+    cross_entropy.py``): each ``fused.cross_entropy`` (and its backward) becomes the fp32
+    passes of :data:`MEGATRON_CE_FORWARD` (:data:`MEGATRON_CE_BACKWARD`) over the logits —
+    38 bytes per logit forward and 14 backward, where the fused kernel moves 6 and 10. The
+    last node of each chain writes the fused node's outputs (same tensor ids), so the saved
+    fp32 softmax and the gradient flow as before; the TP all-reduces of the max and the sum
+    are the parallel transform's."""
+
+    def expand(graph: OpGraph, op: str, chain: Sequence[tuple[str, int, int]]) -> OpGraph:
+        nodes: list[OpNode] = []
+        edges = list(graph.edges)
+        next_id = _next_id(graph)
+        changed = False
+        for n in graph.nodes:
+            if n.op != op:
+                nodes.append(n)
+                continue
+            logits = max((t for t in (*n.inputs, *n.outputs) if len(t.shape) >= 2),
+                         key=lambda t: t.numel, default=None)
+            if logits is None:
+                nodes.append(n)
+                continue
+            elements = logits.numel
+            prev: OpNode | None = None
+            made = []
+            for i, (name, read, written) in enumerate(chain):
+                last = i == len(chain) - 1
+                category = Category.REDUCTION if name.endswith(("max", "sum")) \
+                    else Category.ELEMENTWISE
+                node = OpNode(
+                    id=next_id, op=name, category=category, phase=n.phase,
+                    inputs=n.inputs if prev is None else prev.outputs,
+                    outputs=n.outputs if last else (TensorMeta(logits.shape, "float32"),),
+                    module_path=n.module_path, module_class=n.module_class,
+                    layer_index=n.layer_index, layer_kind=n.layer_kind, flops=elements,
+                    bytes_read=read * elements, bytes_written=written * elements,
+                    formula=name, attrs={"loss": "megatron_unfused"})
+                if prev is not None:
+                    edges.append((prev.id, node.id))
+                made.append(node)
+                prev = node
+                next_id += 1
+            first, final = made[0].id, made[-1].id
+            edges = [(a, first) if b == n.id else (final, b) if a == n.id else (a, b)
+                     for a, b in edges]
+            nodes.extend(made)
+            changed = True
+        return graph.with_nodes(nodes, edges) if changed else graph
+
+    return (expand(forward, "fused.cross_entropy", MEGATRON_CE_FORWARD),
+            expand(backward, "fused.cross_entropy_backward", MEGATRON_CE_BACKWARD))

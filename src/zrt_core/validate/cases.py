@@ -1,0 +1,133 @@
+"""Defaults: from a record to the estimators' inputs (training, per-layer and serving cases)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from attrs import field, frozen
+
+from zrt_core.errors import SpecError
+from zrt_core.validate.records import Record, _need_int
+from zrt_core.validate.schema import SERVING_PRECISION, _ro
+
+if TYPE_CHECKING:
+    from zrt_core.strategy import InferSpec, Parallel
+
+
+# -- defaults: from a record to the estimators' inputs ----------------------------------------
+
+
+@frozen
+class InferenceCase:
+    """The inputs of one serving estimate read from a record, with the defaults taken."""
+
+    config: Mapping[str, Any] = field(converter=_ro)
+    hardware: str
+    parallel: Parallel
+    infer: InferSpec
+    engine: str
+    num_gpus: int
+    assumptions: tuple[str, ...] = ()
+
+
+def training_case(record: Record) -> Any:
+    """A :class:`~zrt_core.estimate.training.TrainingCase` with Megatron-LM / NeMo defaults
+    for null fields (:func:`~zrt_core.estimate.training.case_from_record`): dp = GPUs /
+    (tp × cp × pp); SP on when tp > 1; the distributed optimizer (ZeRO-1); no FSDP; no
+    recompute; micro-batch 1; bf16; expert TP = TP; 1F1B, interleaved when vp > 1; AdamW;
+    Megatron-Core's overlap flags, or none for Megatron-LM as published in 2021-22."""
+    from zrt_core.estimate.training import case_from_record
+
+    _need_int(record, "num_gpus")
+    _need_int(record, "global_batch")
+    _need_int(record, "seq_len")
+    return case_from_record(dict(record.raw))
+
+
+def layer_case(record: Record) -> Any:
+    """A one-micro-batch training case for a per-layer record (``layer_micro.yaml``): the
+    global batch is one micro-batch per data-parallel replica and ZeRO is off (a layer's
+    forward and backward do not depend on either); the rest as :func:`training_case`."""
+    from attrs import evolve
+
+    from zrt_core.estimate.training import case_from_record
+
+    mb = record.raw.get("micro_batch") or 1
+    par = dict(record.raw.get("parallel") or {})
+    num_gpus = _need_int(record, "num_gpus")
+    _need_int(record, "seq_len")
+    tp, pp, cp = (int(par.get(k) or 1) for k in ("tp", "pp", "cp"))
+    dp = int(par.get("dp") or max(1, num_gpus // (tp * pp * cp)))
+    raw = {**record.raw, "workload": "train", "global_batch": int(mb) * dp,
+           "parallel": {**par, "zero": par.get("zero") if par.get("zero") is not None else 0}}
+    case = case_from_record(raw)
+    return evolve(case, assumptions=(*case.assumptions,
+                                     f"global_batch={int(mb) * dp} (one micro-batch per "
+                                     "replica: the record times one layer)"))
+
+
+def inference_case(record: Record) -> InferenceCase:
+    """Serving inputs from an ``infer`` record, with these defaults for null fields:
+
+    * every parallel degree 1 (``dp`` = GPUs / (tp × pp × cp) when null), sequence
+      parallelism off, expert TP = TP;
+    * precision → :data:`SERVING_PRECISION` (bf16 when null);
+    * ``concurrency`` (or ``max_batch``) is the batch; null means offline max-throughput,
+      the mode ``trtllm-bench`` and vLLM's throughput benchmark run;
+    * the engine is vLLM when the source names it, TensorRT-LLM (``trtllm-bench``)
+      otherwise.
+    """
+    from zrt_core.strategy import InferSpec, Parallel
+
+    raw = record.raw
+    num_gpus = _need_int(record, "num_gpus")
+    input_len = _need_int(record, "input_len")
+    output_len = _need_int(record, "output_len")
+    par = dict(raw.get("parallel") or {})
+    assumptions: list[str] = []
+
+    def degree(key: str) -> int:
+        v = par.get(key)
+        if v is None:
+            return 1
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise SpecError(f"record {record.id}: parallel.{key} must be a positive "
+                            f"integer, got {v!r}")
+        return v
+
+    tp, pp, cp, ep, vp = (degree(k) for k in ("tp", "pp", "cp", "ep", "vp"))
+    if par.get("dp") is None:
+        dp = max(1, num_gpus // (tp * pp * cp))
+        if dp > 1:
+            assumptions.append(f"dp={dp} (GPUs / (tp × pp × cp))")
+    else:
+        dp = degree("dp")
+    etp = par.get("etp")
+    parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
+                        dp=dp, sp=par.get("sp"))
+    precision = raw.get("precision")
+    if precision is None:
+        precision = "bf16"
+        assumptions.append("precision=bf16")
+    precision = str(precision).lower()
+    if precision not in SERVING_PRECISION:
+        raise SpecError(f"record {record.id}: precision {precision!r} is not a serving "
+                        "precision zrt models",
+                        f"use one of {', '.join(SERVING_PRECISION)}")
+    quant, kv = SERVING_PRECISION[precision]
+    if kv:
+        assumptions.append(f"KV cache {kv} (quantised checkpoint's kv_cache_quant_algo)")
+    batch = raw.get("concurrency") or raw.get("max_batch")
+    if batch is None:
+        assumptions.append("batch: offline max-throughput (trtllm-bench)")
+    source = str(raw.get("source") or "")
+    engine = "vllm" if "vllm" in source.lower() else "trtllm"
+    dtype = "float16" if precision == "fp16" else "bfloat16"
+    infer = InferSpec(input_len=input_len, output_len=output_len,
+                      batch=int(batch) if batch else None, quant=quant, kv_dtype=kv,
+                      dtype=dtype)
+    config = dict(raw["model"]["hf_config"])
+    return InferenceCase(config=config, hardware=record.hardware, parallel=parallel,
+                         infer=infer, engine=engine, num_gpus=num_gpus,
+                         assumptions=tuple(assumptions))
