@@ -126,11 +126,10 @@ def emit_run(args: argparse.Namespace, report: Any, **objects: Any) -> bool:
     keys = ("step_time_s", "tokens_per_s_per_gpu", "mfu") if "step_time_s" in data else \
         ("ttft_ms", "tpot_ms", "output_tokens_per_s_per_gpu", "batch")
     predicted = {k: data.get(k) for k in keys}
-    layers = None
     ctx = _context(args)
-    if "layers" in ctx:
-        layers = ctx["layers"]
+    dims = ctx.get("dims")
     header = Header(model=str(args.model), hardware=str(data.get("hardware") or args.hw),
-                    predicted=predicted, layers=layers)
+                    predicted=predicted, layers=ctx.get("layers"),
+                    experts=None if dims is None else dims.experts)
     sys.stdout.write(emit(args.emit, RunRequest(**objects), header))
     return True

@@ -31,7 +31,7 @@ FRAMEWORKS: dict[str, tuple[Any, str, str, tuple[str, ...]]] = {
 }
 
 __all__ = ["FRAMEWORKS", "Header", "Imported", "RunRequest", "emit", "framework_of", "read",
-           "request_from_values"]
+           "read_text", "request_from_values"]
 
 #: suffixes that are some framework's config file, never a command line
 CONFIG_SUFFIXES = (".toml", ".json", ".yaml", ".yml")
@@ -55,7 +55,7 @@ def read(framework: str, source: str, context: Mapping[str, Any] | None = None) 
         the size arguments are checked against), ``num_gpus``, ``hardware``.
     :raises SpecError: a wrong file format, a value of the wrong type, a contradiction.
     """
-    module = framework_of(framework)
+    framework_of(framework)
     kinds = FRAMEWORKS[framework.lower()][3]
     path = Path(source)
     try:
@@ -80,11 +80,20 @@ def read(framework: str, source: str, context: Mapping[str, Any] | None = None) 
                         f"give the path of {FRAMEWORKS[framework.lower()][1]}")
     else:
         text = source
-    if kinds == ("args",) and not any(w.startswith("-") for w in text.split()):
+    return read_text(framework, text, context, where=where)
+
+
+def read_text(framework: str, text: str, context: Mapping[str, Any] | None = None, *,
+              where: str | None = None) -> Imported:
+    """Read ``text`` (the file's content, or the command line) as ``framework``'s config;
+    ``where`` names it in messages."""
+    module = framework_of(framework)
+    where = where or f"--from {framework}"
+    if FRAMEWORKS[framework.lower()][3] == ("args",) and \
+            not any(w.startswith("-") for w in text.split()):
         raise SpecError(f"{where}: no {framework} arguments found",
                         f"give {FRAMEWORKS[framework.lower()][1]}")
-    imported = module.read(text, where, dict(context or {}))
-    return imported
+    return module.read(text, where, dict(context or {}))
 
 
 def emit(framework: str, request: RunRequest, header: Header) -> str:

@@ -40,12 +40,16 @@ class RunRequest:
     def mode(self) -> str:
         return "train" if self.train is not None else "infer"
 
-    def normalized(self) -> RunRequest:
+    def normalized(self, moe: bool = True) -> RunRequest:
         """Resolved defaults, for comparing two requests that mean the same run: sequence
-        parallelism as the estimators resolve it, expert TP explicit, the world size."""
+        parallelism as the estimators resolve it, expert TP explicit, the world size; for a
+        model without routed experts (``moe`` false) the expert degrees, which it has no use
+        for, are dropped."""
         training = self.train is not None
-        p = evolve(self.parallel, sp=self.parallel.sequence_parallel(training),
-                   etp=self.parallel.expert_tp)
+        p = self.parallel
+        if not moe:
+            p = evolve(p, ep=1, etp=None)
+        p = evolve(p, sp=p.sequence_parallel(training), etp=p.expert_tp)
         split = self.stage_split
         if split == StageSplit():
             split = None
@@ -78,6 +82,9 @@ class Header:
     version: str = ""
     #: decoder layers of the model (torchtitan's ``pipeline_parallel_layers_per_stage``)
     layers: int | None = None
+    #: routed experts of the model; 0 for a dense model, whose expert degrees a writer
+    #: leaves out (None: not known, written as given)
+    experts: int | None = None
 
     def lines(self, tool: str) -> list[str]:
         from zrt_core import __version__
@@ -154,11 +161,12 @@ def dp_from_world(num_gpus: int, tp: int, pp: int, cp: int) -> int:
 def split_argv(text: str, where: str) -> list[str]:
     """Shell words of a command line or an arguments file (``#`` comments and line
     continuations dropped)."""
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")  # line continuations
     lex = shlex.shlex(text, posix=True, punctuation_chars=False)
     lex.whitespace_split = True
     lex.commenters = "#"
     try:
-        return [w for w in lex if w != "\\"]
+        return list(lex)
     except ValueError as exc:
         raise SpecError(f"{where}: cannot split into arguments ({exc})",
                         "quote each argument as a shell would") from None

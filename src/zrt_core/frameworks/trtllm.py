@@ -122,7 +122,11 @@ def write(request: RunRequest, header: Header) -> str:
     lines += [f"tensor_parallel_size: {p.tp}", f"pipeline_parallel_size: {p.pp}"]
     if p.cp > 1:
         lines.append(f"context_parallel_size: {p.cp}")
-    if p.ep > 1 or p.etp is not None:
+    if header.experts != 0 and (p.ep > 1 or p.etp is not None):
+        if p.ep * p.expert_tp != p.tp:
+            raise SpecError(f"TensorRT-LLM splits the experts over the tp ranks: ep × expert "
+                            f"tp = {p.ep} × {p.expert_tp} must be tp = {p.tp}",
+                            "choose ep × etp = tp")
         lines += [f"moe_expert_parallel_size: {p.ep}",
                   f"moe_tensor_parallel_size: {p.expert_tp}"]
     if infer.batch is not None:

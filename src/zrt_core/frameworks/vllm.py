@@ -9,6 +9,7 @@ Flags and defaults: vLLM's engine arguments (docs.vllm.ai, "Engine Arguments":
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,7 +80,7 @@ def write(request: RunRequest, header: Header) -> str:
                         "use cp 1 and vp 1, or --emit trtllm")
     args = [f"--tensor-parallel-size {p.tp}", f"--pipeline-parallel-size {p.pp}",
             f"--data-parallel-size {p.dp}"]
-    if p.ep > 1 or (p.etp is not None and p.etp != p.tp):
+    if header.experts != 0 and (p.ep > 1 or (p.etp is not None and p.etp != p.tp)):
         if p.ep != p.tp * p.dp or p.expert_tp != 1:
             raise SpecError(f"vLLM's expert parallelism spans tp × dp = {p.tp * p.dp} ranks "
                             f"with whole experts; ep={p.ep}, etp={p.expert_tp} is not it",
@@ -103,4 +104,4 @@ def write(request: RunRequest, header: Header) -> str:
     head += (f"# workload: input_len {infer.input_len}, output_len {infer.output_len} "
              "(the benchmark's dataset)\n")
     body = " \\\n    ".join(args)
-    return f"{head}vllm serve {header.model} \\\n    {body}\n"
+    return f"{head}vllm serve {shlex.quote(header.model)} \\\n    {body}\n"
