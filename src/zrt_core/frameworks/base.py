@@ -166,7 +166,7 @@ def split_argv(text: str, where: str) -> list[str]:
     lex.whitespace_split = True
     lex.commenters = "#"
     try:
-        return list(lex)
+        return [w for w in lex if w.strip()]  # '\\ ' before a newline: an empty word
     except ValueError as exc:
         raise SpecError(f"{where}: cannot split into arguments ({exc})",
                         "quote each argument as a shell would") from None

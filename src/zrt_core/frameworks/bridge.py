@@ -87,6 +87,17 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
                       ("--num_gpus", "num_gpus")):
         if flag in args:
             values[key] = as_int(args[flag], flag, where)
+    missing = [f for f in ("--tensor_model_parallel_size", "--pipeline_model_parallel_size",
+                           "--global_batch_size") if f not in args]
+    if missing:
+        # without them the layout is the recipe's table, which zrt does not read
+        raise SpecError(f"{where}: {', '.join(missing)} not given: the layout would be the "
+                        "recipe's own", "give -tp -pp -gb (and -cp -vp -ep -mb -sl); "
+                        "scripts/performance/dump_perf_configs.py prints a recipe's")
+    for flag, key in (("--context_parallel_size", "cp"), ("--micro_batch_size", "micro_batch"),
+                      ("--seq_length", "seq_len")):
+        if flag not in args:
+            notes.append(f"{flag} not given: zrt's {key} (the recipe's own is not read)")
     vp = args.get("--virtual_pipeline_model_parallel_size")
     if vp is not None and vp != "None" and vp != "-1":
         values["vp"] = as_int(vp, "--virtual_pipeline_model_parallel_size", where)

@@ -50,9 +50,17 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
         values["offload_optimizer"] = True
         if offload["device"] == "nvme":
             notes.append("offload_optimizer.device nvme: priced at the host link, as cpu")
-    micro = doc.get("train_micro_batch_size_per_gpu")
-    accum = doc.get("gradient_accumulation_steps")
-    total = doc.get("train_batch_size")
+    def given(key: str) -> Any:
+        # "auto": filled in by the HF Trainer / Accelerate from their own arguments
+        value = doc.get(key)
+        if value == "auto":
+            notes.append(f"{key} auto: zrt's flag (--micro-batch, --global-batch) instead")
+            return None
+        return value
+
+    micro = given("train_micro_batch_size_per_gpu")
+    accum = given("gradient_accumulation_steps")
+    total = given("train_batch_size")
     micro = None if micro is None else as_int(micro, "train_micro_batch_size_per_gpu", where)
     accum = None if accum is None else as_int(accum, "gradient_accumulation_steps", where)
     total = None if total is None else as_int(total, "train_batch_size", where)
@@ -73,21 +81,25 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
                         "train_batch_size, train_micro_batch_size_per_gpu and "
                         "gradient_accumulation_steps)", "or pass --num-gpus")
     dp = values["dp"]
-    # DeepSpeed's rule: the missing one of the three follows from the other two
-    if micro is None:
-        if total is None or accum is None:
-            micro = 1
-            notes.append("train_micro_batch_size_per_gpu not given: 1")
-        else:
-            micro = total // (accum * dp)
-    if total is None:
-        total = micro * (accum or 1) * dp
-    values["micro_batch"], values["global_batch"] = micro, total
-    bf16, fp16 = (as_bool((doc.get(k) or {}).get("enabled", False), f"{k}.enabled", where)
-                  for k in ("bf16", "fp16"))
-    if bf16 and fp16:
-        raise SpecError(f"{where}: bf16.enabled and fp16.enabled are both true", "keep one")
-    values["precision"] = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    # DeepSpeed's rule: the missing one of the three follows from the other two; what
+    # stays unknown is zrt's flag (--micro-batch, --global-batch)
+    if micro is None and total is not None and accum is not None:
+        micro = total // (accum * dp)
+    if total is None and micro is not None and accum is not None:
+        total = micro * accum * dp
+    if micro is not None:
+        values["micro_batch"] = micro
+    if total is not None:
+        values["global_batch"] = total
+    enabled = {k: (doc.get(k) or {}).get("enabled", False) for k in ("bf16", "fp16")}
+    if "auto" in enabled.values():
+        notes.append("bf16/fp16 enabled auto: zrt's --precision instead")
+    else:
+        bf16, fp16 = (as_bool(enabled[k], f"{k}.enabled", where) for k in ("bf16", "fp16"))
+        if bf16 and fp16:
+            raise SpecError(f"{where}: bf16.enabled and fp16.enabled are both true",
+                            "keep one")
+        values["precision"] = "bf16" if bf16 else "fp16" if fp16 else "fp32"
     opt = doc.get("optimizer")
     if isinstance(opt, dict) and "type" in opt:
         kind = str(opt["type"]).lower()

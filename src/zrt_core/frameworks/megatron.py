@@ -106,6 +106,9 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
                        "decoder_last_pipeline_num_layers")):
         if flag in args:
             values[key] = as_int(args[flag], flag, where)
+    for flag, key in (("--micro-batch-size", "micro_batch"), ("--seq-length", "seq_len")):
+        if flag not in args:  # Megatron-LM requires both; zrt takes its own flag's value
+            notes.append(f"{flag} not given: zrt's {key}")
     pp = values.get("pp", 1)
     if "--num-virtual-stages-per-pipeline-rank" in args:
         values["vp"] = as_int(args["--num-virtual-stages-per-pipeline-rank"],

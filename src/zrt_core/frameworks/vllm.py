@@ -53,6 +53,10 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
     if args.get("--enable-expert-parallel"):
         # vLLM's MoE layers then use EP over TP × DP ranks, experts whole on each rank
         values["ep"], values["etp"] = tp * dp, 1
+    elif dp > 1:
+        # without it "expert layers form a tensor parallel group of size DP × TP"
+        # (vLLM's Data Parallel Deployment page)
+        values["etp"] = tp * dp
     if "--max-num-seqs" in args:
         values["batch"] = as_int(args["--max-num-seqs"], "--max-num-seqs", where)
     else:
@@ -80,12 +84,17 @@ def write(request: RunRequest, header: Header) -> str:
                         "use cp 1 and vp 1, or --emit trtllm")
     args = [f"--tensor-parallel-size {p.tp}", f"--pipeline-parallel-size {p.pp}",
             f"--data-parallel-size {p.dp}"]
-    if header.experts != 0 and (p.ep > 1 or (p.etp is not None and p.etp != p.tp)):
+    if header.experts != 0 and p.ep > 1:
         if p.ep != p.tp * p.dp or p.expert_tp != 1:
             raise SpecError(f"vLLM's expert parallelism spans tp × dp = {p.tp * p.dp} ranks "
                             f"with whole experts; ep={p.ep}, etp={p.expert_tp} is not it",
                             f"use --ep {p.tp * p.dp} --etp 1, or ep 1")
         args.append("--enable-expert-parallel")
+    elif header.experts != 0 and p.etp is not None and p.expert_tp != p.tp * p.dp and \
+            not (p.dp == 1 and p.expert_tp == p.tp):
+        raise SpecError(f"vLLM without expert parallelism splits each expert over tp × dp = "
+                        f"{p.tp * p.dp} ranks; etp={p.expert_tp} is not it",
+                        f"use --etp {p.tp * p.dp}, or --ep {p.tp * p.dp} --etp 1")
     if infer.batch is not None:
         args.append(f"--max-num-seqs {infer.batch}")
     if infer.quant != "none":
