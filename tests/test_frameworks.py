@@ -215,6 +215,33 @@ def test_torchtitan_llama3_70b_preset(tmp_path: Path) -> None:
         read("torchtitan", str(path), {})
 
 
+def test_torchtitan_pipeline_micro_batches_and_interleaving() -> None:
+    # job_config.py: a rank's local batch is cut into pipeline micro-batches of
+    # pipeline_parallel_microbatch_size; pipeline_parallel_layers_per_stage sets the stages
+    got = read_text("torchtitan", """
+[training]
+local_batch_size = 32
+seq_len = 4096
+[parallelism]
+data_parallel_shard_degree = 2
+pipeline_parallel_degree = 4
+pipeline_parallel_microbatch_size = 2
+pipeline_parallel_schedule = "Interleaved1F1B"
+pipeline_parallel_layers_per_stage = 4
+[activation_checkpoint]
+mode = "none"
+""", {"layers": 32})
+    request = request_from_values(got.values)
+    p, t = request.parallel, request.train
+    # 32 layers / (4 layers per stage × pp 4) = vp 2; global 32 × dp 2 = 64 in micro-batches
+    # of 2: 16 per pipeline
+    assert (p.pp, p.vp, p.dp, t.micro_batch, t.global_batch) == (4, 2, 2, 2, 64)
+    assert (t.pp_schedule, t.num_microbatches(p)) == ("interleaved", 16)
+    text = emit("torchtitan", request, Header(model="m", hardware="nvidia_h100_sxm", layers=32))
+    back = request_from_values(read_text("torchtitan", text, {"layers": 32}).values)
+    assert back.normalized() == request.normalized()
+
+
 # DeepSpeed configs as the HuggingFace Trainer integration writes them ("auto" filled in by
 # the Trainer): khang119966/Vintern-1B-v3.5-Demo projects/llava_sam2/deepspeed_zero2_sam2.json
 DS_ZERO2_AUTO = {

@@ -1,8 +1,9 @@
 """torchtitan TOML job configs (``[parallelism]``, ``[training]``, ``[activation_checkpoint]``)
 read into ``zrt run --train``'s layout, and written back.
 
-Keys and defaults: pytorch/torchtitan ``torchtitan/config/job_config.py`` (@6404b93) and the
-preset ``torchtitan/models/llama3/train_configs/llama3_70b.toml`` (@038d5fd).
+Keys and defaults: pytorch/torchtitan ``torchtitan/config/job_config.py`` as of @238fa99 (the
+last commit before the TOML configs became Python dataclasses) and the preset
+``torchtitan/models/llama3/train_configs/llama3_70b.toml`` (@038d5fd).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ READ = {
                     "tensor_parallel_degree", "pipeline_parallel_degree",
                     "context_parallel_degree", "expert_parallel_degree",
                     "expert_tensor_parallel_degree", "pipeline_parallel_schedule",
-                    "pipeline_parallel_layers_per_stage"},
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param"},
     "activation_checkpoint": {"mode"},
     "model": {"converters"},
@@ -63,7 +64,8 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
     values: dict[str, Any] = {"mode": "train", "tp": tp, "pp": pp, "cp": cp, "ep": ep,
                               # torchtitan's TP plan shards norms along the sequence
                               "sp": tp > 1}
-    if "expert_tensor_parallel_degree" in par:
+    if ep > 1 or "expert_tensor_parallel_degree" in par:
+        # job_config: expert_tensor_parallel_degree defaults to 1 (experts whole on a rank)
         values["etp"] = num(par, "expert_tensor_parallel_degree", 1)
     if shard == -1:
         world = context.get("num_gpus")
@@ -92,9 +94,14 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
                             f"does not divide the {layers} layers", "fix one of them")
         values["vp"] = layers // (per * pp)
     elif values["pp_schedule"] in ("interleaved", "zb-h1", "zb-v", "dualpipev"):
-        values["vp"] = 2  # job_config: looped schedules default to two stages per rank
+        values["vp"] = 2
+        notes.append(f"{schedule} without pipeline_parallel_layers_per_stage: two stages "
+                     "per rank assumed (torchtitan infers them from the model)")
     local = num(tr, "local_batch_size", 8)  # job_config default 8
-    values["micro_batch"] = local
+    # a rank's local batch runs whole, or with pp > 1 in pipeline micro-batches of
+    # pipeline_parallel_microbatch_size (default 1)
+    values["micro_batch"] = local if pp == 1 else \
+        num(par, "pipeline_parallel_microbatch_size", 1)
     gb = as_int(tr.get("global_batch_size", -1), "global_batch_size", where, minimum=-1)
     values["global_batch"] = local * values["dp"] if gb == -1 else gb
     values["seq_len"] = num(tr, "seq_len", 2048)  # job_config default 2048
@@ -111,8 +118,9 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
     values["recompute"] = choice(mode, "activation_checkpoint.mode", where,
                                  {"none": "none", "selective": "selective", "full": "full"})
     if mode == "selective":
-        notes.append("activation_checkpoint.mode selective: priced as zrt's selective "
-                     "recompute (core attention)")
+        option = doc.get("activation_checkpoint", {}).get("selective_ac_option", "2")
+        notes.append(f"activation_checkpoint.mode selective (selective_ac_option {option}): "
+                     "priced as zrt's selective recompute (core attention)")
     name = doc.get("optimizer", {}).get("name", "AdamW")
     values["optimizer"] = choice(name, "optimizer.name", where, {"AdamW": "adamw", "Adam": "adam"})
     if "enable_async_tensor_parallel" in doc.get("compile", {}):
@@ -155,20 +163,22 @@ def write(request: RunRequest, header: Header) -> str:
     if split is not None and split != type(split)():
         raise SpecError("torchtitan has no uneven pipeline split argument zrt reads",
                         "drop the decoder-first/last or layout arguments")
+    local = train.micro_batch if p.pp == 1 else train.global_batch // p.dp
     lines = [f"# {line}" for line in header.lines("torchtitan job config")]
-    lines += ["", "[model]"]
     if precision[1]:
-        lines.append(f'converters = ["{precision[1]}"]')
+        lines += ["", "[model]", f'converters = ["{precision[1]}"]']
     lines += ["", "[optimizer]", f'name = "{optimizer}"', "", "[training]",
-              f"local_batch_size = {train.micro_batch}",
+              f"local_batch_size = {local}",
               f"global_batch_size = {train.global_batch}", f"seq_len = {train.seq_len}",
               f'mixed_precision_param = "{precision[0]}"', "", "[parallelism]",
               f"data_parallel_replicate_degree = {1 if train.fsdp else p.dp}",
               f"data_parallel_shard_degree = {p.dp if train.fsdp else 1}",
               f"tensor_parallel_degree = {p.tp}", f"pipeline_parallel_degree = {p.pp}",
               f"context_parallel_degree = {p.cp}", f"expert_parallel_degree = {p.ep}"]
-    if p.etp is not None:
-        lines.append(f"expert_tensor_parallel_degree = {p.etp}")
+    if p.pp > 1:
+        lines.append(f"pipeline_parallel_microbatch_size = {train.micro_batch}")
+    if p.ep > 1 or p.etp is not None:
+        lines.append(f"expert_tensor_parallel_degree = {p.expert_tp}")
     lines.append(f'pipeline_parallel_schedule = "{sched}"')
     if p.vp > 1:
         if not header.layers:
