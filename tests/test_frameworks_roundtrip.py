@@ -132,7 +132,7 @@ def test_a_sample_of_records_predicts_identically_after_the_round_trip(
                                               case.train.seq_len,
                                               capture_dtype(case.train.precision))
         after = estimate_case(evolve(case, parallel=back.parallel, train=back.train,
-                                     stage_split=back.stage_split or case.stage_split),
+                                     stage_split=back.normalized().stage_split or case.stage_split),
                               host=validator.host, captured=captured)
         assert after.step_time_s == before.step_time_s, record.id
         assert after.tokens_per_s_per_gpu == before.tokens_per_s_per_gpu, record.id
