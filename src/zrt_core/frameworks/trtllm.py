@@ -47,8 +47,8 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
     tp, pp, cp = num("tensor_parallel_size", 1), num("pipeline_parallel_size", 1), \
         num("context_parallel_size", 1)
     ep, etp = num("moe_expert_parallel_size", None), num("moe_tensor_parallel_size", None)
-    # TensorRT-LLM's Mapping: moe_tp × moe_ep = tp; with neither given experts are
-    # tensor-parallel (moe_tp = tp, moe_ep = 1)
+    # TensorRT-LLM's Mapping (tensorrt_llm/mapping.py): with neither given moe_tp = tp and
+    # moe_ep = 1; with one given the other is tp / it (tp × cp under ring CP, not modelled)
     if ep is None and etp is not None:
         ep = _whole(tp, etp, "moe_tensor_parallel_size", where)
     if ep is not None and etp is None:
