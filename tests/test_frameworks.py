@@ -405,3 +405,20 @@ def test_writers_refuse_what_their_framework_cannot_say() -> None:
         emit("trtllm", train, header)
     with pytest.raises(SpecError, match="writes a training run"):
         emit("megatron", serve, header)
+
+
+@pytest.mark.parametrize("framework", ["megatron", "bridge"])
+@pytest.mark.parametrize("split", [
+    {"decoder_first_pipeline_num_layers": 3, "decoder_last_pipeline_num_layers": 5},
+    {"pipeline_model_parallel_layout": "Et|(tt|)*3,t|tL"},
+    {"embedding_loss_stages": True},
+])
+def test_pipeline_splits_round_trip(framework: str, split: dict) -> None:
+    # Megatron's uneven split, its layout string (quoted: | and * are shell characters) and
+    # the embedding/loss accounting, as Megatron-LM arguments and as Bridge overrides
+    request = request_from_values({"pp": 4, "dp": 2, "tp": 2, "micro_batch": 1,
+                                   "global_batch": 64, **split})
+    text = emit(framework, request, Header(model="m", hardware="nvidia_h100_sxm"))
+    back = request_from_values(read_text(framework, text).values)
+    assert back.stage_split == request.stage_split
+    assert back.normalized() == request.normalized()
