@@ -103,6 +103,9 @@ def register(sub: Any) -> None:
     for name, (add_arguments, _run) in MODES.items():
         del name
         add_arguments(p)
+    from zrt_core.cli.run_frameworks import add_framework_args
+
+    add_framework_args(p)
     p.add_argument("--out", metavar="DIR",
                    help="write report.html, report.json and trace.json here")
     p.add_argument("--no-cache", action="store_true",
@@ -112,6 +115,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from zrt_core.cli.run_frameworks import apply_from
+
+    apply_from(args)
     mode = args.mode or DEFAULT_MODE
     entry = MODES.get(mode)
     if entry is None:
@@ -139,7 +145,8 @@ def run_infer(args: argparse.Namespace) -> int:
     if kv is None and args.quant in ("fp8", "fp4"):
         kv = "fp8"
     infer = InferSpec(input_len=args.input_len, output_len=args.output_len,
-                      batch=args.batch, quant=args.quant, kv_dtype=kv)
+                      batch=args.batch, quant=args.quant, kv_dtype=kv,
+                      dtype=getattr(args, "dtype", None) or "bfloat16")
     parallel = parallel_from_args(args)
     # the config's numbers and the layout, before the estimator (and torch) is imported
     config, where = raw_config(args.model, host)
@@ -150,6 +157,10 @@ def run_infer(args: argparse.Namespace) -> int:
                                 engine=args.engine,
                                 use_cache=False if args.no_cache else None)
     written = write_outputs(report, args.out) if args.out else []
+    from zrt_core.cli.run_frameworks import emit_run
+
+    if emit_run(args, report, parallel=parallel, infer=infer, engine=args.engine):
+        return 0
     if args.json:
         data = report.to_json()
         if written:

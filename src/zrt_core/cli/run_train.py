@@ -114,6 +114,11 @@ def run_train(args: argparse.Namespace) -> int:
                                stage_split=stage_split,
                                use_cache=False if args.no_cache else None)
     written = write_training_outputs(report, args.out) if args.out else []
+    from zrt_core.cli.run_frameworks import emit_run
+
+    if emit_run(args, report, parallel=parallel, train=train, stage_split=stage_split,
+                num_gpus=args.num_gpus):
+        return 0
     if args.json:
         data = report.to_json()
         if written:
