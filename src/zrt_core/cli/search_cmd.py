@@ -256,9 +256,12 @@ def print_search(result: Any) -> None:
     con.print(f"{result.model} on {result.hardware}: {result.enumerated:,} layouts "
               f"enumerated, {result.evaluated:,} estimated in {result.elapsed_s:.1f} s"
               + (" (interrupted: partial results)" if result.partial else ""))
-    con.print(table("removed", ("rule or limit", "layouts"),
-                    sorted(result.rejected.items(), key=lambda kv: -kv[1]),
-                    justify=("left", "right")))
+    if result.rejected:
+        con.print(table("removed", ("rule or limit", "layouts"),
+                        sorted(result.rejected.items(), key=lambda kv: -kv[1]),
+                        justify=("left", "right")))
+    else:
+        con.print("removed: none (every enumerated layout is valid and fits)")
     top = [result.rows[i] for i in result.ranking[:result.top_k]]
     what = "tokens/s per GPU" if train else "output tokens/s per GPU within the targets"
     con.print(_rows_table(f"top {len(top)} by {what}", top, cols))
@@ -278,6 +281,18 @@ def print_search(result: Any) -> None:
                   f"{r['dp']} {r['quant']} batch {r['batch']}")
     elif "rate" in result.extra:
         con.print("no layout meets the targets, so no GPU count sustains the rate")
+    split = result.extra.get("disaggregated")
+    if split:
+        p, d = split["prefill"], split["decode"]
+        con.print(f"disaggregated: {split['prefill_workers']} prefill × (tp {p['tp']} dp "
+                  f"{p['dp']} {p['quant']} batch {p['batch']}) + {split['decode_workers']} "
+                  f"decode × (tp {d['tp']} dp {d['dp']} {d['quant']} batch {d['batch']}) on "
+                  f"{split['gpus']} GPUs: {split['output_tokens_per_s_per_gpu']:,.1f} output "
+                  f"tokens/s per GPU, TTFT {split['ttft_ms']:.1f} ms (KV transfer "
+                  f"{split['kv_transfer_ms']:.2f} ms), TPOT {split['tpot_ms']:.2f} ms"
+                  + (f"; {result.extra['disaggregated_over_aggregated']:.2f}× the best "
+                     "aggregated layout" if "disaggregated_over_aggregated" in result.extra
+                     else ""))
     report = result.winner_report_object
     if report is not None:
         con.print("the winner's report:")

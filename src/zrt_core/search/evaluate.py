@@ -138,7 +138,8 @@ class ServeEvaluator:
         mem = r.memory
         prefill, decode = r.prefill, r.decode
         out.update({
-            "batch": r.batch, "mode": r.mode,
+            # the batch the engine runs ("batch" stays the one asked for: a number or max)
+            "running_batch": r.batch, "mode": r.mode,
             "ttft_ms": r.ttft_s * 1e3, "tpot_ms": r.tpot_s * 1e3,
             # one user's decode speed: a token every TPOT
             "tokens_per_s_per_user": 1.0 / r.tpot_s if r.tpot_s > 0 else 0.0,

@@ -153,6 +153,15 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         gpus_front = _gpus_front(kept, ranking) if len(space.gpus) > 1 else []
     else:
         ranking, front, extra = _rank_serving(kept, ttft_ms, tpot_ms, rate)
+        from zrt_core.search.disagg import disaggregated
+
+        split = disaggregated(kept, hw, space.output_len, ttft_ms=ttft_ms, tpot_ms=tpot_ms)
+        extra["disaggregated"] = split
+        if split and ranking:
+            # disaggregated over aggregated, output tokens/s per GPU (> 1: split wins)
+            extra["disaggregated_over_aggregated"] = (
+                split["output_tokens_per_s_per_gpu"]
+                / kept[ranking[0]]["output_tokens_per_s_per_gpu"])
         gpus_front = []
         latency = sum(1 for r in kept if r["fits"] and not r["meets_targets"])
         if latency:
