@@ -100,6 +100,7 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
     from zrt_core.plugins import get_plugin_manager
 
     started = time.perf_counter()
+    model = _plain(model)  # a read-only config mapping cannot go to worker processes
     host = host or get_plugin_manager()
     hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
     config, where = _config(model, host)
@@ -184,6 +185,17 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         winner_report=winner_report, winner_spec=winner_spec,
         winner_report_object=winner_object, extra=extra,
         elapsed_s=time.perf_counter() - started, partial=partial, top_k=top_k)
+
+
+def _plain(value: Any) -> Any:
+    """Mappings (read-only ones included) as dicts, recursively; anything else as is."""
+    from collections.abc import Mapping
+
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 def _jsonable(data: Any) -> Any:

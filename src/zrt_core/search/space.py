@@ -297,7 +297,8 @@ def _train_degrees(space: TrainSpace, dims: ModelDims, n: int
     return (_degrees(space.tp, space.max_tp or DEFAULT_MAX_TP),
             _degrees(space.cp, space.max_cp or DEFAULT_MAX_CP),
             _degrees(space.pp, min(space.max_pp or dims.layers, dims.layers, n)),
-            _degrees(space.vp, space.max_vp or DEFAULT_MAX_VP))
+            # any vp whose stages split the layers (Megatron's 70B recipes run vp 5)
+            space.vp or tuple(range(1, (space.max_vp or DEFAULT_MAX_VP) + 1)))
 
 
 def train_space_size(space: TrainSpace, dims: ModelDims) -> int:
