@@ -234,3 +234,16 @@ def test_ray_runs_give_the_serial_result(model_dir: Path,
     ray = _json(capsys, "search", str(model_dir), "--hw", "h100", *TRAIN, "--ray", "--json")
     for key in ("evaluated", "rejected", "results", "pareto"):
         assert serial[key] == ray[key], key
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_tables_for_people(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", str(model_dir), "--hw", "h100", *TRAIN, "--top-k", "2"]) == 0
+    out = capsys.readouterr().out
+    # 8 layouts, none removed; the top 2, the front, the winner's zrt run --train report
+    assert "8 layouts enumerated, 8 estimated" in out
+    assert "removed: none" in out and "top 2 by tokens/s per GPU" in out
+    assert "Pareto front" in out and "the winner's report:" in out and "training step" in out
+    assert main(["search", str(model_dir), "--hw", "h100", *SERVE, "--rate", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "5 requests/s:" in out and "disaggregated:" in out

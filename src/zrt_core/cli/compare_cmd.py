@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
                      _f(r["normalised_throughput"], 3), _f(r["joules_per_token"]),
                      _f(r["price_per_gpu_hour_usd"]), _f(r["usd_per_million_tokens"]),
                      *tail))
+    if not any(r.get("group") for r in result.results):  # a plain --hw list: no groups
+        head, rows = head[1:], [row[1:] for row in rows]
     con.print(table(f"zrt compare: {result.model}", head, rows))
     for path in written:
         con.print(f"wrote {path}")
