@@ -247,3 +247,14 @@ def test_tables_for_people(model_dir: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["search", str(model_dir), "--hw", "h100", *SERVE, "--rate", "5"]) == 0
     out = capsys.readouterr().out
     assert "5 requests/s:" in out and "disaggregated:" in out
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_targets_no_layout_meets_is_one_line(model_dir: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # a TPOT of a picosecond: the 4 valid layouts all fit and all miss it (4 more removed by
+    # the gpus rule: a tie goes to the later hurdle, the targets)
+    err = _error(capsys, "search", str(model_dir), "--hw", "h100", *SERVE, "--tpot-ms",
+                 "1e-9")
+    assert "the rule 'latency_targets'" in err and "removed 4 of 8" in err
+    assert "relax --ttft-ms/--tpot-ms" in err

@@ -168,9 +168,9 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         if latency:
             rejected["latency_targets"] = latency
     if not ranking and not partial:
-        raise no_layout_error(removed, rules, memory=memory) if memory or not kept else \
-            no_layout_error(Counter({"latency_targets": len(kept)}),
-                            (("latency_targets", "TTFT/TPOT within the targets"),))
+        # every layout removed: by a rule, the estimator's checks, memory or the targets
+        raise no_layout_error(rejected, (*rules, (
+            "latency_targets", "TTFT and TPOT within --ttft-ms and --tpot-ms")))
     winner_report = winner_object = winner_spec = None
     if ranking:
         best = kept_cands[ranking[0]]

@@ -366,12 +366,18 @@ def no_layout_error(removed: Counter[str], rules: tuple[tuple[str, str], ...],
         counts["memory"] = memory
     if not counts:
         return LayoutError("the search space is empty", "widen the filters")
-    rule, count = counts.most_common(1)[0]
+    # the most candidates; a tie goes to the later hurdle (targets, then memory, then the
+    # estimator's checks), which the layouts passing every rule before it still met
+    stage = {"latency_targets": 3, "memory": 2}
+    rule, count = max(counts.items(), key=lambda kv: (
+        kv[1], stage.get(kv[0], 1 if kv[0].startswith("estimator") else 0)))
     what = dict(rules).get(rule, "the layout does not fit in device memory")
     hint = {"memory": "add GPUs, allow recompute/fsdp, or a smaller micro-batch",
             "gpus": "choose a GPU count the degrees divide (e.g. a power of two)",
             "batch": "choose a global batch that is a multiple of micro-batch × dp",
-            "pipeline_fill": "raise the global batch or allow smaller pp"}.get(
+            "pipeline_fill": "raise the global batch or allow smaller pp",
+            "latency_targets": "relax --ttft-ms/--tpot-ms, or allow more GPUs or "
+                               "quantization"}.get(
         rule, "relax the filters on that dimension")
     return LayoutError(f"no valid layout: the rule '{rule}' ({what}) removed {count} of "
                        f"{sum(counts.values())} candidates", hint)
