@@ -258,3 +258,17 @@ def test_targets_no_layout_meets_is_one_line(model_dir: Path,
                  "1e-9")
     assert "the rule 'latency_targets'" in err and "removed 4 of 8" in err
     assert "relax --ttft-ms/--tpot-ms" in err
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_strategy_families(model_dir: Path, tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    d = _json(capsys, "search", str(model_dir), "--hw", "h100", "--train", "--gpus", "8",
+              "--global-batch", "16", "--seq-len", "64", "--strategies", "--out",
+              str(tmp_path), "--json")
+    rows = {r["strategy"]: r for r in d["strategies"]}
+    assert list(rows) == ["DDP", "FSDP", "TP", "SP", "PP", "EP", "3D"]
+    assert "error" in rows["EP"]
+    # FSDP shards what DDP replicates: less memory per device
+    assert rows["FSDP"]["memory_gib"] < rows["DDP"]["memory_gib"]
+    assert "Step time" in (tmp_path / "search.html").read_text()

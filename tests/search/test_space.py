@@ -132,3 +132,18 @@ def test_no_layout_names_the_rule_that_removed_most() -> None:
     assert "the rule 'batch' (b) removed 9 of 14 candidates" in str(err)
     err = no_layout_error(Counter({"gpus": 5}), (("gpus", "g"),), memory=7)
     assert "'memory'" in str(err) and "removed 7 of 12" in str(err)
+
+
+def test_parallelism_families(dims: ModelDims) -> None:
+    from zrt_core.search.strategies import family_layouts
+
+    fam = family_layouts(dims, 8, 16, 8)
+    # 4 heads: TP's largest degree is 4 (8 does not divide the heads), dp 8 / 4 = 2
+    assert fam["TP"][0].tp == 4 and fam["TP"][0].dp == 2 and fam["TP"][0].sp is False
+    assert fam["SP"][0].sp is True
+    # PP: 4 layers, 16 sequences over dp 2 leave 8 ≥ 4 micro-batches: pp 4
+    assert (fam["PP"][0].pp, fam["PP"][0].dp) == (4, 2)
+    # 3D: tp 2 (8 / 2 = 4 GPUs left for pp 2 × dp 2)
+    assert (fam["3D"][0].tp, fam["3D"][0].pp, fam["3D"][0].dp) == (2, 2, 2)
+    assert fam["DDP"] == (fam["DDP"][0], "zero0") and fam["FSDP"][1] == "fsdp"
+    assert fam["EP"] == "a dense model has no experts"

@@ -121,6 +121,9 @@ def register(sub: Any) -> None:
     p.add_argument("model", metavar="MODEL", help="bundled name, config.json or directory")
     p.add_argument("--hw", required=True, metavar="ID", help="hardware id (zrt hw list)")
     add_space_args(p)
+    p.add_argument("--strategies", action="store_true",
+                   help="with --train: the named families (DDP, FSDP, TP, SP, PP, EP, 3D) "
+                        "side by side for one GPU count instead of a search")
     p.set_defaults(func=run, mode=None)
 
 
@@ -199,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
     from zrt_core.search import search
 
     args.mode = args.mode or "infer"
+    if args.strategies:
+        return run_strategies(args)
     space = space_from_args(args)
     with progress_bar(True) as update:
         result = search(args.model, args.hw, space, progress=update, **search_options(args))
@@ -217,6 +222,48 @@ def run(args: argparse.Namespace) -> int:
     print_search(result)
     for path in written:
         console().print(f"wrote {path}")
+    return 0
+
+
+def run_strategies(args: argparse.Namespace) -> int:
+    from zrt_core.search.strategies import compare_strategies
+
+    if args.mode != "train" or args.global_batch is None or len(args.gpus) != 1:
+        raise SpecError("--strategies compares training layouts for one GPU count",
+                        "use --train --gpus N --global-batch G")
+    rows = compare_strategies(args.model, args.hw, args.gpus[0], args.global_batch,
+                              args.seq_len, micro_batch=args.micro_batch[0],
+                              recompute=args.recompute[0], precision=args.precision[0],
+                              use_cache=False if args.no_cache else None)
+    written = []
+    if args.out:
+        from zrt_core.cli._output import out_dir
+        from zrt_core.search.outputs import write_strategy_outputs
+
+        written = write_strategy_outputs(rows, out_dir(args.out),
+                                         f"zrt search --strategies: {args.model}")
+    if args.json:
+        data: dict[str, Any] = {"strategies": rows}
+        if written:
+            data["files"] = [str(p) for p in written]
+        print_json(data)
+        return 0
+    body = []
+    for r in rows:
+        if "error" in r:
+            body.append((r["strategy"], r["error"], "", "", "", "", ""))
+            continue
+        layout = (f"tp{r['tp']} pp{r['pp']} ep{r['ep']} dp{r['dp']}"
+                  f"{' sp' if r.get('sp') else ''} {r['sharding']}")
+        body.append((r["strategy"], layout, _f(r["step_time_s"]),
+                     _f(r["tokens_per_s_per_gpu"]), _f(r["mfu"]), _f(r["memory_gib"]),
+                     "yes" if r["fits"] else "no"))
+    con = console()
+    con.print(table(f"parallelism families on {args.gpus[0]} × {args.hw}",
+                    ("family", "layout", "step s", "tok/s/GPU", "MFU", "GiB/dev", "fits"),
+                    body))
+    for path in written:
+        con.print(f"wrote {path}")
     return 0
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 #: Columns first in every table, in this order; the other fields follow alphabetically.
-LEAD = ("hardware", "gpus", "tp", "pp", "vp", "cp", "ep", "etp", "dp", "micro_batch",
+LEAD = ("strategy", "hardware", "gpus", "tp", "pp", "vp", "cp", "ep", "etp", "dp", "micro_batch",
         "recompute", "sharding", "pp_schedule", "precision", "quant", "batch", "fits",
         "meets_targets", "step_time_s", "tokens_per_s_per_gpu", "mfu", "memory_gib",
         "ttft_ms", "tpot_ms", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user")
@@ -146,3 +146,29 @@ def _scatter(rows: Sequence[Mapping[str, Any]], pareto: Sequence[Mapping[str, An
     ax.legend(fontsize=8)
     fig.tight_layout()
     return figure_svg(fig)
+
+
+def write_strategy_outputs(rows: Sequence[Mapping[str, Any]], out: str | Path,
+                           title: str) -> list[Path]:
+    """``results.csv``, ``results.xlsx`` and ``search.html`` (time, memory and throughput
+    bars) of :func:`zrt_core.search.strategies.compare_strategies`."""
+    from zrt_core.reports.html import Section, bar_figure, page, table_html
+
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [write_csv(rows, directory / "results.csv"),
+             write_xlsx({"strategies": rows}, directory / "results.xlsx")]
+    ok = [r for r in rows if "error" not in r]
+    sections = [Section(what, bar_figure({r["strategy"]: float(r[key] or 0.0) for r in ok},
+                                         unit=unit, title=what))
+                for what, key, unit in (("Step time", "step_time_s", "s"),
+                                        ("Memory per device", "memory_gib", "GiB"),
+                                        ("Throughput", "tokens_per_s_per_gpu",
+                                         "tokens/s per GPU")) if ok]
+    cols = columns(rows)
+    sections.append(Section("Layouts", table_html(cols, [[_cell(r.get(c)) for c in cols]
+                                                         for r in rows])))
+    path = directory / "search.html"
+    path.write_text(page(title, sections), encoding="utf-8")
+    files.append(path)
+    return files
