@@ -26,11 +26,12 @@ RESULT = re.compile(r"^RESULT (?P<script>\S+): (?P<what>.+?) = (?P<value>\S+) (?
                     r"(?P<verdict>PASS|MISS)$")
 #: Scripts that take the validation file as their first argument.
 TAKES_FILE = {"bench_validate", "bench_train_validation", "bench_infer_validation",
-              "bench_crossval"}
+              "bench_crossval", "bench_search_quality"}
 #: Scripts left out of a run unless ``--only`` names them: the cross-validated calibration
 #: (every record at every searched parameter value, after a cold capture of all of them)
-#: takes longer than the rest of the session together (docs/benchmarks.md).
-NOT_BY_DEFAULT = {"bench_crossval"}
+#: takes longer than the rest of the session together (docs/benchmarks.md); so does the
+#: search-quality check (a layout search per Megatron-Bridge record, docs/search.md).
+NOT_BY_DEFAULT = {"bench_crossval", "bench_search_quality"}
 
 
 def main(argv: list[str] | None = None) -> int:

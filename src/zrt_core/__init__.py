@@ -15,7 +15,8 @@ from zrt_core.plugins import get_plugin_manager, hookimpl
 
 __version__ = "0.1.0"
 
-__all__ = ["ZrtError", "__version__", "capture", "get_plugin_manager", "hookimpl"]
+__all__ = ["ZrtError", "__version__", "capture", "compare", "get_plugin_manager", "hookimpl",
+           "search"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +24,12 @@ def __getattr__(name: str) -> Any:
         from zrt_core.capture.api import capture
 
         return capture
+    if name == "compare":  # zrt_core.search is a callable package: search(...) itself
+        from zrt_core.search import compare
+
+        return compare
+    if name == "search":
+        import importlib
+
+        return importlib.import_module("zrt_core.search")
     raise AttributeError(f"module 'zrt_core' has no attribute {name!r}")

@@ -25,6 +25,8 @@ COMMANDS = (
     "zrt_core.cli.run_cmd",
     "zrt_core.cli.estimate_cmd",
     "zrt_core.cli.validate_cmd",
+    "zrt_core.cli.search_cmd",
+    "zrt_core.cli.compare_cmd",
 )
 
 

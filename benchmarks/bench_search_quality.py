@@ -1,0 +1,123 @@
+"""Is the search right? For each training record whose layout its publisher tuned
+(Megatron-Bridge's recipes), search the record's model, machine, GPU count, batch, sequence
+and precision, and report where the published layout falls in zrt's ranking and how far
+zrt's best is predicted above it.
+
+    python benchmarks/bench_search_quality.py [public.yaml] [--only SUBSTR] [--max-gpus 64]
+        [--dense-only] [--workers 1]
+
+The space around each record: tp ∈ {1, 2, 4, 8}, pp ∈ {1, 2, 4, 8}, cp ∈ {1, 2}, vp ∈
+{1, 2, 4} and micro-batch ∈ {1, 2}, each with the published value added; ZeRO-1 and FSDP
+plus the published sharding; the published recompute and precision; 1F1B and interleaved.
+Every candidate is estimated with the search's defaults (not the record's overlap or
+kernel options), the published layout included, so the ranking is like for like. Prints
+one line per record and a ``RESULT`` line: the median percentile of the published layouts
+(0% = zrt ranks it first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from _bench import VALIDATION, result
+
+#: The published layout should rank in the best fifth of zrt's ranking (median over the
+#: records); an aim, not a fitted number.
+PERCENTILE_TARGET = 20.0
+
+
+def _with(values: tuple[int, ...], extra: int) -> tuple[int, ...]:
+    return tuple(sorted({*values, extra}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file", nargs="?", type=Path, default=VALIDATION)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--max-gpus", type=int, default=64)
+    ap.add_argument("--dense-only", action="store_true")
+    ap.add_argument("--workers", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    from zrt_core.errors import ZrtError
+    from zrt_core.estimate.training import case_from_record
+    from zrt_core.modelinfo import ModelDims
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.search import TrainSpace, search
+    from zrt_core.search.space import SHARDING
+
+    host = get_plugin_manager()
+    records = yaml.safe_load(args.file.read_text(encoding="utf-8"))
+    chosen = [r for r in records if r.get("workload") == "train"
+              and str(r.get("source", "")).startswith("NVIDIA Megatron-Bridge")
+              and r["num_gpus"] <= args.max_gpus
+              and (args.only is None or args.only in r["id"])]
+    percentiles: list[float] = []
+    for rec in chosen:
+        try:
+            case = case_from_record(rec)
+        except ZrtError as exc:
+            print(f"{rec['id']}: not read ({exc})")
+            continue
+        if case.layout_search:
+            continue
+        dims = ModelDims.from_config(case.config)
+        if args.dense_only and dims.is_moe:
+            continue
+        p, t = case.parallel, case.train
+        sharding = next((k for k, v in SHARDING.items() if v == (t.zero, t.fsdp)), "zero1")
+        space = TrainSpace(
+            gpus=(case.num_gpus,), global_batch=t.global_batch, seq_len=t.seq_len,
+            tp=_with((1, 2, 4, 8), p.tp), pp=_with((1, 2, 4, 8), p.pp),
+            cp=_with((1, 2), p.cp), vp=_with((1, 2, 4), p.vp),
+            ep=_with((1, 8), p.ep) if dims.is_moe else (1,),
+            micro_batch=_with((1, 2), t.micro_batch), recompute=(t.recompute,),
+            sharding=tuple(dict.fromkeys(("zero1", "fsdp", sharding))),
+            pp_schedule=("1f1b", "interleaved"), precision=(t.precision,),
+            max_tp=max(8, p.tp), max_pp=max(8, p.pp))
+        started = time.perf_counter()
+        try:
+            res = search(case.config, case.hardware, space, host=host, workers=args.workers,
+                         full_report=False)
+        except ZrtError as exc:
+            print(f"{rec['id']}: search failed ({exc})")
+            continue
+        wanted = {"tp": p.tp, "pp": p.pp, "vp": p.vp, "cp": p.cp, "ep": p.ep, "dp": p.dp,
+                  "micro_batch": t.micro_batch, "sharding": sharding}
+        ranked = [res.rows[i] for i in res.ranking]
+        hits = [k for k, r in enumerate(ranked) if all(r[f] == v for f, v in wanted.items())
+                and r["pp_schedule"] == ("interleaved" if p.vp > 1 else "1f1b")]
+        took = time.perf_counter() - started
+        if not hits:
+            row = next((r for r in res.rows if all(r[f] == v for f, v in wanted.items())),
+                       None)
+            why = ("does not fit in zrt's memory estimate" if row is not None
+                   else "removed by a rule (not estimated)")
+            print(f"{rec['id']}: published layout {wanted} {why}; {len(ranked)} ranked, "
+                  f"{took:.0f} s")
+            continue
+        k = hits[0]
+        pct = 100.0 * k / len(ranked)
+        percentiles.append(pct)
+        best, pub = ranked[0], ranked[k]
+        gap = best["tokens_per_s_per_gpu"] / pub["tokens_per_s_per_gpu"] - 1
+        measured = rec["measured"].get("tokens_per_s_per_gpu")
+        print(f"{rec['id']}: published layout ranked {k + 1} of {len(ranked)} "
+              f"({pct:.0f}th percentile); zrt's best tp{best['tp']} pp{best['pp']} "
+              f"vp{best['vp']} cp{best['cp']} ep{best['ep']} dp{best['dp']} "
+              f"mb{best['micro_batch']} {best['sharding']} predicted {gap:+.1%} above it"
+              + (f"; measured {measured:,.0f}, predicted {pub['tokens_per_s_per_gpu']:,.0f} "
+                 "tokens/s/GPU for the published layout" if measured else "")
+              + f" ({took:.0f} s)", flush=True)
+    result("median percentile of the published layout in zrt's ranking",
+           statistics.median(percentiles) if percentiles else None, PERCENTILE_TARGET, "%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
