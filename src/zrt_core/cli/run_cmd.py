@@ -80,7 +80,8 @@ def register(sub: Any) -> None:
     p.add_argument("model", metavar="MODEL",
                    help="bundled name (zrt models), config.json or its directory, or a "
                         "HuggingFace id in the local cache")
-    p.add_argument("--hw", required=True, metavar="ID", help="hardware id (zrt hw list)")
+    p.add_argument("--hw", required=True, metavar="ID",
+                   help="hardware id (zrt hw list) or a pack YAML (zrt calibrate -o FILE.yaml)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--infer", dest="mode", action="store_const", const="infer",
                       help="predict serving (the default)")

@@ -1,0 +1,262 @@
+"""``zrt calibrate``: measure a device's GEMM throughput per dtype, memory bandwidth, launch
+overhead and GEMM efficiency curve, and write them as a hardware-pack YAML.
+
+Every number in the pack is fitted by code from timings taken here (docs/profile.md):
+
+* GEMM: square-ish GEMMs ``m × n × k`` over a grid; per dtype the time is fitted as
+  ``t = c + F/P + F·k0/(P·k)`` — a fixed cost ``c``, the rate ``P`` and a K-loop overhead
+  ``k0`` (the roofline's ``k/(k + k0)`` factor, docs/cost-model.md) — by least squares on
+  relative error. ``P`` is written as the dtype's peak and ``efficiency.matmul`` is 1.
+* memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats.
+* launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
+* vector: an elementwise ``mul`` on a cache-resident tensor, as FLOP/s over the fp32 peak.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import field, frozen
+
+from zrt_core.errors import InternalError
+from zrt_core.profile.device import TORCH_DTYPES, Device, time_call
+
+DEFAULT_SIZES = (64, 128, 256, 512, 1024)
+DEFAULT_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@frozen
+class GemmPoint:
+    """One timed GEMM."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    time_s: float
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+@frozen
+class GemmFit:
+    """``t = fixed_s + F/rate + F·k0/(rate·k)`` for one dtype."""
+
+    dtype: str
+    rate_flops: float
+    k0: float
+    fixed_s: float
+    rms_rel_error: float
+
+
+@frozen
+class Calibration:
+    """What ``zrt calibrate`` measured on one device."""
+
+    device: Device
+    gemm: tuple[GemmPoint, ...] = field(converter=tuple)
+    fits: tuple[GemmFit, ...] = field(converter=tuple)
+    memory_gb_per_s: float
+    launch_overhead_us: float
+    vector_flops: float
+    capacity_gb: float
+    date: str
+
+    def fit(self, dtype: str) -> GemmFit:
+        return next(f for f in self.fits if f.dtype == dtype)
+
+    def hardware_id(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "_", self.device.name.lower()).strip("_")[:40]
+        return f"measured_{self.device.kind}_{slug or 'device'}"
+
+    def to_pack(self, hw_id: str | None = None) -> dict[str, Any]:
+        """The hardware-pack mapping (``HardwareSpec.from_mapping`` reads it)."""
+        fp32 = self.fit("fp32")
+        compute: dict[str, float | None] = {}
+        for f in self.fits:
+            compute[f.dtype] = _sig(f.rate_flops / 1e12)
+        # a dtype not measured is priced at the fp32 rate (hardware.py requires bf16 and fp16)
+        for key in ("bf16", "fp16"):
+            compute.setdefault(key, compute["fp32"])
+        launch = self.launch_overhead_us
+        eff = {
+            "matmul": 1.0,
+            "memory": 1.0,
+            "attention": 1.0,
+            # elementwise FLOP rate over the fp32 GEMM rate (capped at 1: a fraction)
+            "vector": _sig(min(1.0, self.vector_flops / fp32.rate_flops)),
+            "launch_overhead_us": _sig(launch),
+            # a GEMM's fixed cost beyond the dispatch every op pays
+            "matmul_overhead_us": _sig(max(0.0, fp32.fixed_s * 1e6 - launch)),
+            "matmul_k_overhead": max(1, round(fp32.k0)),
+            # one tile per output element: no padding or wave loss on a CPU core
+            "matmul_tile_m": 1 if self.device.kind == "cpu" else 128,
+            "matmul_tile_n": 1 if self.device.kind == "cpu" else 128,
+            "attention_kv_overhead": 1 if self.device.kind == "cpu" else 256,
+        }
+        return {
+            "id": hw_id or self.hardware_id(),
+            "name": f"{self.device.name} (measured, {self.device.kind}"
+                    + (f", {self.device.threads} thread{'s' * (self.device.threads > 1)})"
+                       if self.device.kind == "cpu" else ")"),
+            "vendor": "measured",
+            "source": (f"zrt calibrate on {self.date}: torch {self.device.to_json()['torch']}"
+                       f", {len(self.gemm)} GEMMs, fit RMS "
+                       + ", ".join(f"{f.dtype} {f.rms_rel_error:.1%}" for f in self.fits)),
+            "compute": compute,
+            "memory": {"capacity_gb": _sig(self.capacity_gb),
+                       "bandwidth_gb_per_s": _sig(self.memory_gb_per_s)},
+            # one device: its only "link" is a copy through its own memory
+            "interconnect": [{"name": "local_copy", "bandwidth_gb_per_s":
+                              _sig(self.memory_gb_per_s), "latency_us": _sig(launch),
+                              "devices": None, "efficiency": 1.0}],
+            "efficiency": eff,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device.to_json(), "date": self.date,
+                "memory_gb_per_s": self.memory_gb_per_s,
+                "launch_overhead_us": self.launch_overhead_us,
+                "vector_flops": self.vector_flops,
+                "fits": [{"dtype": f.dtype, "rate_tflops": f.rate_flops / 1e12, "k0": f.k0,
+                          "fixed_us": f.fixed_s * 1e6, "rms_rel_error": f.rms_rel_error}
+                         for f in self.fits],
+                "gemm": [{"dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k,
+                          "time_us": p.time_s * 1e6} for p in self.gemm]}
+
+
+def _sig(x: float) -> float:
+    """Four significant digits: a pack is read by people."""
+    return float(f"{x:.4g}")
+
+
+def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
+              sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 64.0, repeats: int = 5,
+              min_time_s: float = 0.02) -> Calibration:
+    """Time the GEMM grid, the copy, the launch and the vector op on ``device``.
+
+    :param sizes: GEMM dimensions; each (m, n, k) with m = n from ``sizes`` and k from
+        ``sizes`` (and the reverse) is timed, so the K-loop and the fixed cost separate.
+    :raises DeviceError: a dtype the device lacks.
+    """
+    import torch
+
+    if "fp32" not in dtypes:
+        dtypes = ("fp32", *dtypes)
+    for dtype in dtypes:
+        device.check_dtype(dtype)
+    if device.kind == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dev = device.torch_device
+    shapes = sorted({(s, s, k) for s in sizes for k in sizes})
+    points = []
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            points.append(GemmPoint(dtype, m, n, k, _time_gemm(device, dtype, m, n, k,
+                                                               repeats, min_time_s)))
+    fits = tuple(fit_gemm(dtype, [p for p in points if p.dtype == dtype]) for dtype in dtypes)
+
+    numel = int(mem_mb * 1e6 / 4)
+    src = torch.ones(numel, device=dev)
+    dst = torch.empty_like(src)
+    copy_s = time_call(device, lambda: dst.copy_(src), repeats=repeats,
+                       min_time_s=min_time_s)[0]
+    memory = 2 * numel * 4 / copy_s / 1e9
+
+    one = torch.ones(1, device=dev)
+    launch_s = time_call(device, lambda: torch.add(one, one), repeats=repeats,
+                         min_time_s=min_time_s)[0]
+
+    vec = torch.ones(64 * 1024, device=dev)  # 256 kB: in a core's cache
+    vec_s = time_call(device, lambda: torch.mul(vec, vec), repeats=repeats,
+                      min_time_s=min_time_s)[0]
+    vector = vec.numel() / max(vec_s - launch_s, vec_s * 0.05)
+    return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
+                       launch_overhead_us=launch_s * 1e6, vector_flops=vector,
+                       capacity_gb=_capacity_gb(device),
+                       date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
+
+
+def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
+               min_time_s: float) -> float:
+    import torch
+
+    dev = device.torch_device
+    if dtype == "fp8":
+        a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()
+        scale = torch.ones((), device=dev)
+        return time_call(device, lambda: torch._scaled_mm(a, b, scale, scale,
+                                                          out_dtype=torch.bfloat16),
+                         repeats=repeats, min_time_s=min_time_s)[0]
+    if dtype == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        torch_type = getattr(torch, TORCH_DTYPES[dtype])
+        a = torch.randn(m, k, device=dev, dtype=torch_type)
+        b = torch.randn(k, n, device=dev, dtype=torch_type)
+        return time_call(device, lambda: torch.mm(a, b), repeats=repeats,
+                         min_time_s=min_time_s)[0]
+    finally:
+        if dtype == "tf32":
+            torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def fit_gemm(dtype: str, points: Sequence[GemmPoint]) -> GemmFit:
+    """Least squares of ``t = c + F·u + F/k·v`` on relative error (rows divided by t);
+    rate = 1/u, k0 = v/u. A fit that gives no positive rate is an error, not a number.
+    """
+    import numpy as np
+
+    if len(points) < 3:
+        raise InternalError(f"calibrate: {len(points)} {dtype} GEMMs cannot fit 3 numbers",
+                            "give --sizes at least two values")
+    t = np.array([p.time_s for p in points])
+    design = np.array([[1.0, p.flops, p.flops / p.k] for p in points]) / t[:, None]
+    coef = _nnls(design, np.ones_like(t))
+    c, u, v = (float(x) for x in coef)
+    if u <= 0:
+        raise InternalError(f"calibrate: the {dtype} GEMM fit has no throughput term",
+                            "the timings are dominated by noise; rerun with larger --sizes")
+    predicted = design @ coef
+    rms = float(math.sqrt(float(np.mean((predicted - 1.0) ** 2))))
+    return GemmFit(dtype=dtype, rate_flops=1.0 / u, k0=v / u, fixed_s=c, rms_rel_error=rms)
+
+
+def _nnls(a: Any, b: Any) -> Any:
+    """Non-negative least squares by active set on three unknowns (exhaustive subsets)."""
+    import itertools
+
+    import numpy as np
+
+    best, best_err = np.zeros(a.shape[1]), float("inf")
+    cols = range(a.shape[1])
+    for r in range(1, a.shape[1] + 1):
+        for subset in itertools.combinations(cols, r):
+            sol, *_ = np.linalg.lstsq(a[:, subset], b, rcond=None)
+            if (sol < 0).any():
+                continue
+            full = np.zeros(a.shape[1])
+            full[list(subset)] = sol
+            err = float(np.sum((a @ full - b) ** 2))
+            if err < best_err:
+                best, best_err = full, err
+    return best
+
+
+def _capacity_gb(device: Device) -> float:
+    if device.kind == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory / 1e9
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return 1.0
