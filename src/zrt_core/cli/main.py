@@ -26,6 +26,7 @@ COMMANDS = (
     "zrt_core.cli.estimate_cmd",
     "zrt_core.cli.validate_cmd",
     "zrt_core.cli.calibrate_cmd",
+    "zrt_core.cli.measure_cmd",
 )
 
 
