@@ -26,8 +26,9 @@ def register(sub: Any) -> None:
                         "fp32,bf16,fp16)")
     p.add_argument("--sizes", default="64,128,256,512,1024",
                    help="GEMM dimensions of the grid (default 64,128,256,512,1024)")
-    p.add_argument("--mem-mb", type=float, default=64.0,
-                   help="buffer copied to measure bandwidth, MB (default 64)")
+    p.add_argument("--mem-mb", type=float, default=4.0,
+                   help="buffer copied to measure bandwidth, MB (default 4: a CPU's caches, "
+                        "where small models' activations live; 256 for DRAM)")
     p.add_argument("--repeats", type=positive_int("--repeats"), default=5)
     p.add_argument("--min-time-ms", type=float, default=20.0,
                    help="each sample repeats a call until it lasts this long (default 20)")
@@ -68,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
                     [(f.dtype, f"{f.rate_flops / 1e12:.4g}", f"{f.k0:.0f}",
                       f"{f.fixed_s * 1e6:.1f}", f"{f.rms_rel_error:.1%}")
                      for f in result.fits]))
-    con.print(f"memory {result.memory_gb_per_s:.1f} GB/s, launch "
-              f"{result.launch_overhead_us:.1f} µs, vector {result.vector_flops / 1e9:.2f} "
-              f"GFLOP/s")
+    fwd, bwd = result.attention
+    con.print(f"attention {fwd.rate_flops / 1e9:.3g} / {bwd.rate_flops / 1e9:.3g} GFLOP/s "
+              f"(forward / backward), memory {result.memory_gb_per_s:.1f} GB/s, launch "
+              f"{result.launch_overhead_us:.1f} µs, pointwise {result.vector_flops / 1e9:.3g} "
+              "GFLOP/s")
     con.print(f"wrote {out} (use --hw {out})")
     return 0

@@ -27,6 +27,7 @@ COMMANDS = (
     "zrt_core.cli.validate_cmd",
     "zrt_core.cli.calibrate_cmd",
     "zrt_core.cli.measure_cmd",
+    "zrt_core.cli.diff_cmd",
 )
 
 

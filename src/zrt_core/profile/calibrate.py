@@ -7,9 +7,17 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
   ``t = c + F/P + F·k0/(P·k)`` — a fixed cost ``c``, the rate ``P`` and a K-loop overhead
   ``k0`` (the roofline's ``k/(k + k0)`` factor, docs/cost-model.md) — by least squares on
   relative error. ``P`` is written as the dtype's peak and ``efficiency.matmul`` is 1.
-* memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats.
+* attention: causal SDPA forward and backward (``b=1, h=4, d=64``) over the sequence
+  lengths of the grid, fitted the same way in the visible keys per query: the efficiency
+  (of the fp32 rate) and the KV-loop overhead ``kv0`` of the roofline's attention rule.
+* memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats. On a CPU the
+  size decides which level is measured: the default 4 MB is the working set of the small
+  models ``zrt measure`` runs (activations of a few hundred kB to a few MB), held in the
+  caches; ``--mem-mb 256`` measures DRAM.
 * launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
-* vector: an elementwise ``mul`` on a cache-resident tensor, as FLOP/s over the fp32 peak.
+* vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
+  tensor, one FLOP per element as zrt's formulas count them: the geometric mean of their
+  rates (launch taken off) over the fp32 GEMM rate is ``efficiency.vector``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from zrt_core.profile.device import TORCH_DTYPES, Device, time_call
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024)
 DEFAULT_DTYPES = ("fp32", "bf16", "fp16")
+#: pointwise ops of decoder layers (norms, RoPE, activations, residuals) timed for ``vector``
+VECTOR_OPS = ("mul", "add", "neg", "rsqrt", "silu", "gelu", "exp", "pow2")
 
 
 @frozen
@@ -63,6 +73,7 @@ class Calibration:
     device: Device
     gemm: tuple[GemmPoint, ...] = field(converter=tuple)
     fits: tuple[GemmFit, ...] = field(converter=tuple)
+    attention: tuple[GemmFit, GemmFit]
     memory_gb_per_s: float
     launch_overhead_us: float
     vector_flops: float
@@ -89,8 +100,11 @@ class Calibration:
         eff = {
             "matmul": 1.0,
             "memory": 1.0,
-            "attention": 1.0,
-            # elementwise FLOP rate over the fp32 GEMM rate (capped at 1: a fraction)
+            # SDPA's fitted rate over the fp32 GEMM rate (capped at 1: a fraction)
+            "attention": _sig(min(1.0, self.attention[0].rate_flops / fp32.rate_flops)),
+            "attention_backward": _sig(min(1.0, self.attention[1].rate_flops
+                                           / fp32.rate_flops)),
+            # pointwise FLOP rate over the fp32 GEMM rate (capped at 1: a fraction)
             "vector": _sig(min(1.0, self.vector_flops / fp32.rate_flops)),
             "launch_overhead_us": _sig(launch),
             # a GEMM's fixed cost beyond the dispatch every op pays
@@ -99,7 +113,7 @@ class Calibration:
             # one tile per output element: no padding or wave loss on a CPU core
             "matmul_tile_m": 1 if self.device.kind == "cpu" else 128,
             "matmul_tile_n": 1 if self.device.kind == "cpu" else 128,
-            "attention_kv_overhead": 1 if self.device.kind == "cpu" else 256,
+            "attention_kv_overhead": max(1, round(self.attention[0].k0)),
         }
         return {
             "id": hw_id or self.hardware_id(),
@@ -125,6 +139,10 @@ class Calibration:
                 "memory_gb_per_s": self.memory_gb_per_s,
                 "launch_overhead_us": self.launch_overhead_us,
                 "vector_flops": self.vector_flops,
+                "attention": [{"pass": p, "rate_tflops": f.rate_flops / 1e12, "kv0": f.k0,
+                               "fixed_us": f.fixed_s * 1e6, "rms_rel_error": f.rms_rel_error}
+                              for p, f in zip(("forward", "backward"), self.attention,
+                                              strict=True)],
                 "fits": [{"dtype": f.dtype, "rate_tflops": f.rate_flops / 1e12, "k0": f.k0,
                           "fixed_us": f.fixed_s * 1e6, "rms_rel_error": f.rms_rel_error}
                          for f in self.fits],
@@ -138,7 +156,7 @@ def _sig(x: float) -> float:
 
 
 def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
-              sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 64.0, repeats: int = 5,
+              sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 4.0, repeats: int = 5,
               min_time_s: float = 0.02) -> Calibration:
     """Time the GEMM grid, the copy, the launch and the vector op on ``device``.
 
@@ -174,12 +192,11 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     launch_s = time_call(device, lambda: torch.add(one, one), repeats=repeats,
                          min_time_s=min_time_s)[0]
 
-    vec = torch.ones(64 * 1024, device=dev)  # 256 kB: in a core's cache
-    vec_s = time_call(device, lambda: torch.mul(vec, vec), repeats=repeats,
-                      min_time_s=min_time_s)[0]
-    vector = vec.numel() / max(vec_s - launch_s, vec_s * 0.05)
+    attention = _attention_fits(device, sizes, repeats, min_time_s)
+    vector = _vector_flops(device, launch_s, repeats, min_time_s)
     return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
-                       launch_overhead_us=launch_s * 1e6, vector_flops=vector,
+                       launch_overhead_us=launch_s * 1e6, attention=attention,
+                       vector_flops=vector,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
@@ -207,6 +224,56 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
     finally:
         if dtype == "tf32":
             torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: float
+                  ) -> float:
+    """Geometric mean over :data:`VECTOR_OPS` of elements per second (launch taken off) on
+    a 32k-element fp32 tensor (128 kB: in a core's L2)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.rand(32 * 1024, device=device.torch_device) + 0.5
+    ops = {"mul": lambda: x * x, "add": lambda: x + x, "neg": lambda: -x,
+           "rsqrt": lambda: torch.rsqrt(x), "silu": lambda: F.silu(x),
+           "gelu": lambda: F.gelu(x), "exp": lambda: torch.exp(x), "pow2": lambda: x.pow(2)}
+    logs = []
+    for name in VECTOR_OPS:
+        t = time_call(device, ops[name], repeats=repeats, min_time_s=min_time_s)[0]
+        logs.append(math.log(x.numel() / max(t - launch_s, 0.05 * t)))
+    return math.exp(sum(logs) / len(logs))
+
+
+def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time_s: float
+                    ) -> tuple[GemmFit, GemmFit]:
+    """Causal SDPA forward and backward (fp32) fitted like a GEMM, with the visible keys per
+    query in the place of k (FLOPs as zrt counts them: ``AttentionDims``)."""
+    import torch
+    import torch.nn.functional as F
+
+    from zrt_core.cost.opdims import AttentionDims
+
+    dev = device.torch_device
+    forward, backward = [], []
+    for s in sorted(set(sizes)):
+        dims = AttentionDims(b=1, h=4, h_kv=4, s_q=s, s_kv=s, d=64, causal=True)
+        q, k, v = (torch.randn(1, 4, s, 64, device=dev, requires_grad=True) for _ in range(3))
+        with torch.no_grad():
+            fwd_s = time_call(device, lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=True), repeats=repeats, min_time_s=min_time_s)[0]
+        grad = torch.randn(1, 4, s, 64, device=dev)
+
+        def both(q: Any = q, k: Any = k, v: Any = v, grad: Any = grad) -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        both_s = time_call(device, both, repeats=repeats, min_time_s=min_time_s)[0]
+        visible = round(dims.visible_keys)
+        # a GemmPoint's flops are 2mnk: m·n·k carries the attention FLOPs over 2
+        forward.append(GemmPoint("fp32", 1, dims.forward_flops // (2 * visible), visible,
+                                 fwd_s))
+        backward.append(GemmPoint("fp32", 1, dims.backward_flops // (2 * visible), visible,
+                                  max(both_s - fwd_s, both_s * 0.05)))
+    return fit_gemm("attention_fwd", forward), fit_gemm("attention_bwd", backward)
 
 
 def fit_gemm(dtype: str, points: Sequence[GemmPoint]) -> GemmFit:

@@ -1,5 +1,11 @@
 """The device a measurement runs on: presence and dtype checks, thread pinning, and a timer
-(``perf_counter`` on a CPU, CUDA events on a GPU) that returns the median of repeats."""
+(CUDA events on a GPU; on a CPU the CPU time of the measuring thread).
+
+With one intra-op thread every CPU kernel, forward and backward, runs on the calling thread,
+so its CPU time (``time.thread_time``) is the kernel's time without the slices other
+processes take on a busy machine — wall time on an idle one. With more threads the workers'
+time is not on the caller's clock: wall time (``perf_counter``) is used then.
+"""
 
 from __future__ import annotations
 
@@ -99,6 +105,11 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def cpu_clock(device: Device) -> Callable[[], float]:
+    """The clock CPU timings read (module docstring)."""
+    return time.thread_time if device.threads == 1 else time.perf_counter
+
+
 def synchronize(device: Device) -> None:
     if device.kind == "cuda":
         import torch
@@ -135,11 +146,12 @@ def time_call(device: Device, fn: Callable[[], Any], *, warmup: int = 2, repeats
             end.synchronize()
             samples.append(start.elapsed_time(end) * 1e-3 / calls)
         else:
-            t0 = time.perf_counter()
+            clock = cpu_clock(device)
+            t0 = clock()
             while True:
                 fn()
                 calls += 1
-                elapsed = time.perf_counter() - t0
+                elapsed = clock() - t0
                 if elapsed >= min_time_s:
                     break
             samples.append(elapsed / calls)
