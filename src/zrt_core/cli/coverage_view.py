@@ -11,7 +11,7 @@ def print_coverage(con: Any, cov: dict[str, Any]) -> None:
     con.print("priced from: " + ", ".join(
         f"{source} {cov['ops'][source]:.0%} of ops / {cov['time'][source]:.0%} of time"
         for source in cov["ops"]))
-    if cov["misses"] and cov["time"].get("roofline", 0) < 1.0:
+    if cov["misses"]:
         con.print(table("biggest misses (roofline-priced; profile these next)",
                         ("op", "dtype", "shapes", "calls", "share of time"),
                         [(m["op"], m["dtype"], " ".join("x".join(map(str, s))

@@ -28,6 +28,7 @@ COMMANDS = (
     "zrt_core.cli.calibrate_cmd",
     "zrt_core.cli.measure_cmd",
     "zrt_core.cli.diff_cmd",
+    "zrt_core.cli.profile_cmd",
 )
 
 

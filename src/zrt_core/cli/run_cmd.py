@@ -93,6 +93,9 @@ def register(sub: Any) -> None:
         add_arguments(p)
     p.add_argument("--out", metavar="DIR",
                    help="write report.html, report.json and trace.json here")
+    p.add_argument("--tables", metavar="DIR", default=None,
+                   help="measured kernel tables (*.csv, zrt profile) to price from first; "
+                        "the report says what share they priced and the biggest misses")
     p.add_argument("--no-cache", action="store_true",
                    help="capture again instead of using the capture cache")
     add_json_flag(p)
@@ -122,6 +125,10 @@ def run_infer(args: argparse.Namespace) -> int:
 
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
+    if args.tables:
+        from zrt_core.profile.tables import register_tables
+
+        register_tables(host, args.tables, hw)
     kv = args.kv_dtype
     if kv is None and args.quant in ("fp8", "fp4"):
         kv = "fp8"
@@ -144,6 +151,13 @@ def run_infer(args: argparse.Namespace) -> int:
         print_json(data)
     else:
         print_report(report, written)
+        if args.tables:
+            from zrt_core.cli._output import console
+            from zrt_core.cli.coverage_view import print_coverage
+
+            for phase in (report.prefill, report.decode):
+                console().print(f"{phase.phase}:")
+                print_coverage(console(), dict(phase.price_coverage))
     return 0
 
 

@@ -255,7 +255,8 @@ def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time
 
     dev = device.torch_device
     forward, backward = [], []
-    for s in sorted(set(sizes)):
+    # the GEMM sizes and twice the largest: three lengths at least for a three-number fit
+    for s in sorted({*sizes, 2 * max(sizes)}):
         dims = AttentionDims(b=1, h=4, h_kv=4, s_q=s, s_kv=s, d=64, causal=True)
         q, k, v = (torch.randn(1, 4, s, 64, device=dev, requires_grad=True) for _ in range(3))
         with torch.no_grad():
@@ -298,7 +299,8 @@ def fit_gemm(dtype: str, points: Sequence[GemmPoint]) -> GemmFit:
 
 
 def _nnls(a: Any, b: Any) -> Any:
-    """Non-negative least squares by active set on three unknowns (exhaustive subsets)."""
+    """Non-negative least squares over the subsets of the three unknowns that keep the
+    throughput term (column 1): exhaustive, so the best non-negative fit with a rate."""
     import itertools
 
     import numpy as np
@@ -307,6 +309,8 @@ def _nnls(a: Any, b: Any) -> Any:
     cols = range(a.shape[1])
     for r in range(1, a.shape[1] + 1):
         for subset in itertools.combinations(cols, r):
+            if 1 not in subset:
+                continue
             sol, *_ = np.linalg.lstsq(a[:, subset], b, rcond=None)
             if (sol < 0).any():
                 continue

@@ -191,7 +191,9 @@ def _step(model: Any, request: MeasureRequest, device: Device,
     position = torch.full((b, 1), s, device=dev, dtype=torch.long)
 
     def prepare_decode() -> None:
-        cache.crop(s)
+        extra = cache.get_seq_length() - s
+        if extra > 0:  # transformers 5 crops by a negative count of tokens to drop
+            cache.crop(-extra)
 
     def decode() -> Any:
         with torch.no_grad():
@@ -199,7 +201,7 @@ def _step(model: Any, request: MeasureRequest, device: Device,
                          logits_to_keep=1, use_cache=True)
 
     def logits() -> Any:
-        cache.crop(s)
+        prepare_decode()
         return decode().logits
 
     return decode, prepare_decode, logits

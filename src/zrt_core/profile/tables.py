@@ -4,6 +4,7 @@ front of the hardware's own backends so they price first (exact hit or interpola
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from zrt_core.errors import SpecError
@@ -61,3 +62,25 @@ def backends_with_tables(hardware: Any, host: Any, directory: str | Path | None
 
     rows = load_table_rows(directory, hardware.id)
     return [MeasuredBackend(hardware, rows), *build_backends(hardware, host)]
+
+
+def register_tables(host: Any, directory: str | Path, hardware: Any) -> None:
+    """Put the CSVs of ``directory`` that measure ``hardware`` into ``host`` as measured
+    tables (plugin ``user-tables``), so every estimate prices from them first.
+
+    :raises SpecError: as :func:`load_table_rows`.
+    """
+    from zrt_core import hookimpl
+    from zrt_core.cost.measured import MeasuredTable
+
+    load_table_rows(directory, hardware.id)
+    tables = [MeasuredTable(name=f"user/{f.name}", hardware_id=hardware.id, path=str(f),
+                            description=f"--tables {directory}")
+              for f in sorted(Path(directory).glob("*.csv"))
+              if hardware.id in _hardware_ids(f)]
+    @hookimpl
+    def zrt_measured_tables() -> list[Any]:
+        return list(tables)
+
+    host.register(SimpleNamespace(zrt_measured_tables=zrt_measured_tables), "user-tables",
+                  distribution="--tables")
