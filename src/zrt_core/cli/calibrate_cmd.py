@@ -26,9 +26,9 @@ def register(sub: Any) -> None:
                         "fp32,bf16,fp16)")
     p.add_argument("--sizes", default="64,128,256,512,1024",
                    help="GEMM dimensions of the grid (default 64,128,256,512,1024)")
-    p.add_argument("--mem-mb", type=float, default=4.0,
-                   help="buffer copied to measure bandwidth, MB (default 4: a CPU's caches, "
-                        "where small models' activations live; 256 for DRAM)")
+    p.add_argument("--mem-mb", type=float, default=64.0,
+                   help="buffer copied to measure bandwidth, and the GEMM weights cycled "
+                        "through, MB (default 64: beyond a CPU's caches)")
     p.add_argument("--repeats", type=positive_int("--repeats"), default=5)
     p.add_argument("--min-time-ms", type=float, default=20.0,
                    help="each sample repeats a call until it lasts this long (default 20)")
@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
         print_json({"file": str(out), "pack": pack, "calibration": result.to_json()})
         return 0
     con = console()
-    con.print(table(f"{pack['name']}", ("dtype", "rate TFLOP/s", "k0", "fixed µs", "fit RMS"),
-                    [(f.dtype, f"{f.rate_flops / 1e12:.4g}", f"{f.k0:.0f}",
+    con.print(table(f"{pack['name']}", ("dtype", "rate TFLOP/s", "k0", "tile_m", "fixed µs",
+                                            "fit RMS"),
+                    [(f.dtype, f"{f.rate_flops / 1e12:.4g}", f"{f.k0:.0f}", f.tile_m,
                       f"{f.fixed_s * 1e6:.1f}", f"{f.rms_rel_error:.1%}")
                      for f in result.fits]))
     fwd, bwd = result.attention

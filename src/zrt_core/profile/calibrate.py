@@ -3,17 +3,21 @@ overhead and GEMM efficiency curve, and write them as a hardware-pack YAML.
 
 Every number in the pack is fitted by code from timings taken here (docs/profile.md):
 
-* GEMM: square-ish GEMMs ``m × n × k`` over a grid; per dtype the time is fitted as
-  ``t = c + F/P + F·k0/(P·k)`` — a fixed cost ``c``, the rate ``P`` and a K-loop overhead
-  ``k0`` (the roofline's ``k/(k + k0)`` factor, docs/cost-model.md) — by least squares on
-  relative error. ``P`` is written as the dtype's peak and ``efficiency.matmul`` is 1.
+* GEMM: ``m × n × k`` over a grid (``m = n`` from the sizes with every ``k``, and skinny
+  ``m`` of 1 to 32 rows at the largest ``n = k``: decode steps); per dtype the time is fitted
+  as ``t = c + F'/P + F'·k0/(P·k)`` with ``F' = F / padding(m)`` — a fixed cost ``c``, the
+  rate ``P``, a K-loop overhead ``k0`` (the roofline's ``k/(k + k0)`` factor) and the row
+  tile ``tile_m`` of the padding factor ``m / (⌈m/tile_m⌉·tile_m)`` (docs/cost-model.md):
+  least squares on relative error for each candidate tile, the best tile kept. ``P`` is
+  written as the dtype's peak and ``efficiency.matmul`` is 1. Each GEMM cycles through
+  weight matrices filling ``mem_mb`` MB, as a model's layers do: its weights come from
+  memory, not from a cache the previous call warmed.
 * attention: causal SDPA forward and backward (``b=1, h=4, d=64``) over the sequence
   lengths of the grid, fitted the same way in the visible keys per query: the efficiency
   (of the fp32 rate) and the KV-loop overhead ``kv0`` of the roofline's attention rule.
-* memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats. On a CPU the
-  size decides which level is measured: the default 4 MB is the working set of the small
-  models ``zrt measure`` runs (activations of a few hundred kB to a few MB), held in the
-  caches; ``--mem-mb 256`` measures DRAM.
+* memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats: with the
+  default 64 MB, beyond a CPU's caches — a training step's saved activations and a decode
+  step's weights stream from DRAM.
 * launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
 * vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
   tensor, one FLOP per element as zrt's formulas count them: the geometric mean of their
@@ -35,6 +39,10 @@ from zrt_core.errors import InternalError
 from zrt_core.profile.device import TORCH_DTYPES, Device, time_call
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024)
+#: row-tile sizes the GEMM fit tries (a CPU micro-kernel's rows, a GPU tile's)
+TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
+#: skinny GEMM rows timed at the largest n = k
+SKINNY_ROWS = (1, 2, 4, 8, 16, 32)
 DEFAULT_DTYPES = ("fp32", "bf16", "fp16")
 #: pointwise ops of decoder layers (norms, RoPE, activations, residuals) timed for ``vector``
 VECTOR_OPS = ("mul", "add", "neg", "rsqrt", "silu", "gelu", "exp", "pow2")
@@ -64,6 +72,7 @@ class GemmFit:
     k0: float
     fixed_s: float
     rms_rel_error: float
+    tile_m: int = 1
 
 
 @frozen
@@ -110,9 +119,9 @@ class Calibration:
             # a GEMM's fixed cost beyond the dispatch every op pays
             "matmul_overhead_us": _sig(max(0.0, fp32.fixed_s * 1e6 - launch)),
             "matmul_k_overhead": max(1, round(fp32.k0)),
-            # one tile per output element: no padding or wave loss on a CPU core
-            "matmul_tile_m": 1 if self.device.kind == "cpu" else 128,
-            "matmul_tile_n": 1 if self.device.kind == "cpu" else 128,
+            # the fitted row tile; columns are never the skinny side of a model's GEMM
+            "matmul_tile_m": fp32.tile_m,
+            "matmul_tile_n": 1,
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
         }
         return {
@@ -144,6 +153,7 @@ class Calibration:
                               for p, f in zip(("forward", "backward"), self.attention,
                                               strict=True)],
                 "fits": [{"dtype": f.dtype, "rate_tflops": f.rate_flops / 1e12, "k0": f.k0,
+                          "tile_m": f.tile_m,
                           "fixed_us": f.fixed_s * 1e6, "rms_rel_error": f.rms_rel_error}
                          for f in self.fits],
                 "gemm": [{"dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k,
@@ -156,7 +166,7 @@ def _sig(x: float) -> float:
 
 
 def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
-              sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 4.0, repeats: int = 5,
+              sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 64.0, repeats: int = 5,
               min_time_s: float = 0.02) -> Calibration:
     """Time the GEMM grid, the copy, the launch and the vector op on ``device``.
 
@@ -173,12 +183,14 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     if device.kind == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     dev = device.torch_device
-    shapes = sorted({(s, s, k) for s in sizes for k in sizes})
+    big = max(sizes)
+    shapes = sorted({(s, s, k) for s in sizes for k in sizes}
+                    | {(m, big, big) for m in SKINNY_ROWS if m < big})
     points = []
     for dtype in dtypes:
         for m, n, k in shapes:
             points.append(GemmPoint(dtype, m, n, k, _time_gemm(device, dtype, m, n, k,
-                                                               repeats, min_time_s)))
+                                                               repeats, min_time_s, mem_mb)))
     fits = tuple(fit_gemm(dtype, [p for p in points if p.dtype == dtype]) for dtype in dtypes)
 
     numel = int(mem_mb * 1e6 / 4)
@@ -202,7 +214,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
 
 
 def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
-               min_time_s: float) -> float:
+               min_time_s: float, mem_mb: float) -> float:
     import torch
 
     dev = device.torch_device
@@ -218,9 +230,14 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
     try:
         torch_type = getattr(torch, TORCH_DTYPES[dtype])
         a = torch.randn(m, k, device=dev, dtype=torch_type)
-        b = torch.randn(k, n, device=dev, dtype=torch_type)
-        return time_call(device, lambda: torch.mm(a, b), repeats=repeats,
-                         min_time_s=min_time_s)[0]
+        copies = max(1, math.ceil(mem_mb * 1e6 / (k * n * torch_type.itemsize)))
+        weights = [torch.randn(k, n, device=dev, dtype=torch_type) for _ in range(copies)]
+        turn = iter(range(1 << 62))
+
+        def call() -> Any:
+            return torch.mm(a, weights[next(turn) % copies])
+
+        return time_call(device, call, repeats=repeats, min_time_s=min_time_s)[0]
     finally:
         if dtype == "tf32":
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -274,11 +291,14 @@ def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time
                                  fwd_s))
         backward.append(GemmPoint("fp32", 1, dims.backward_flops // (2 * visible), visible,
                                   max(both_s - fwd_s, both_s * 0.05)))
-    return fit_gemm("attention_fwd", forward), fit_gemm("attention_bwd", backward)
+    return (fit_gemm("attention_fwd", forward, tiles=(1,)),
+            fit_gemm("attention_bwd", backward, tiles=(1,)))
 
 
-def fit_gemm(dtype: str, points: Sequence[GemmPoint]) -> GemmFit:
-    """Least squares of ``t = c + F·u + F/k·v`` on relative error (rows divided by t);
+def fit_gemm(dtype: str, points: Sequence[GemmPoint],
+             tiles: Sequence[int] = TILE_CANDIDATES) -> GemmFit:
+    """Least squares of ``t = c + F'·u + F'/k·v`` on relative error (rows divided by t),
+    ``F' = F/padding(m, tile)``, for each tile; the tile of the least error is kept.
     rate = 1/u, k0 = v/u. A fit that gives no positive rate is an error, not a number.
     """
     import numpy as np
@@ -287,15 +307,23 @@ def fit_gemm(dtype: str, points: Sequence[GemmPoint]) -> GemmFit:
         raise InternalError(f"calibrate: {len(points)} {dtype} GEMMs cannot fit 3 numbers",
                             "give --sizes at least two values")
     t = np.array([p.time_s for p in points])
-    design = np.array([[1.0, p.flops, p.flops / p.k] for p in points]) / t[:, None]
-    coef = _nnls(design, np.ones_like(t))
-    c, u, v = (float(x) for x in coef)
-    if u <= 0:
+    best: GemmFit | None = None
+    for tile in tiles:
+        pad = [p.m / (math.ceil(p.m / tile) * tile) for p in points]
+        design = np.array([[1.0, p.flops / f, p.flops / f / p.k]
+                           for p, f in zip(points, pad, strict=True)]) / t[:, None]
+        coef = _nnls(design, np.ones_like(t))
+        c, u, v = (float(x) for x in coef)
+        if u <= 0:
+            continue
+        rms = float(math.sqrt(float(np.mean((design @ coef - 1.0) ** 2))))
+        if best is None or rms < best.rms_rel_error:
+            best = GemmFit(dtype=dtype, rate_flops=1.0 / u, k0=v / u, fixed_s=c,
+                           rms_rel_error=rms, tile_m=tile)
+    if best is None:
         raise InternalError(f"calibrate: the {dtype} GEMM fit has no throughput term",
                             "the timings are dominated by noise; rerun with larger --sizes")
-    predicted = design @ coef
-    rms = float(math.sqrt(float(np.mean((predicted - 1.0) ** 2))))
-    return GemmFit(dtype=dtype, rate_flops=1.0 / u, k0=v / u, fixed_s=c, rms_rel_error=rms)
+    return best
 
 
 def _nnls(a: Any, b: Any) -> Any:
