@@ -21,9 +21,10 @@ def register(sub: Any) -> None:
                    help="the pack to write")
     p.add_argument("--id", dest="hw_id", default=None,
                    help="hardware id in the pack (default measured_<device>_<name>)")
-    p.add_argument("--dtypes", default="fp32,bf16,fp16",
-                   help="comma-separated GEMM dtypes to time (fp32 always; default "
-                        "fp32,bf16,fp16)")
+    p.add_argument("--dtypes", default=None,
+                   help="comma-separated GEMM dtypes to time (fp32 always; default fp32 on "
+                        "a CPU, whose bf16/fp16 GEMMs are emulated and slow to time, "
+                        "fp32,tf32,bf16,fp16 on a GPU)")
     p.add_argument("--sizes", default="64,128,256,512,1024",
                    help="GEMM dimensions of the grid (default 64,128,256,512,1024)")
     p.add_argument("--mem-mb", type=float, default=64.0,
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from zrt_core.profile.calibrate import calibrate
     from zrt_core.profile.device import DeviceError, open_device
 
+    if args.dtypes is None:
+        args.dtypes = "fp32" if args.device == "cpu" else "fp32,tf32,bf16,fp16"
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     try:
         sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())

@@ -43,7 +43,7 @@ DEFAULT_SIZES = (64, 128, 256, 512, 1024)
 TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: skinny GEMM rows timed at the largest n = k
 SKINNY_ROWS = (1, 2, 4, 8, 16, 32)
-DEFAULT_DTYPES = ("fp32", "bf16", "fp16")
+DEFAULT_DTYPES = ("fp32",)
 #: pointwise ops of decoder layers (norms, RoPE, activations, residuals) timed for ``vector``
 VECTOR_OPS = ("mul", "add", "neg", "rsqrt", "silu", "gelu", "exp", "pow2")
 
@@ -102,9 +102,11 @@ class Calibration:
         compute: dict[str, float | None] = {}
         for f in self.fits:
             compute[f.dtype] = _sig(f.rate_flops / 1e12)
-        # a dtype not measured is priced at the fp32 rate (hardware.py requires bf16 and fp16)
-        for key in ("bf16", "fp16"):
-            compute.setdefault(key, compute["fp32"])
+        # hardware.py requires bf16 and fp16: one not timed is written at the fp32 rate and
+        # the source says so
+        untimed = [key for key in ("bf16", "fp16") if key not in compute]
+        for key in untimed:
+            compute[key] = compute["fp32"]
         launch = self.launch_overhead_us
         eff = {
             "matmul": 1.0,
@@ -132,7 +134,9 @@ class Calibration:
             "vendor": "measured",
             "source": (f"zrt calibrate on {self.date}: torch {self.device.to_json()['torch']}"
                        f", {len(self.gemm)} GEMMs, fit RMS "
-                       + ", ".join(f"{f.dtype} {f.rms_rel_error:.1%}" for f in self.fits)),
+                       + ", ".join(f"{f.dtype} {f.rms_rel_error:.1%}" for f in self.fits)
+                       + (f"; {' and '.join(untimed)} not timed: the fp32 rate"
+                          if untimed else "")),
             "compute": compute,
             "memory": {"capacity_gb": _sig(self.capacity_gb),
                        "bandwidth_gb_per_s": _sig(self.memory_gb_per_s)},

@@ -185,8 +185,11 @@ def _step(model: Any, request: MeasureRequest, device: Device,
                 return model(input_ids=ids, logits_to_keep=1)
 
         return step, lambda: None, lambda: model(input_ids=ids, logits_to_keep=1).logits
+    from zrt_core.capture.compat import cache_keyword, output_cache
+
     with torch.no_grad():
-        cache = model(input_ids=ids, use_cache=True).past_key_values
+        cache = output_cache(model(input_ids=ids, use_cache=True))
+    keyword = cache_keyword(model)  # "cache" from transformers 5.24, else past_key_values
     new = torch.randint(0, vocab, (b, 1), device=dev)
     position = torch.full((b, 1), s, device=dev, dtype=torch.long)
 
@@ -197,8 +200,8 @@ def _step(model: Any, request: MeasureRequest, device: Device,
 
     def decode() -> Any:
         with torch.no_grad():
-            return model(input_ids=new, past_key_values=cache, position_ids=position,
-                         logits_to_keep=1, use_cache=True)
+            return model(input_ids=new, position_ids=position, logits_to_keep=1,
+                         use_cache=True, **{keyword: cache})
 
     def logits() -> Any:
         prepare_decode()
