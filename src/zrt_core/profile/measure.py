@@ -61,6 +61,7 @@ def measure(request: MeasureRequest, device: Device, host: Any = None) -> dict[s
     torch.manual_seed(request.seed)
     name, config_map, model = _build(request, device, host)
     layers = _decoder_layers(model, config_map)
+    torch.manual_seed(request.seed + 1)
     step, prepare, outputs = _step(model, request, device, config_map)
     eager_out = None
     if request.compile:
@@ -68,6 +69,7 @@ def measure(request: MeasureRequest, device: Device, host: Any = None) -> dict[s
         with torch.no_grad():
             eager_out = outputs()
         model.forward = torch.compile(model.forward)
+        torch.manual_seed(request.seed + 1)  # the same inputs as the eager step's
         step, prepare, outputs = _step(model, request, device, config_map)
 
     samples = _time_steps(step, prepare, device, request.warmup, request.repeats)
