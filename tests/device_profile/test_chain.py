@@ -144,3 +144,19 @@ def test_bad_input_is_one_line_exit_2(chain, capsys, tmp_path):
     (tmp_path / "junk.json").write_text("{}")
     assert "not a zrt measure result" in _error(
         capsys, ["diff", str(tmp_path / "junk.json"), "--hw", str(chain["hw"])])
+
+
+def test_run_with_a_pack_file_and_tables_reports_coverage(chain, capsys, tmp_path):
+    out = tmp_path / "tables"
+    _json(capsys, ["profile", str(chain["config"]), "--hw", str(chain["hw"]), "--out",
+                   str(out), "--infer", "--dtype", "bfloat16", "--batch", "1", "--seq-len",
+                   "16", "--repeats", "1", "--min-time-ms", "1", "--no-grid", "--json"])
+    data = _json(capsys, ["run", str(chain["config"]), "--hw", str(chain["hw"]), "--tables",
+                          str(out), "--batch", "1", "--input-len", "16", "--output-len", "4",
+                          "--json"])
+    for phase in ("prefill", "decode"):
+        cov = data[phase]["price_coverage"]
+        assert set(cov["ops"]) == {"measured", "interpolated", "roofline"}
+        assert sum(cov["time"].values()) == pytest.approx(1.0)
+    # the prefill's own GEMMs were profiled in bf16 at this batch and length: exact hits
+    assert data["prefill"]["price_coverage"]["ops"]["measured"] > 0
