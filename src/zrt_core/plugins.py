@@ -27,7 +27,7 @@ import pluggy
 from attrs import field, frozen
 
 from zrt_core import hookspecs
-from zrt_core.errors import PluginError, UnknownNameError, ZrtError
+from zrt_core.errors import PluginError, SpecError, UnknownNameError, ZrtError
 
 if TYPE_CHECKING:
     from zrt_core.analytic.flops import PhaseFlops
@@ -347,7 +347,16 @@ class PluginHost:
         return registry
 
     def hardware_spec(self, name: str) -> HardwareSpec:
-        """A spec by id or alias; an unknown name lists the closest ids."""
+        """A spec by id or alias, or a pack YAML file (``./my_hw.yaml``, as ``zrt calibrate``
+        writes); an unknown name lists the closest ids."""
+        if name.endswith((".yaml", ".yml")):
+            from zrt_core.hardware import HardwareSpec
+
+            if not os.path.isfile(name):
+                raise SpecError(f"hardware file {name} not found",
+                                "give a pack YAML (zrt calibrate -o FILE.yaml) or an id "
+                                "(zrt hw list)")
+            return HardwareSpec.from_yaml(name)
         return self.hardware.get(name)
 
     # -- queries ----------------------------------------------------------------------

@@ -65,13 +65,16 @@ def run_show(args) -> int:
 
     host = get_plugin_manager()
     spec = host.hardware_spec(args.id)
+    # a pack file given by path belongs to no distribution
+    dist = (f"file {spec.source_file}" if spec.source_file == args.id
+            else host.hardware.distribution_of(spec.id))
     if args.json:
-        print_json({**spec.to_json(), "distribution": host.hardware.distribution_of(spec.id)})
+        print_json({**spec.to_json(), "distribution": dist})
         return 0
     c = spec.compute
     rows = [
         ("name", spec.name), ("vendor", spec.vendor),
-        ("distribution", host.hardware.distribution_of(spec.id)),
+        ("distribution", dist),
         ("aliases", ", ".join(spec.aliases) or "—"),
     ]
     for key in ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4"):

@@ -27,6 +27,10 @@ COMMANDS = (
     "zrt_core.cli.validate_cmd",
     "zrt_core.cli.search_cmd",
     "zrt_core.cli.compare_cmd",
+    "zrt_core.cli.calibrate_cmd",
+    "zrt_core.cli.measure_cmd",
+    "zrt_core.cli.diff_cmd",
+    "zrt_core.cli.profile_cmd",
 )
 
 

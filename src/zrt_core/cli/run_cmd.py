@@ -93,7 +93,8 @@ def register(sub: Any) -> None:
     p.add_argument("model", metavar="MODEL",
                    help="bundled name (zrt models), config.json or its directory, or a "
                         "HuggingFace id in the local cache")
-    p.add_argument("--hw", required=True, metavar="ID", help="hardware id (zrt hw list)")
+    p.add_argument("--hw", required=True, metavar="ID",
+                   help="hardware id (zrt hw list) or a pack YAML (zrt calibrate -o FILE.yaml)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--infer", dest="mode", action="store_const", const="infer",
                       help="predict serving (the default)")
@@ -108,6 +109,9 @@ def register(sub: Any) -> None:
     add_framework_args(p)
     p.add_argument("--out", metavar="DIR",
                    help="write report.html, report.json and trace.json here")
+    p.add_argument("--tables", metavar="DIR", default=None,
+                   help="measured kernel tables (*.csv, zrt profile) to price from first; "
+                        "the report says what share they priced and the biggest misses")
     p.add_argument("--no-cache", action="store_true",
                    help="capture again instead of using the capture cache")
     add_json_flag(p)
@@ -141,6 +145,10 @@ def run_infer(args: argparse.Namespace) -> int:
 
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
+    if args.tables:
+        from zrt_core.profile.tables import register_tables
+
+        register_tables(host, args.tables, hw)
     kv = args.kv_dtype
     if kv is None and args.quant in ("fp8", "fp4"):
         kv = "fp8"
@@ -168,6 +176,13 @@ def run_infer(args: argparse.Namespace) -> int:
         print_json(data)
     else:
         print_report(report, written)
+        if args.tables:
+            from zrt_core.cli._output import console
+            from zrt_core.cli.coverage_view import print_coverage
+
+            for phase in (report.prefill, report.decode):
+                console().print(f"{phase.phase}:")
+                print_coverage(console(), dict(phase.price_coverage))
     return 0
 
 

@@ -83,6 +83,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
+    if getattr(args, "tables", None):
+        from zrt_core.profile.tables import register_tables
+
+        register_tables(host, args.tables, hw)
     parallel = parallel_from_args(args)
     global_batch = args.global_batch or args.micro_batch * parallel.dp
     fields: dict[str, Any] = {

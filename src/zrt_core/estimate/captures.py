@@ -155,9 +155,7 @@ def _versions(host: PluginHost | None) -> dict[str, str]:
             out[dist] = "?"
     del host
     # editable installs keep their version while the capture code changes: key on it too
-    import zrt_core
-
-    root = Path(zrt_core.__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the zrt_core package directory
     stats = []
     for sub in ("capture", "formulas"):
         for f in sorted((root / sub).glob("*.py")):

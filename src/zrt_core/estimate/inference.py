@@ -442,6 +442,8 @@ class _Estimator:
             transforms=tuple(g.meta.get("transforms", ())), timelines=timelines)
 
     def _breakdown(self, phase: str, batch: int, cache_len: int) -> PhaseBreakdown:
+        from zrt_core.cost.coverage import coverage as price_coverage
+
         costed = self.priced(phase, batch, cache_len)
         g = self.graph(phase, batch, cache_len)
         by_cat: dict[str, float] = {}
@@ -476,7 +478,8 @@ class _Estimator:
             phase=phase, batch=batch, tokens=tokens, time_s=total, flops=flops,
             bytes=nbytes, by_category_s=by_cat, by_layer_kind_s=by_kind,
             per_layer_s=per_layer, layer_counts=counts, collectives=collectives,
-            coverage={k: v / total for k, v in coverage.items()} if total else {})
+            coverage={k: v / total for k, v in coverage.items()} if total else {},
+            price_coverage=price_coverage(costed))
 
     def _timeline(self, phase: str, batch: int, cache_len: int) -> Timeline | None:
         from zrt_core.schedule.scheduler import OverlapRules, schedule_phase

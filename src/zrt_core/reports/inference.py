@@ -52,6 +52,7 @@ class PhaseBreakdown:
     layer_counts: Mapping[str, int] = field(converter=_ro)
     collectives: Mapping[str, Any] = field(converter=_ro)
     coverage: Mapping[str, float] = field(factory=dict, converter=_ro)
+    price_coverage: Mapping[str, Any] = field(factory=dict, converter=_ro)
 
     @property
     def comm_s(self) -> float:
@@ -67,7 +68,8 @@ class PhaseBreakdown:
                 "per_layer_ms": {k: v * 1e3 for k, v in self.per_layer_s.items()},
                 "layer_counts": dict(self.layer_counts),
                 "collectives": {k: dict(v) for k, v in self.collectives.items()},
-                "price_sources": dict(self.coverage)}
+                "price_sources": dict(self.coverage),
+                "price_coverage": dict(self.price_coverage)}
 
 
 @frozen

@@ -1,0 +1,365 @@
+"""``zrt calibrate``: measure a device's GEMM throughput per dtype, memory bandwidth, launch
+overhead and GEMM efficiency curve, and write them as a hardware-pack YAML.
+
+Every number in the pack is fitted by code from timings taken here (docs/profile.md):
+
+* GEMM: ``m × n × k`` over a grid (``m = n`` from the sizes with every ``k``, and skinny
+  ``m`` of 1 to 32 rows at the largest ``n = k``: decode steps); per dtype the time is fitted
+  as ``t = c + F'/P + F'·k0/(P·k)`` with ``F' = F / padding(m)`` — a fixed cost ``c``, the
+  rate ``P``, a K-loop overhead ``k0`` (the roofline's ``k/(k + k0)`` factor) and the row
+  tile ``tile_m`` of the padding factor ``m / (⌈m/tile_m⌉·tile_m)`` (docs/cost-model.md):
+  least squares on relative error for each candidate tile, the best tile kept. ``P`` is
+  written as the dtype's peak and ``efficiency.matmul`` is 1. Each GEMM cycles through
+  weight matrices filling ``mem_mb`` MB, as a model's layers do: its weights come from
+  memory, not from a cache the previous call warmed.
+* attention: causal SDPA forward and backward (``b=1, h=4, d=64``) over the sequence
+  lengths of the grid, fitted the same way in the visible keys per query: the efficiency
+  (of the fp32 rate) and the KV-loop overhead ``kv0`` of the roofline's attention rule.
+* memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats: with the
+  default 64 MB, beyond a CPU's caches — a training step's saved activations and a decode
+  step's weights stream from DRAM.
+* launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
+* vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
+  tensor, one FLOP per element as zrt's formulas count them: the geometric mean of their
+  rates (launch taken off) over the fp32 GEMM rate is ``efficiency.vector``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import field, frozen
+
+from zrt_core.errors import InternalError
+from zrt_core.profile.device import TORCH_DTYPES, Device, time_call
+
+DEFAULT_SIZES = (64, 128, 256, 512, 1024)
+#: row-tile sizes the GEMM fit tries (a CPU micro-kernel's rows, a GPU tile's)
+TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
+#: skinny GEMM rows timed at the largest n = k
+SKINNY_ROWS = (1, 2, 4, 8, 16, 32)
+DEFAULT_DTYPES = ("fp32",)
+#: pointwise ops of decoder layers (norms, RoPE, activations, residuals) timed for ``vector``
+VECTOR_OPS = ("mul", "add", "neg", "rsqrt", "silu", "gelu", "exp", "pow2")
+
+
+@frozen
+class GemmPoint:
+    """One timed GEMM."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    time_s: float
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+@frozen
+class GemmFit:
+    """``t = fixed_s + F/rate + F·k0/(rate·k)`` for one dtype."""
+
+    dtype: str
+    rate_flops: float
+    k0: float
+    fixed_s: float
+    rms_rel_error: float
+    tile_m: int = 1
+
+
+@frozen
+class Calibration:
+    """What ``zrt calibrate`` measured on one device."""
+
+    device: Device
+    gemm: tuple[GemmPoint, ...] = field(converter=tuple)
+    fits: tuple[GemmFit, ...] = field(converter=tuple)
+    attention: tuple[GemmFit, GemmFit]
+    memory_gb_per_s: float
+    launch_overhead_us: float
+    vector_flops: float
+    capacity_gb: float
+    date: str
+
+    def fit(self, dtype: str) -> GemmFit:
+        return next(f for f in self.fits if f.dtype == dtype)
+
+    def hardware_id(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "_", self.device.name.lower()).strip("_")[:40]
+        return f"measured_{self.device.kind}_{slug or 'device'}"
+
+    def to_pack(self, hw_id: str | None = None) -> dict[str, Any]:
+        """The hardware-pack mapping (``HardwareSpec.from_mapping`` reads it)."""
+        fp32 = self.fit("fp32")
+        compute: dict[str, float | None] = {}
+        for f in self.fits:
+            compute[f.dtype] = _sig(f.rate_flops / 1e12)
+        # hardware.py requires bf16 and fp16: one not timed is written at the fp32 rate and
+        # the source says so
+        untimed = [key for key in ("bf16", "fp16") if key not in compute]
+        for key in untimed:
+            compute[key] = compute["fp32"]
+        launch = self.launch_overhead_us
+        eff = {
+            "matmul": 1.0,
+            "memory": 1.0,
+            # SDPA's fitted rate over the fp32 GEMM rate (capped at 1: a fraction)
+            "attention": _sig(min(1.0, self.attention[0].rate_flops / fp32.rate_flops)),
+            "attention_backward": _sig(min(1.0, self.attention[1].rate_flops
+                                           / fp32.rate_flops)),
+            # pointwise FLOP rate over the fp32 GEMM rate (capped at 1: a fraction)
+            "vector": _sig(min(1.0, self.vector_flops / fp32.rate_flops)),
+            "launch_overhead_us": _sig(launch),
+            # a GEMM's fixed cost beyond the dispatch every op pays
+            "matmul_overhead_us": _sig(max(0.0, fp32.fixed_s * 1e6 - launch)),
+            "matmul_k_overhead": max(1, round(fp32.k0)),
+            # the fitted row tile; columns are never the skinny side of a model's GEMM
+            "matmul_tile_m": fp32.tile_m,
+            "matmul_tile_n": 1,
+            "attention_kv_overhead": max(1, round(self.attention[0].k0)),
+        }
+        return {
+            "id": hw_id or self.hardware_id(),
+            "name": f"{self.device.name} (measured, {self.device.kind}"
+                    + (f", {self.device.threads} thread{'s' * (self.device.threads > 1)})"
+                       if self.device.kind == "cpu" else ")"),
+            "vendor": "measured",
+            "source": (f"zrt calibrate on {self.date}: torch {self.device.to_json()['torch']}"
+                       f", {len(self.gemm)} GEMMs, fit RMS "
+                       + ", ".join(f"{f.dtype} {f.rms_rel_error:.1%}" for f in self.fits)
+                       + (f"; {' and '.join(untimed)} not timed: the fp32 rate"
+                          if untimed else "")),
+            "compute": compute,
+            "memory": {"capacity_gb": _sig(self.capacity_gb),
+                       "bandwidth_gb_per_s": _sig(self.memory_gb_per_s)},
+            # one device: its only "link" is a copy through its own memory
+            "interconnect": [{"name": "local_copy", "bandwidth_gb_per_s":
+                              _sig(self.memory_gb_per_s), "latency_us": _sig(launch),
+                              "devices": None, "efficiency": 1.0}],
+            "efficiency": eff,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device.to_json(), "date": self.date,
+                "memory_gb_per_s": self.memory_gb_per_s,
+                "launch_overhead_us": self.launch_overhead_us,
+                "vector_flops": self.vector_flops,
+                "attention": [{"pass": p, "rate_tflops": f.rate_flops / 1e12, "kv0": f.k0,
+                               "fixed_us": f.fixed_s * 1e6, "rms_rel_error": f.rms_rel_error}
+                              for p, f in zip(("forward", "backward"), self.attention,
+                                              strict=True)],
+                "fits": [{"dtype": f.dtype, "rate_tflops": f.rate_flops / 1e12, "k0": f.k0,
+                          "tile_m": f.tile_m,
+                          "fixed_us": f.fixed_s * 1e6, "rms_rel_error": f.rms_rel_error}
+                         for f in self.fits],
+                "gemm": [{"dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k,
+                          "time_us": p.time_s * 1e6} for p in self.gemm]}
+
+
+def _sig(x: float) -> float:
+    """Four significant digits: a pack is read by people."""
+    return float(f"{x:.4g}")
+
+
+def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
+              sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 64.0, repeats: int = 5,
+              min_time_s: float = 0.02) -> Calibration:
+    """Time the GEMM grid, the copy, the launch and the vector op on ``device``.
+
+    :param sizes: GEMM dimensions; each (m, n, k) with m = n from ``sizes`` and k from
+        ``sizes`` (and the reverse) is timed, so the K-loop and the fixed cost separate.
+    :raises DeviceError: a dtype the device lacks.
+    """
+    import torch
+
+    if "fp32" not in dtypes:
+        dtypes = ("fp32", *dtypes)
+    for dtype in dtypes:
+        device.check_dtype(dtype)
+    if device.kind == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    dev = device.torch_device
+    big = max(sizes)
+    shapes = sorted({(s, s, k) for s in sizes for k in sizes}
+                    | {(m, big, big) for m in SKINNY_ROWS if m < big})
+    points = []
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            points.append(GemmPoint(dtype, m, n, k, _time_gemm(device, dtype, m, n, k,
+                                                               repeats, min_time_s, mem_mb)))
+    fits = tuple(fit_gemm(dtype, [p for p in points if p.dtype == dtype]) for dtype in dtypes)
+
+    numel = int(mem_mb * 1e6 / 4)
+    src = torch.ones(numel, device=dev)
+    dst = torch.empty_like(src)
+    copy_s = time_call(device, lambda: dst.copy_(src), repeats=repeats,
+                       min_time_s=min_time_s)[0]
+    memory = 2 * numel * 4 / copy_s / 1e9
+
+    one = torch.ones(1, device=dev)
+    launch_s = time_call(device, lambda: torch.add(one, one), repeats=repeats,
+                         min_time_s=min_time_s)[0]
+
+    attention = _attention_fits(device, sizes, repeats, min_time_s)
+    vector = _vector_flops(device, launch_s, repeats, min_time_s)
+    return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
+                       launch_overhead_us=launch_s * 1e6, attention=attention,
+                       vector_flops=vector,
+                       capacity_gb=_capacity_gb(device),
+                       date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
+
+
+def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
+               min_time_s: float, mem_mb: float) -> float:
+    import torch
+
+    dev = device.torch_device
+    if dtype == "fp8":
+        a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()
+        scale = torch.ones((), device=dev)
+        return time_call(device, lambda: torch._scaled_mm(a, b, scale, scale,
+                                                          out_dtype=torch.bfloat16),
+                         repeats=repeats, min_time_s=min_time_s)[0]
+    if dtype == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        torch_type = getattr(torch, TORCH_DTYPES[dtype])
+        a = torch.randn(m, k, device=dev, dtype=torch_type)
+        copies = max(1, math.ceil(mem_mb * 1e6 / (k * n * torch_type.itemsize)))
+        weights = [torch.randn(k, n, device=dev, dtype=torch_type) for _ in range(copies)]
+        turn = iter(range(1 << 62))
+
+        def call() -> Any:
+            return torch.mm(a, weights[next(turn) % copies])
+
+        return time_call(device, call, repeats=repeats, min_time_s=min_time_s)[0]
+    finally:
+        if dtype == "tf32":
+            torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: float
+                  ) -> float:
+    """Geometric mean over :data:`VECTOR_OPS` of elements per second (launch taken off) on
+    a 32k-element fp32 tensor (128 kB: in a core's L2)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.rand(32 * 1024, device=device.torch_device) + 0.5
+    ops = {"mul": lambda: x * x, "add": lambda: x + x, "neg": lambda: -x,
+           "rsqrt": lambda: torch.rsqrt(x), "silu": lambda: F.silu(x),
+           "gelu": lambda: F.gelu(x), "exp": lambda: torch.exp(x), "pow2": lambda: x.pow(2)}
+    logs = []
+    for name in VECTOR_OPS:
+        t = time_call(device, ops[name], repeats=repeats, min_time_s=min_time_s)[0]
+        logs.append(math.log(x.numel() / max(t - launch_s, 0.05 * t)))
+    return math.exp(sum(logs) / len(logs))
+
+
+def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time_s: float
+                    ) -> tuple[GemmFit, GemmFit]:
+    """Causal SDPA forward and backward (fp32) fitted like a GEMM, with the visible keys per
+    query in the place of k (FLOPs as zrt counts them: ``AttentionDims``)."""
+    import torch
+    import torch.nn.functional as F
+
+    from zrt_core.cost.opdims import AttentionDims
+
+    dev = device.torch_device
+    forward, backward = [], []
+    # the GEMM sizes and twice the largest: three lengths at least for a three-number fit
+    for s in sorted({*sizes, 2 * max(sizes)}):
+        dims = AttentionDims(b=1, h=4, h_kv=4, s_q=s, s_kv=s, d=64, causal=True)
+        q, k, v = (torch.randn(1, 4, s, 64, device=dev, requires_grad=True) for _ in range(3))
+        with torch.no_grad():
+            fwd_s = time_call(device, lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=True), repeats=repeats, min_time_s=min_time_s)[0]
+        grad = torch.randn(1, 4, s, 64, device=dev)
+
+        def both(q: Any = q, k: Any = k, v: Any = v, grad: Any = grad) -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        both_s = time_call(device, both, repeats=repeats, min_time_s=min_time_s)[0]
+        visible = round(dims.visible_keys)
+        # a GemmPoint's flops are 2mnk: m·n·k carries the attention FLOPs over 2
+        forward.append(GemmPoint("fp32", 1, dims.forward_flops // (2 * visible), visible,
+                                 fwd_s))
+        backward.append(GemmPoint("fp32", 1, dims.backward_flops // (2 * visible), visible,
+                                  max(both_s - fwd_s, both_s * 0.05)))
+    return (fit_gemm("attention_fwd", forward, tiles=(1,)),
+            fit_gemm("attention_bwd", backward, tiles=(1,)))
+
+
+def fit_gemm(dtype: str, points: Sequence[GemmPoint],
+             tiles: Sequence[int] = TILE_CANDIDATES) -> GemmFit:
+    """Least squares of ``t = c + F'·u + F'/k·v`` on relative error (rows divided by t),
+    ``F' = F/padding(m, tile)``, for each tile; the tile of the least error is kept.
+    rate = 1/u, k0 = v/u. A fit that gives no positive rate is an error, not a number.
+    """
+    import numpy as np
+
+    if len(points) < 3:
+        raise InternalError(f"calibrate: {len(points)} {dtype} GEMMs cannot fit 3 numbers",
+                            "give --sizes at least two values")
+    t = np.array([p.time_s for p in points])
+    best: GemmFit | None = None
+    for tile in tiles:
+        pad = [p.m / (math.ceil(p.m / tile) * tile) for p in points]
+        design = np.array([[1.0, p.flops / f, p.flops / f / p.k]
+                           for p, f in zip(points, pad, strict=True)]) / t[:, None]
+        coef = _nnls(design, np.ones_like(t))
+        c, u, v = (float(x) for x in coef)
+        if u <= 0:
+            continue
+        rms = float(math.sqrt(float(np.mean((design @ coef - 1.0) ** 2))))
+        if best is None or rms < best.rms_rel_error:
+            best = GemmFit(dtype=dtype, rate_flops=1.0 / u, k0=v / u, fixed_s=c,
+                           rms_rel_error=rms, tile_m=tile)
+    if best is None:
+        raise InternalError(f"calibrate: the {dtype} GEMM fit has no throughput term",
+                            "the timings are dominated by noise; rerun with larger --sizes")
+    return best
+
+
+def _nnls(a: Any, b: Any) -> Any:
+    """Non-negative least squares over the subsets of the three unknowns that keep the
+    throughput term (column 1): exhaustive, so the best non-negative fit with a rate."""
+    import itertools
+
+    import numpy as np
+
+    best, best_err = np.zeros(a.shape[1]), float("inf")
+    cols = range(a.shape[1])
+    for r in range(1, a.shape[1] + 1):
+        for subset in itertools.combinations(cols, r):
+            if 1 not in subset:
+                continue
+            sol, *_ = np.linalg.lstsq(a[:, subset], b, rcond=None)
+            if (sol < 0).any():
+                continue
+            full = np.zeros(a.shape[1])
+            full[list(subset)] = sol
+            err = float(np.sum((a @ full - b) ** 2))
+            if err < best_err:
+                best, best_err = full, err
+    return best
+
+
+def _capacity_gb(device: Device) -> float:
+    if device.kind == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory / 1e9
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return 1.0

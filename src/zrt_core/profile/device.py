@@ -1,0 +1,162 @@
+"""The device a measurement runs on: presence and dtype checks, thread pinning, and a timer
+(CUDA events on a GPU; on a CPU the CPU time of the measuring thread).
+
+With one intra-op thread every CPU kernel, forward and backward, runs on the calling thread,
+so its CPU time (``time.thread_time``) is the kernel's time without the slices other
+processes take on a busy machine — wall time on an idle one. With more threads the workers'
+time is not on the caller's clock: wall time (``perf_counter``) is used then.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from attrs import frozen
+
+from zrt_core.errors import ZrtError
+
+DEVICES = ("cpu", "cuda")
+#: compute dtype names (hardware.py's keys) → torch dtype attribute names
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
+                "fp8": "float8_e4m3fn", "int8": "int8"}
+
+
+class DeviceError(ZrtError):
+    """The device named is not present, or lacks what was asked of it."""
+
+
+@frozen
+class Device:
+    """One device to time on.
+
+    :param kind: ``cpu`` or ``cuda``.
+    :param name: the processor or GPU name, as the system reports it.
+    :param threads: intra-op threads (CPU; 0 on a GPU).
+    """
+
+    kind: str
+    name: str
+    threads: int
+
+    @property
+    def torch_device(self) -> str:
+        return "cuda:0" if self.kind == "cuda" else "cpu"
+
+    def supported_dtypes(self) -> tuple[str, ...]:
+        """Compute dtypes (hardware.py's keys) this device runs GEMMs in."""
+        if self.kind == "cpu":
+            return ("fp32", "bf16", "fp16")
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        found = ["fp32", "fp16"]
+        if major >= 8:
+            found += ["tf32", "bf16"]
+        if (major, minor) >= (8, 9):
+            found.append("fp8")
+        return tuple(found)
+
+    def check_dtype(self, dtype: str) -> None:
+        if dtype not in self.supported_dtypes():
+            raise DeviceError(f"device {self.kind} ({self.name}) has no {dtype} GEMMs",
+                              f"use one of {', '.join(self.supported_dtypes())}")
+
+    def to_json(self) -> dict[str, Any]:
+        import torch
+
+        return {"kind": self.kind, "name": self.name, "threads": self.threads,
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda if self.kind == "cuda" else None}
+
+
+def open_device(kind: str, *, threads: int = 1) -> Device:
+    """The device ``kind``, checked present; on a CPU pin ``threads`` intra-op threads.
+
+    :raises DeviceError: an unknown kind, or ``cuda`` without a visible GPU.
+    """
+    import torch
+
+    if kind not in DEVICES:
+        raise DeviceError(f"unknown device {kind!r}", f"use one of {', '.join(DEVICES)}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError("device cuda is not present (torch sees no CUDA GPU)",
+                              "run on a machine with a GPU and a CUDA build of torch, "
+                              "or use --device cpu")
+        return Device("cuda", torch.cuda.get_device_name(0), 0)
+    if threads < 1:
+        raise DeviceError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+    return Device("cpu", _cpu_name(), threads)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def cpu_clock(device: Device) -> Callable[[], float]:
+    """The clock CPU timings read (module docstring)."""
+    return time.thread_time if device.threads == 1 else time.perf_counter
+
+
+def synchronize(device: Device) -> None:
+    if device.kind == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_call(device: Device, fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 5,
+              min_time_s: float = 0.0) -> list[float]:
+    """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeats`` timed ones
+    (each repeated until it lasts ``min_time_s``, averaged), sorted ascending.
+
+    On a GPU each sample is the elapsed time between two CUDA events around the calls.
+    """
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        calls = 0
+        if device.kind == "cuda":
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            while True:
+                fn()
+                calls += 1
+                if time.perf_counter() - t0 >= min_time_s:
+                    break
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e-3 / calls)
+        else:
+            clock = cpu_clock(device)
+            t0 = clock()
+            while True:
+                fn()
+                calls += 1
+                elapsed = clock() - t0
+                if elapsed >= min_time_s:
+                    break
+            samples.append(elapsed / calls)
+    return sorted(samples)
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)

@@ -1,0 +1,229 @@
+"""``zrt diff``: line a ``zrt measure`` result up with zrt's prediction of the same model,
+step and shapes on a hardware spec (a calibrated pack, typically), per layer, per
+sub-module and per op category, with the end-to-end ratio predicted / measured.
+
+The prediction is the captured graph of every decoder layer (``full_depth``) priced node by
+node by the hardware's cost backends and summed (one device, no parallelism, no overlap:
+eager PyTorch runs one op after the other).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from zrt_core.errors import ZrtError
+from zrt_core.profile.measure import SCHEMA
+
+_PHASES = {"train": ("train_forward", "train_backward"), "prefill": ("prefill",),
+           "decode": ("decode",)}
+_LAYER_CHILD = re.compile(r"(?:^|\.)(?:layers|h)\.(\d+)(?:\.([^.]+))?")
+#: profiler names of the CPU/CUDA attention kernels → the graph's attention category
+_ATTENTION_KERNELS = ("flash_attention", "efficient_attention", "cudnn_attention",
+                      "scaled_dot_product")
+
+
+class MeasurementError(ZrtError):
+    """A measurement file zrt diff cannot read."""
+
+
+def load_measurement(path: str | Path) -> dict[str, Any]:
+    """A ``zrt measure --json`` file, checked for the fields the diff needs."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise MeasurementError(f"cannot read {path} ({exc.strerror or exc})",
+                               "give the file zrt measure --json wrote") from None
+    except json.JSONDecodeError as exc:
+        raise MeasurementError(f"{path} is not JSON ({exc.msg}, line {exc.lineno})",
+                               "give the file zrt measure --json wrote") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise MeasurementError(f"{path} is not a zrt measure result (schema {SCHEMA})",
+                               "write it with zrt measure MODEL --json > FILE")
+    for key in ("config", "mode", "batch", "seq_len", "dtype", "step_s", "layers"):
+        if key not in data:
+            raise MeasurementError(f"{path}: missing field {key!r}",
+                                   "write it again with zrt measure --json")
+    if data["mode"] not in _PHASES:
+        raise MeasurementError(f"{path}: unknown mode {data['mode']!r}")
+    if not (isinstance(data["step_s"], (int, float)) and data["step_s"] > 0):
+        raise MeasurementError(f"{path}: step_s must be a positive number")
+    return data
+
+
+def predict(measurement: Mapping[str, Any], hardware: Any, host: Any,
+            backends: Sequence[Any] | None = None) -> list[Any]:
+    """The costed graphs (one per phase) of the measured step on ``hardware``."""
+    from zrt_core.capture.api import capture
+    from zrt_core.cost.pricing import price_graph
+
+    phases = _PHASES[measurement["mode"]]
+    captured = capture(dict(measurement["config"]), phases, batch=int(measurement["batch"]),
+                       seq_len=int(measurement["seq_len"]), host=host, full_depth=True,
+                       dtype=str(measurement["dtype"]), last_token_logits=True)
+    return [price_graph(captured.graph(p), hardware, host, backends=backends) for p in phases]
+
+
+def diff(measurement: Mapping[str, Any], costed: Sequence[Any]) -> dict[str, Any]:
+    """The comparison as a JSON-ready mapping: ``end_to_end_ratio``, ``layers``,
+    ``modules``, ``categories``, ``timelines``, ``coverage``."""
+    measured_layers = {int(r["index"]): r for r in measurement["layers"]}
+    layer_pred: dict[int, dict[str, float]] = {}
+    module_pred: dict[str, dict[str, float]] = {}
+    category_pred: dict[str, float] = {}
+    op_category: dict[str, str] = {}
+    predicted_timeline: list[dict[str, Any]] = []
+    clock = 0.0
+    total = 0.0
+    for cg in costed:
+        graph = cg.graph
+        backward = "backward" in graph.phase
+        side = "backward_s" if backward else "forward_s"
+        span: dict[int, list[float]] = {}
+        for node in graph.nodes:
+            seconds = cg.costs[node.id].time_s * graph.multiplicity(node)
+            total += seconds
+            op_category.setdefault(_base(node.op), node.category)
+            category_pred[node.category] = category_pred.get(node.category, 0.0) + seconds
+            if node.layer_index is not None:
+                row = layer_pred.setdefault(node.layer_index, {"forward_s": 0.0,
+                                                              "backward_s": 0.0})
+                row[side] += seconds
+                found = _LAYER_CHILD.search(node.module_path or "")
+                if found and found.group(2):
+                    m = module_pred.setdefault(found.group(2), {"forward_s": 0.0,
+                                                               "backward_s": 0.0})
+                    m[side] += seconds
+                s = span.setdefault(node.layer_index, [clock, clock])
+                s[1] = clock + seconds
+            clock += seconds
+        for index, (start, end) in span.items():
+            predicted_timeline.append({"name": f"layer {index} {'bwd' if backward else 'fwd'}",
+                                       "layer": index, "phase": "bwd" if backward else "fwd",
+                                       "start_s": start, "dur_s": end - start})
+    measured_s = float(measurement["step_s"])
+    layers = []
+    for index in sorted(set(measured_layers) | set(layer_pred)):
+        pred = layer_pred.get(index, {"forward_s": 0.0, "backward_s": 0.0})
+        meas = measured_layers.get(index, {"forward_s": 0.0, "backward_s": 0.0})
+        p_total = pred["forward_s"] + pred["backward_s"]
+        m_total = float(meas["forward_s"]) + float(meas["backward_s"])
+        layers.append({"index": index, "predicted_s": p_total, "measured_s": m_total,
+                       "predicted_forward_s": pred["forward_s"],
+                       "measured_forward_s": float(meas["forward_s"]),
+                       "predicted_backward_s": pred["backward_s"],
+                       "measured_backward_s": float(meas["backward_s"]),
+                       "error": _error(p_total, m_total)})
+    modules = []
+    measured_modules = {r["name"]: r for r in measurement.get("modules", [])}
+    for name in sorted(set(measured_modules) | set(module_pred)):
+        pred = module_pred.get(name, {"forward_s": 0.0, "backward_s": 0.0})
+        p_total = pred["forward_s"] + pred["backward_s"]
+        m_total = float(measured_modules.get(name, {}).get("total_s", 0.0))
+        modules.append({"name": name, "predicted_s": p_total, "measured_s": m_total,
+                        "error": _error(p_total, m_total)})
+    category_meas: dict[str, float] = {}
+    for k in measurement.get("kernels", []):
+        cat = _kernel_category(k["op"], op_category)
+        category_meas[cat] = category_meas.get(cat, 0.0) + float(k["self_s"])
+    categories = [{"category": c, "predicted_s": category_pred.get(c, 0.0),
+                   "measured_s": category_meas.get(c, 0.0),
+                   "error": _error(category_pred.get(c, 0.0), category_meas.get(c, 0.0))}
+                  for c in sorted(set(category_pred) | set(category_meas))
+                  if category_pred.get(c, 0.0) > 0 or category_meas.get(c, 0.0) > 0]
+    errors = [abs(r["error"]) for r in layers if r["error"] is not None]
+    from zrt_core.cost.coverage import coverage
+
+    return {
+        "model": measurement.get("model"),
+        "mode": measurement["mode"],
+        "batch": measurement["batch"],
+        "seq_len": measurement["seq_len"],
+        "hardware_id": costed[0].hardware_id if costed else None,
+        "predicted_s": total,
+        "measured_s": measured_s,
+        "end_to_end_ratio": total / measured_s,
+        "layer_mape": sum(errors) / len(errors) if errors else None,
+        "layers": layers,
+        "modules": modules,
+        "categories": categories,
+        "coverage": coverage(costed),
+        "timelines": {"measured": measurement.get("timeline", []),
+                      "predicted": sorted(predicted_timeline, key=lambda e: e["start_s"])},
+    }
+
+
+def _base(op: str) -> str:
+    """``aten.mm.default`` → ``aten.mm``; ``aten::mm`` → ``aten.mm``."""
+    op = op.replace("::", ".")
+    return op.rsplit(".", 1)[0] if op.count(".") >= 2 else op
+
+
+def _kernel_category(op: str, op_category: Mapping[str, str]) -> str:
+    if any(k in op for k in _ATTENTION_KERNELS):
+        return "attention"
+    return op_category.get(_base(op), "other")
+
+
+def _error(predicted: float, measured: float) -> float | None:
+    """(predicted − measured) / measured; None when nothing was measured."""
+    return (predicted - measured) / measured if measured > 0 else None
+
+
+def write_html(result: Mapping[str, Any], path: str | Path) -> Path:
+    """A self-contained page: the two timelines side by side and the three tables."""
+    path = Path(path)
+    timelines = result["timelines"]
+    horizon = max([e["start_s"] + e["dur_s"] for t in timelines.values() for e in t]
+                  + [1e-9])
+    width = 1000.0
+
+    def lane(events: Sequence[Mapping[str, Any]], y: int, label: str) -> str:
+        parts = [f'<text x="0" y="{y + 14}">{html.escape(label)}</text>']
+        for e in events:
+            x = 120 + width * e["start_s"] / horizon
+            w = max(1.0, width * e["dur_s"] / horizon)
+            hue = (int(e.get("layer", 0)) * 47) % 360
+            light = 45 if e.get("phase") == "fwd" else 70
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20" '
+                         f'fill="hsl({hue},60%,{light}%)"><title>'
+                         f'{html.escape(str(e["name"]))}: {e["dur_s"] * 1e3:.3f} ms'
+                         f'</title></rect>')
+        return "".join(parts)
+
+    svg = (f'<svg width="{width + 140:.0f}" height="70" font-family="sans-serif" '
+           f'font-size="12">{lane(timelines["measured"], 5, "measured")}'
+           f'{lane(timelines["predicted"], 40, "predicted")}</svg>')
+
+    def rows(items: Sequence[Mapping[str, Any]], key: str) -> str:
+        out = []
+        for r in items:
+            err = "—" if r["error"] is None else f"{r['error']:+.1%}"
+            out.append(f"<tr><td>{html.escape(str(r[key]))}</td>"
+                       f"<td>{r['predicted_s'] * 1e3:.3f}</td>"
+                       f"<td>{r['measured_s'] * 1e3:.3f}</td><td>{err}</td></tr>")
+        return "".join(out)
+
+    head = "<tr><th>{}</th><th>predicted ms</th><th>measured ms</th><th>error</th></tr>"
+    body = (f"<h1>zrt diff: {html.escape(str(result['model']))} {result['mode']}</h1>"
+            f"<p>predicted {result['predicted_s'] * 1e3:.3f} ms, measured "
+            f"{result['measured_s'] * 1e3:.3f} ms, ratio {result['end_to_end_ratio']:.3f}"
+            f" on {html.escape(str(result['hardware_id']))}</p>{svg}"
+            f"<h2>Layers</h2><table>{head.format('layer')}{rows(result['layers'], 'index')}"
+            f"</table><h2>Sub-modules</h2><table>{head.format('module')}"
+            f"{rows(result['modules'], 'name')}</table><h2>Op categories</h2><table>"
+            f"{head.format('category')}{rows(result['categories'], 'category')}</table>")
+    path.write_text("<!doctype html><meta charset='utf-8'><title>zrt diff</title><style>"
+                    "body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
+                    "</style>" + body, encoding="utf-8")
+    return path
+
+
+def mape(values: Sequence[float | None]) -> float:
+    vals = [abs(v) for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else float("nan")
