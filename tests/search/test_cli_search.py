@@ -272,3 +272,25 @@ def test_strategy_families(model_dir: Path, tmp_path: Path,
     # FSDP shards what DDP replicates: less memory per device
     assert rows["FSDP"]["memory_gib"] < rows["DDP"]["memory_gib"]
     assert "Step time" in (tmp_path / "search.html").read_text()
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_emit_writes_the_winner_as_megatron_arguments(model_dir: Path,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    d = _json(capsys, "search", str(model_dir), "--hw", "h100", *TRAIN, "--json")
+    assert main(["search", str(model_dir), "--hw", "h100", *TRAIN, "--emit", "megatron"]) == 0
+    out = capsys.readouterr().out
+    win = d["winner"]
+    # the header names the prediction; the arguments carry the winner's layout and batch
+    assert "# Megatron-LM arguments written by zrt" in out
+    assert f"--tensor-model-parallel-size {win['tp']}" in out
+    assert f"--pipeline-model-parallel-size {win['pp']}" in out
+    assert "--global-batch-size 8" in out and "--seq-length 64" in out
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_emit_to_an_unknown_framework_is_one_line(model_dir: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error(capsys, "search", str(model_dir), "--hw", "h100", *TRAIN, "--emit", "nemo1")
+    assert "nemo1" in err

@@ -124,6 +124,10 @@ def register(sub: Any) -> None:
     p.add_argument("--strategies", action="store_true",
                    help="with --train: the named families (DDP, FSDP, TP, SP, PP, EP, 3D) "
                         "side by side for one GPU count instead of a search")
+    p.add_argument("--emit", metavar="FRAMEWORK", default=None,
+                   help="print the winner as that framework's arguments or config "
+                        "(megatron, bridge, torchtitan, deepspeed, trtllm, vllm; "
+                        "docs/frameworks.md) instead of the report")
     p.set_defaults(func=run, mode=None)
 
 
@@ -204,9 +208,23 @@ def run(args: argparse.Namespace) -> int:
     args.mode = args.mode or "infer"
     if args.strategies:
         return run_strategies(args)
+    if args.emit is not None:
+        from zrt_core.frameworks import framework_of
+
+        framework_of(args.emit)  # an unknown name fails before the search
     space = space_from_args(args)
     with progress_bar(True) as update:
         result = search(args.model, args.hw, space, progress=update, **search_options(args))
+    if args.emit is not None:
+        from zrt_core.cli.run_frameworks import emit_run
+
+        if result.winner_spec is None or result.winner_report_object is None:
+            from zrt_core.errors import SpecError
+
+            raise SpecError("no layout to emit: the search kept none",
+                            "relax the filters (zrt search --help)")
+        emit_run(args, result.winner_report_object, **result.winner_spec)
+        return 0
     written = []
     if args.out:
         from zrt_core.cli._output import out_dir
