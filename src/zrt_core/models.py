@@ -71,3 +71,32 @@ def load_bundled(path: str | Path = BUNDLED_FILE) -> list[BundledModel]:
             source=f.str("source", "") or "",
         ))
     return out
+
+
+def model_rows(host: Any) -> list[dict[str, Any]]:
+    """Every registered model as ``zrt models --json`` lists it: published parameter counts
+    where the entry has them, the analytic count from the config beside them."""
+    rows = []
+    for m in sorted(host.models, key=lambda m: m.key):
+        computed_total, computed_active = _computed(m.config_dict())
+        rows.append({
+            "key": m.key, "name": m.name, "model_type": m.model_type,
+            "aliases": list(m.aliases),
+            "total_params_b": m.total_params_b, "active_params_b": m.active_params_b,
+            "computed_total_params_b": computed_total,
+            "computed_active_params_b": computed_active,
+            "source": m.source,
+            "distribution": host.models.distribution_of(m.key),
+        })
+    return rows
+
+
+def _computed(config: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    from zrt_core.analytic.flops import param_counts
+    from zrt_core.errors import ZrtError
+
+    try:
+        counts = param_counts(config)
+    except ZrtError:
+        return None, None
+    return round(counts.total / 1e9, 3), round(counts.active / 1e9, 3)

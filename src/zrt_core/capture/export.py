@@ -353,3 +353,39 @@ def write_onnx(graph: OpGraph, path: str | Path, *, model: str = "") -> Path:
 def _op_type(op: str) -> str:
     """``aten.mm.default`` → ``aten_mm_default``: ONNX op types are identifiers."""
     return "".join(c if c.isalnum() or c == "_" else "_" for c in op)
+
+
+def capture_json(result: Any, summaries: Any, exported: Any, timings: dict[str, float]
+                 ) -> dict[str, Any]:
+    """What ``zrt capture --json`` prints (and a server capture job answers)."""
+    out = {
+        "model": result.model,
+        "model_type": result.model_type,
+        "source": result.source,
+        "batch": result.options.batch,
+        "seq_len": result.options.seq_len,
+        "dtype": result.options.dtype,
+        "full_depth": result.options.full_depth,
+        "params": {"total": result.params.total, "active": result.params.active},
+        "analytic_params": analytic_params(result.config),
+        "build_s": round(timings.get("build", 0.0), 3),
+        "phases": {s.phase: s.to_json() for s in summaries},
+        "warnings": list(result.warnings),
+    }
+    if exported is not None:
+        out["out"] = {"dir": str(exported.out_dir),
+                      "files": [str(p) for p in exported.files],
+                      "notes": list(exported.notes)}
+    return out
+
+
+def analytic_params(config: Any) -> dict[str, Any] | None:
+    """The analytic parameter counts of the captured config (None for families the
+    analytic model does not describe)."""
+    from zrt_core.analytic.flops import param_counts
+    from zrt_core.errors import ZrtError
+
+    try:
+        return param_counts(dict(config)).to_json()
+    except ZrtError:
+        return None

@@ -148,21 +148,9 @@ def run_infer(args: argparse.Namespace) -> int:
 
 def write_outputs(report: Any, out: str) -> list[Path]:
     """``report.html``, ``report.json`` and ``trace.json`` in ``out``."""
-    import json
+    from zrt_core.reports.files import write_inference_outputs
 
-    from zrt_core.reports.html import write_inference_html
-    from zrt_core.reports.trace import merge_traces, timeline_trace, write_trace
-
-    directory = out_dir(out)
-    files = [write_inference_html(report, directory / "report.html")]
-    path = directory / "report.json"
-    path.write_text(json.dumps(report.to_json(), indent=1, default=str), encoding="utf-8")
-    files.append(path)
-    traces = [timeline_trace(t, device=f"{name} (one device)", pid=i)
-              for i, (name, t) in enumerate(report.timelines.items()) if t is not None]
-    if traces:
-        files.append(write_trace(merge_traces(*traces), directory / "trace.json"))
-    return files
+    return write_inference_outputs(report, out_dir(out))
 
 
 def print_report(report: Any, written: list[Path]) -> None:
