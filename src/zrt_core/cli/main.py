@@ -25,6 +25,7 @@ COMMANDS = (
     "zrt_core.cli.run_cmd",
     "zrt_core.cli.estimate_cmd",
     "zrt_core.cli.validate_cmd",
+    "zrt_core.cli.serve_cmd",
 )
 
 
