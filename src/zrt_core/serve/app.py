@@ -291,7 +291,9 @@ def _add_submit(app: FastAPI, kind: JobKind, settings: ServeSettings, host: _Hos
     with_files = kind.name == "estimate"
 
     def submit(body: Any, request: Request, files: bool = False) -> Response:
-        data = body.model_dump(exclude_unset=True)
+        # a spec document keeps only what the client sent (its parser supplies defaults);
+        # other kinds get every field, defaults filled in
+        data = body.model_dump(exclude_unset=kind.as_sent)
         if with_files:
             data["files"] = files
         key = request.headers.get("idempotency-key")

@@ -42,6 +42,9 @@ class JobKind:
     request_model: Any
     prepare: Callable[[dict[str, Any], PrepareContext], dict[str, Any]]
     runner: str
+    #: the body as sent (a spec document whose parser has its own defaults), not with the
+    #: request model's defaults filled in
+    as_sent: bool = False
 
 
 KINDS: dict[str, JobKind] = {}
@@ -204,7 +207,8 @@ def _register_builtin() -> None:
 
     here = __name__
     register_kind(JobKind("estimate", "one training or serving estimate (zrt estimate)",
-                          models.EstimateRequest, prepare_estimate, f"{here}:run_estimate"))
+                          models.EstimateRequest, prepare_estimate, f"{here}:run_estimate",
+                          as_sent=True))
     register_kind(JobKind("capture", "capture each phase's operator graph (zrt capture)",
                           models.CaptureRequest, prepare_capture, f"{here}:run_capture"))
     register_kind(JobKind("validate", "predict published measurements (zrt validate)",
