@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from zrt_core.serve import ServeSettings, create_app
+        from zrt_core.serve.app import ServeSettings, create_app
     except ImportError as exc:
         raise ZrtError(f"zrt serve needs the serve extra ({exc.name} is not installed)",
                        "pip install 'zrt-core[serve]'") from None
