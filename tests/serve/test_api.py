@@ -193,3 +193,24 @@ def test_a_full_queue_is_429_and_a_slow_job_fails_at_the_time_limit(server_facto
         assert cancel.status_code == 202
         cancelled = c.delete(f"/v1/jobs/{cancel.json()['id']}").json()
         assert cancelled["status"] in ("cancelled", "failed")
+
+
+def test_zrt_run_with_server_prints_what_zrt_run_prints(server):
+    import subprocess
+    import sys
+
+    def run(*extra: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "zrt_core.cli.main", "run", "llama3-8b",
+                              "--hw", "nvidia_h100_sxm", "--batch", "4", "--input-len",
+                              "512", "--output-len", "32", "--json", *extra],
+                             capture_output=True, text=True, timeout=300, check=True)
+        data = json.loads(out.stdout)
+        assert data.pop("timings_s").keys()
+        return data
+
+    assert run("--server", server.url) == run()
+    refused = subprocess.run([sys.executable, "-m", "zrt_core.cli.main", "run", "llama3-8b",
+                              "--hw", "nvidia_h100_sxm", "--train", "--lora-rank", "8",
+                              "--server", server.url], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("zrt: error: --lora-rank is not available with --server")

@@ -94,11 +94,17 @@ def register(sub: Any) -> None:
                    help="write report.html, report.json and trace.json here")
     p.add_argument("--no-cache", action="store_true",
                    help="capture again instead of using the capture cache")
+    p.add_argument("--server", metavar="URL", help="compute on a `zrt serve` at URL "
+                   "(prints JSON; token from $ZRT_TOKEN; docs/serve.md)")
     add_json_flag(p)
     p.set_defaults(func=run, mode=None)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.server:
+        from zrt_core.cli.serve_cmd import run_remote
+
+        return run_remote(args)
     mode = args.mode or DEFAULT_MODE
     entry = MODES.get(mode)
     if entry is None:

@@ -66,3 +66,76 @@ def run(args: argparse.Namespace) -> int:
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info",
                 access_log=False)
     return 0
+
+
+#: ``zrt run --train`` flags a spec document has no key for, with their defaults: a
+#: different value cannot go to a server, and is refused rather than dropped.
+_LOCAL_ONLY = {"lora_rank": 0, "host_link_gbps": None, "attention": "flash",
+               "embedding_loss_stages": False, "decoder_first_pipeline_num_layers": None,
+               "decoder_last_pipeline_num_layers": None,
+               "pipeline_model_parallel_layout": None, "no_cache": False}
+
+
+def run_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec document (docs/estimate.md) of a ``zrt run`` command line, capture
+    front-end (what ``zrt run`` uses): the same estimate, computed by a server."""
+    mode = args.mode or "infer"
+    parallel = {"tp": args.tp, "pp": args.pp, "vp": args.vp, "cp": args.cp, "ep": args.ep,
+                "etp": args.etp, "dp": args.dp, "sp": args.sp, "cp_kind": args.cp_kind}
+    spec: dict[str, Any] = {"model": args.model, "hardware": args.hw,
+                            "parallel": {k: v for k, v in parallel.items() if v is not None},
+                            "frontend": "capture"}
+    if mode == "infer":
+        kv = args.kv_dtype or ("fp8" if args.quant in ("fp8", "fp4") else None)
+        spec["infer"] = {"input_len": args.input_len, "output_len": args.output_len,
+                         "batch": args.batch, "quant": args.quant, "kv_dtype": kv,
+                         "engine": args.engine}
+        return spec
+    for key, default in _LOCAL_ONLY.items():
+        if getattr(args, key, default) != default:
+            flag = "--" + key.replace("_", "-")
+            raise ZrtError(f"{flag} is not available with --server (an estimate spec has no "
+                           "key for it)", f"drop {flag}, or run without --server")
+    train = {"micro_batch": args.micro_batch,
+             "global_batch": args.global_batch or args.micro_batch * args.dp,
+             "seq_len": args.seq_len, "recompute": args.recompute, "zero": args.zero,
+             "fsdp": args.fsdp, "optimizer": args.optimizer, "precision": args.precision,
+             "offload_optimizer": args.offload_optimizer}
+    if args.pp_schedule:
+        train["pp_schedule"] = args.pp_schedule
+    spec["train"] = train
+    if args.num_gpus is not None:
+        spec["num_gpus"] = args.num_gpus
+    return spec
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    """``zrt run ... --server URL``: the estimate computed by a ``zrt serve``; prints what
+    ``zrt run --json`` prints (always JSON), and with ``--out DIR`` writes the report
+    files the server made."""
+    import json
+
+    from zrt_core.cli._output import out_dir, print_json
+    from zrt_core.client import Client
+
+    spec = run_spec(args)
+    with Client(args.server) as client:
+        params = {"files": "true"} if args.out else None
+        job = client.submit("estimate", spec, params=params)
+        job = client.wait(job["id"])
+        result = dict(job["result"])
+        result.pop("spec", None)
+        if args.out:
+            directory = out_dir(args.out)
+            written = []
+            for name in job["files"]:
+                path = directory / name
+                path.write_bytes(client.file(job["id"], name))
+                written.append(path)
+            path = directory / "report.json"
+            path.write_text(json.dumps(result, indent=1), encoding="utf-8")
+            if path not in written:
+                written.append(path)
+            result["files"] = [str(p) for p in written]
+    print_json(result)
+    return 0
