@@ -62,9 +62,19 @@ def run(args: argparse.Namespace) -> int:
     settings = ServeSettings(db=str(db), workers=args.workers, model_dir=model_dir,
                              token=args.token or os.environ.get("ZRT_TOKEN") or None,
                              max_queue=args.max_queue, job_timeout_s=args.job_timeout,
-                             max_body_bytes=args.max_body_bytes)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info",
-                access_log=False)
+                             max_body_bytes=args.max_body_bytes, defer_start=True)
+    app = create_app(settings)
+
+    class Server(uvicorn.Server):
+        """Workers and plugins start once the port is open: a cold server answers at once."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            app.state.zrt_start()
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                            access_log=False)
+    Server(config).run()
     return 0
 
 

@@ -45,6 +45,9 @@ class ServeSettings:
     job_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
     max_attempts: int = 3
+    #: start the workers and load the plugins only when ``app.state.zrt_start()`` is called
+    #: (``zrt serve`` calls it once the port is open, so nothing slows the start)
+    defer_start: bool = False
 
 
 class ApiError(Exception):
@@ -149,6 +152,26 @@ class _BodyLimit:
                 "bytes — send less (fewer records), or raise --max-body-bytes")
 
 
+class _Bearer:
+    """ASGI middleware: every path but /healthz needs ``Authorization: Bearer TOKEN``."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] != "/healthz":
+            given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(),
+                                                                       self.token):
+                await _send(send, problem(
+                    401, "Unauthorized", "zrt: error: this server needs a bearer token — "
+                    "send 'Authorization: Bearer TOKEN' (the server's --token / ZRT_TOKEN)",
+                    headers={"WWW-Authenticate": "Bearer"}))
+                return
+        await self.app(scope, receive, send)
+
+
 async def _send(send: Any, response: JSONResponse) -> None:
     await send({"type": "http.response.start", "status": response.status_code,
                 "headers": response.raw_headers})
@@ -165,8 +188,17 @@ def create_app(settings: ServeSettings) -> FastAPI:
         store.recover()
         pool = WorkerPool(store, settings.workers, job_timeout_s=settings.job_timeout_s)
         store_box.update(store=store, pool=pool)
-        threading.Thread(target=host.load, name="zrt-host", daemon=True).start()
-        pool.start()
+        started: list[bool] = []
+
+        def start() -> None:
+            if not started:
+                started.append(True)
+                threading.Thread(target=host.load, name="zrt-host", daemon=True).start()
+                pool.start()
+
+        app.state.zrt_start = start
+        if not settings.defer_start:
+            start()
         yield
         pool.stop()
         store.close()
@@ -175,21 +207,11 @@ def create_app(settings: ServeSettings) -> FastAPI:
                   description="Predict step time, memory and cost of training or serving an "
                   "LLM: the zrt CLI as an HTTP API with persistent jobs (docs/serve.md).")
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    if settings.token:
+        app.add_middleware(_Bearer, token=settings.token)
 
     def store() -> JobStore:
         return store_box["store"]
-
-    @app.middleware("http")
-    async def bearer(request: Request, call_next: Any) -> Any:
-        if settings.token and request.url.path != "/healthz":
-            given = request.headers.get("authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    token.strip().encode(), settings.token.encode()):
-                return problem(401, "Unauthorized", "zrt: error: this server needs a bearer "
-                               "token — send 'Authorization: Bearer TOKEN' (the server's "
-                               "--token / ZRT_TOKEN)", headers={"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -300,9 +322,15 @@ def _add_submit(app: FastAPI, kind: JobKind, settings: ServeSettings, host: _Hos
         if key is not None and not 1 <= len(key) <= 200:
             raise ApiError(422, "Unprocessable Content", "zrt: error: Idempotency-Key must "
                            "be 1 to 200 characters — send a short unique key, e.g. a UUID")
+        h = host.get()
+        body_hash = _hash(kind.name, data, host.versions)
+        if key is None:  # an identical body already answered: no need to check it again
+            stored = store().answered(body_hash)
+            if stored is not None:
+                return JSONResponse(_job(stored).model_dump(mode="json"), status_code=200)
+        ctx = PrepareContext(host=h, model_dir=settings.model_dir)
         try:
-            payload = kind.prepare(data, PrepareContext(host=host.get(),
-                                                        model_dir=settings.model_dir))
+            payload = kind.prepare(dict(data), ctx)
         except RequestRefused as exc:
             raise ApiError(403, "Forbidden", request_error(exc), type_="zrt:RequestRefused"
                            ) from None
@@ -313,8 +341,9 @@ def _add_submit(app: FastAPI, kind: JobKind, settings: ServeSettings, host: _Hos
                            type_=f"zrt:{type(exc).__name__}") from None
         digest = _hash(kind.name, payload, host.versions)
         try:
-            row, created = store().submit(kind.name, payload, digest, idempotency_key=key,
-                                          max_queued=settings.max_queue)
+            row, created = store().submit(
+                kind.name, payload, digest, idempotency_key=key, max_queued=settings.max_queue,
+                body_hash=None if ctx.files_read else body_hash)
         except QueueFull as exc:
             pool = box["pool"]
             wait_s = max(1, min(300, math.ceil(exc.queued * pool.mean_job_s()

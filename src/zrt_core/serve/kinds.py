@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 from zrt_core.errors import ZrtError
 from zrt_core.serve.sandbox import check_finite, check_no_remote_code, model_reference
@@ -27,10 +27,19 @@ from zrt_core.serve.sandbox import check_finite, check_no_remote_code, model_ref
 
 @frozen
 class PrepareContext:
-    """What checking a request may use: the plugin host and the operator's model folder."""
+    """What checking a request may use: the plugin host and the operator's model folder;
+    ``files_read`` collects the model-folder names a request was resolved from (such a
+    request's answer may change with the file, so it is never answered by its body alone)."""
 
     host: Any
     model_dir: Path | None
+    files_read: list[str] = field(factory=list)
+
+    def model(self, model: Any) -> Any:
+        ref = model_reference(model, self.host, self.model_dir)
+        if isinstance(model, str) and not isinstance(ref, str):
+            self.files_read.append(model)
+        return ref
 
 
 @frozen
@@ -52,6 +61,19 @@ KINDS: dict[str, JobKind] = {}
 
 def register_kind(kind: JobKind) -> None:
     KINDS[kind.name] = kind
+
+
+_WORKER_HOST: list[Any] = []
+
+
+def worker_host() -> Any:
+    """The worker process's plugin host, built once (a host takes a second or two to build,
+    and the estimators' caches live as long as it does)."""
+    if not _WORKER_HOST:
+        from zrt_core.plugins import get_plugin_manager
+
+        _WORKER_HOST.append(get_plugin_manager())
+    return _WORKER_HOST[0]
 
 
 def run_job(kind: str, payload: dict[str, Any], progress: Callable[[int, int], None]
@@ -96,7 +118,7 @@ def _spec_model(model: Any, ctx: PrepareContext) -> Any:
     if isinstance(model, Mapping) and set(model) == {"name"}:
         model = model["name"]
     if isinstance(model, str):
-        ref = model_reference(model, ctx.host, ctx.model_dir)
+        ref = ctx.model(model)
         return ref if isinstance(ref, str) else {"config": ref, "name": model.strip()}
     return model  # model numbers, or something EstimateSpec refuses with its own message
 
@@ -105,10 +127,9 @@ def run_estimate(payload: dict[str, Any], progress: Callable[[int, int], None]
                  ) -> tuple[Any, dict[str, bytes]]:
     from zrt_core.analytic.run import estimate_from_spec
     from zrt_core.analytic.spec import EstimateSpec
-    from zrt_core.plugins import get_plugin_manager
 
     spec = EstimateSpec.from_mapping(payload["spec"], where="request")
-    host = get_plugin_manager()
+    host = worker_host()
     hw = host.hardware_spec(spec.hardware)
     report = estimate_from_spec(spec, host, hw, keep_timelines=payload["files"])
     files: dict[str, bytes] = {}
@@ -134,7 +155,7 @@ def prepare_capture(body: dict[str, Any], ctx: PrepareContext) -> dict[str, Any]
 
     check_finite(body)
     payload = dict(body)
-    payload["model"] = model_reference(body["model"], ctx.host, ctx.model_dir)
+    payload["model"] = ctx.model(body["model"])
     payload["phases"] = list(dict.fromkeys(body["phases"]))
     check_capture_request(payload["model"], payload["phases"], payload["seq_len"], ctx.host)
     return payload
@@ -144,10 +165,9 @@ def run_capture(payload: dict[str, Any], progress: Callable[[int, int], None]
                 ) -> tuple[Any, dict[str, bytes]]:
     from zrt_core.capture.api import capture
     from zrt_core.capture.export import capture_json, summarize
-    from zrt_core.plugins import get_plugin_manager
 
     result = capture(payload["model"], phases=payload["phases"], batch=payload["batch"],
-                     seq_len=payload["seq_len"], host=get_plugin_manager(),
+                     seq_len=payload["seq_len"], host=worker_host(),
                      full_depth=payload["full_depth"], moe_imbalance=payload["moe_imbalance"],
                      dtype=payload["dtype"])
     analytic = {phase: check.analytic for phase, check in result.flops_checks.items()}
@@ -175,13 +195,12 @@ def prepare_validate(body: dict[str, Any], ctx: PrepareContext) -> dict[str, Any
 
 def run_validate(payload: dict[str, Any], progress: Callable[[int, int], None]
                  ) -> tuple[Any, dict[str, bytes]]:
-    from zrt_core.plugins import get_plugin_manager
     from zrt_core.validate import Validator, records_from_data
 
     records = records_from_data(payload["records"], where="request.records")
     if payload.get("only"):
         records = [r for r in records if payload["only"] in r.id]
-    validator = Validator(get_plugin_manager(), frontend=payload["frontend"])
+    validator = Validator(worker_host(), frontend=payload["frontend"])
     progress(0, len(records))
     run = validator.run(records, on_result=lambda i, n, r: progress(i + 1, n), path="request")
     return run.to_json(), {"results.csv": _results_csv(run.results)}

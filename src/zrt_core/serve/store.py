@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     status TEXT NOT NULL,
     request TEXT NOT NULL,
     request_hash TEXT NOT NULL,
+    body_hash TEXT,
     idempotency_key TEXT UNIQUE,
     result TEXT,
     error TEXT,
@@ -48,6 +49,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 CREATE INDEX IF NOT EXISTS jobs_hash ON jobs (request_hash, status);
+CREATE INDEX IF NOT EXISTS jobs_body ON jobs (body_hash, status);
 CREATE TABLE IF NOT EXISTS files (
     job_id TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -112,9 +114,18 @@ class JobStore:
 
     # -- submitting -----------------------------------------------------------------------
 
+    def answered(self, body_hash: str) -> JobRow | None:
+        """A finished job whose request body (as sent) had this hash: the stored answer to
+        an identical request, found before the request is checked again."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE body_hash = ? AND status = ? "
+                                   "AND idempotency_key IS NULL ORDER BY seq DESC LIMIT 1",
+                                   (body_hash, DONE)).fetchone()
+            return None if row is None else self._row(row)
+
     def submit(self, kind: str, request: dict[str, Any], request_hash: str, *,
-               idempotency_key: str | None = None, max_queued: int | None = None
-               ) -> tuple[JobRow, bool]:
+               idempotency_key: str | None = None, max_queued: int | None = None,
+               body_hash: str | None = None) -> tuple[JobRow, bool]:
         """``(job, created)``: the job this request already has — same idempotency key, or
         a finished job with the same request hash — or a new queued one.
 
@@ -141,10 +152,10 @@ class JobStore:
                     raise QueueFull(queued)
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             job_id = uuid.uuid4().hex
-            db.execute("INSERT INTO jobs (id, kind, status, request, request_hash, "
-                       "idempotency_key, created_s, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO jobs (id, kind, status, request, request_hash, body_hash, "
+                       "idempotency_key, created_s, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (job_id, kind, QUEUED, json.dumps(request, sort_keys=True),
-                        request_hash, idempotency_key, time.time(), seq))
+                        request_hash, body_hash, idempotency_key, time.time(), seq))
             return self._row(db.execute("SELECT * FROM jobs WHERE id = ?",
                                         (job_id,)).fetchone()), True
 

@@ -25,19 +25,20 @@ from zrt_core.serve.store import CANCELLED, DONE, FAILED, JobStore
 POLL_S = 0.05
 
 
-def worker_main(conn: Any) -> None:
+def worker_main(conn: Any, server_pid: int) -> None:
     """A worker process: offline, warm (plugins loaded, torch imported), then one job at a
     time from ``conn`` until the server goes away."""
     _die_with_parent()
+    if os.getppid() != server_pid:  # the server died while this process started
+        return
     empty = tempfile.mkdtemp(prefix="zrt-serve-hf-")
     # nothing downloaded and no HuggingFace cache read: every model arrives as a config
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_CACHE=empty,
                       HF_HOME=empty)
     from zrt_core.errors import InternalError, ZrtError
-    from zrt_core.plugins import get_plugin_manager
-    from zrt_core.serve.kinds import request_error, run_job
+    from zrt_core.serve.kinds import request_error, run_job, worker_host
 
-    get_plugin_manager()
+    worker_host()
     try:
         import torch  # noqa: F401  (the capture front-end's import, paid before any job)
     except ImportError:  # pragma: no cover - torch is a dependency of zrt-core
@@ -120,7 +121,7 @@ class WorkerPool:
 
     def _spawn(self, slot: int) -> tuple[Any, Any]:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=worker_main, args=(child,), name=f"zrt-worker-{slot}",
+        proc = self._ctx.Process(target=worker_main, args=(child, os.getpid()), name=f"zrt-worker-{slot}",
                                  daemon=True)
         proc.start()
         child.close()
