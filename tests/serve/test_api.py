@@ -65,8 +65,12 @@ def test_an_estimate_job_answers_what_the_library_answers(client, final):
     host = get_plugin_manager()
     report = estimate_from_spec(spec, host, host.hardware_spec(spec.hardware))
     expected = json.loads(json.dumps({"spec": spec.to_json(), **report.to_json()}))
-    # everything but the wall-clock timings of the two runs
+    # everything but the wall-clock timings of the two runs, and the name of the TP plan's
+    # source: config_tp_plan names transformers' plan only where transformers is already
+    # imported (this test process may have run captures; the worker has not)
     assert job["result"].pop("timings_s").keys() == expected.pop("timings_s").keys()
+    plans = {job["result"]["params"].pop("tp_plan"), expected["params"].pop("tp_plan")}
+    assert plans <= {"module-name rules", "llama base_model_tp_plan (transformers)"}
     assert job["result"] == expected
     # the same request again is answered from the stored result: the same job, at once
     again = client.post("/v1/estimate", json=ESTIMATE)

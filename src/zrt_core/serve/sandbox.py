@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from zrt_core.errors import ZrtError
+from zrt_core.errors import InternalError, ZrtError
 
 #: The largest config.json read from the model directory (real ones are a few KiB).
 MAX_CONFIG_BYTES = 1 << 20
@@ -27,11 +27,14 @@ class RequestRefused(ZrtError):
 
 
 def check_finite(value: Any, where: str = "request") -> None:
-    """NaN and ±Infinity are not JSON numbers; a body holding them is refused."""
+    """NaN and ±Infinity are not JSON numbers: a body holding one is refused
+    (:class:`ZrtError`), a result holding one is an :class:`InternalError` naming it."""
     stack = [(value, where)]
     while stack:
         item, at = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
+            if where == "result":
+                raise InternalError(f"{at} is {item}: not a number zrt can stand behind")
             raise ZrtError(f"{at}: {item} is not a finite number", "send finite numbers")
         if isinstance(item, Mapping):
             stack.extend((v, f"{at}.{k}") for k, v in item.items())

@@ -37,6 +37,7 @@ def worker_main(conn: Any, server_pid: int) -> None:
                       HF_HOME=empty)
     from zrt_core.errors import InternalError, ZrtError
     from zrt_core.serve.kinds import request_error, run_job, worker_host
+    from zrt_core.serve.sandbox import check_finite
 
     worker_host()
     try:
@@ -55,6 +56,9 @@ def worker_main(conn: Any, server_pid: int) -> None:
 
         try:
             result, files = run_job(kind, payload, progress)
+            # JSON has no NaN or Infinity: a result holding one is a number zrt cannot
+            # stand behind, said as such (and never a response the server cannot encode)
+            check_finite(result, "result")
         except ZrtError as exc:
             conn.send(("error", type(exc).__name__, request_error(exc)))
         except Exception as exc:  # a bug in zrt: said as the CLI says it, the server lives on
