@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
         from zrt_core.serve.app import ServeSettings, create_app
     except ImportError as exc:
-        raise ZrtError(f"zrt serve needs the serve extra ({exc.name} is not installed)",
+        raise ZrtError(f"zrt serve needs the serve extra ({exc.name or exc} is not installed)",
                        "pip install 'zrt-core[serve]'") from None
     model_dir = None
     if args.model_dir:
