@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from zrt_core.analytic.catalog import analytic_params, capture_json
 from zrt_core.cli._output import (
     add_json_flag,
     console,
@@ -98,44 +99,10 @@ def run(args) -> int:
     exported = export_capture(result, args.out) if args.out else None
 
     if args.json:
-        print_json(_json(result, summaries, exported, timings))
+        print_json(capture_json(result, summaries, exported, timings))
         return 0
     _print(result, summaries, exported, timings)
     return 0
-
-
-def _json(result, summaries, exported, timings) -> dict:
-    out = {
-        "model": result.model,
-        "model_type": result.model_type,
-        "source": result.source,
-        "batch": result.options.batch,
-        "seq_len": result.options.seq_len,
-        "dtype": result.options.dtype,
-        "full_depth": result.options.full_depth,
-        "params": {"total": result.params.total, "active": result.params.active},
-        "analytic_params": _analytic_params(result.config),
-        "build_s": round(timings.get("build", 0.0), 3),
-        "phases": {s.phase: s.to_json() for s in summaries},
-        "warnings": list(result.warnings),
-    }
-    if exported is not None:
-        out["out"] = {"dir": str(exported.out_dir),
-                      "files": [str(p) for p in exported.files],
-                      "notes": list(exported.notes)}
-    return out
-
-
-def _analytic_params(config) -> dict | None:
-    """The analytic parameter counts of the captured config (None for families the
-    analytic model does not describe)."""
-    from zrt_core.analytic.flops import param_counts
-    from zrt_core.errors import ZrtError
-
-    try:
-        return param_counts(dict(config)).to_json()
-    except ZrtError:
-        return None
 
 
 def _print(result, summaries, exported, timings) -> None:
@@ -160,7 +127,7 @@ def _print(result, summaries, exported, timings) -> None:
         rows, justify=("left", "right", "right", "right", "right", "right", "right", "left"),
     ))
     p = result.params
-    analytic = _analytic_params(result.config)
+    analytic = analytic_params(result.config)
     differs = analytic is not None and abs(p.total - analytic["total"]) > 0.005 * p.total
     out.print(f"params {_count(p.total)} total, {_count(p.active)} active"
               + (f" (analytic {_count(analytic['total'])} total, "

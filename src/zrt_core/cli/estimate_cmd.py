@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from zrt_core.cli._output import add_json_flag, console, print_json
+from zrt_core.estimate.from_spec import estimate_from_spec
 
 
 def register(sub: Any) -> None:
@@ -76,43 +77,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def estimate(spec: Any, host: Any, hw: Any, *, keep_timelines: bool = False) -> Any:
-    """The report of an :class:`~zrt_core.analytic.spec.EstimateSpec`: graphs from its
-    front-end, then :func:`~zrt_core.estimate.training.estimate_training` or
-    :func:`~zrt_core.estimate.estimate_inference`."""
-    from zrt_core.checks import check_infer_request, check_train_request, raw_config
-    from zrt_core.ir.graph import Phase
-
-    config, where = raw_config(spec.model, host)
-    if spec.workload == "train":
-        check_train_request(config, spec.parallel, spec.train, num_gpus=spec.num_gpus,
-                            where=where)
-    else:
-        check_infer_request(config, spec.parallel, spec.infer, where=where)
-    if spec.workload == "train":
-        from zrt_core.estimate.training import capture_dtype, estimate_training
-
-        train = spec.train
-        captured = None
-        if spec.frontend == "analytic":
-            from zrt_core.analytic.builder import analytic_capture
-
-            captured = analytic_capture(spec.model, (Phase.TRAIN_FORWARD,
-                                                     Phase.TRAIN_BACKWARD),
-                                        batch=train.micro_batch, seq_len=train.seq_len,
-                                        dtype=capture_dtype(train.precision), host=host)
-        return estimate_training(spec.model, hw, spec.parallel, train, host=host,
-                                 captured=captured, num_gpus=spec.num_gpus,
-                                 keep_timelines=keep_timelines)
-    from zrt_core.estimate import CapturedModel, estimate_inference
-
-    infer = spec.infer
-    captured = None
-    if spec.frontend == "analytic":
-        from zrt_core.analytic.builder import analytic_capture
-
-        captured = CapturedModel.from_capture(analytic_capture(
-            spec.model, (Phase.PREFILL, Phase.DECODE), batch=1, seq_len=infer.input_len,
-            dtype=infer.dtype, host=host))
-    return estimate_inference(spec.model, hw, spec.parallel, infer, host=host,
-                              captured=captured, engine=spec.engine)
+#: the library function (zrt_core.estimate.from_spec), under the name this module gave it
+estimate = estimate_from_spec

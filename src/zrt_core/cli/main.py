@@ -31,6 +31,7 @@ COMMANDS = (
     "zrt_core.cli.measure_cmd",
     "zrt_core.cli.diff_cmd",
     "zrt_core.cli.profile_cmd",
+    "zrt_core.cli.serve_cmd",
 )
 
 

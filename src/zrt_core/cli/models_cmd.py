@@ -6,6 +6,7 @@ config (marked ``*``), so every entry has a number.
 
 from __future__ import annotations
 
+from zrt_core.analytic.catalog import model_rows
 from zrt_core.cli._output import add_json_flag, console, print_json, table
 
 
@@ -19,19 +20,7 @@ def run(args) -> int:
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()
-    models = sorted(host.models, key=lambda m: m.key)
-    rows = []
-    for m in models:
-        computed_total, computed_active = _computed(m.config_dict())
-        rows.append({
-            "key": m.key, "name": m.name, "model_type": m.model_type,
-            "aliases": list(m.aliases),
-            "total_params_b": m.total_params_b, "active_params_b": m.active_params_b,
-            "computed_total_params_b": computed_total,
-            "computed_active_params_b": computed_active,
-            "source": m.source,
-            "distribution": host.models.distribution_of(m.key),
-        })
+    rows = model_rows(host)
     if args.json:
         print_json({"models": rows})
         return 0
@@ -47,17 +36,6 @@ def run(args) -> int:
     out.print("* computed from the config (no published figure); active is shown for "
               "mixture-of-experts models")
     return 0
-
-
-def _computed(config) -> tuple[float | None, float | None]:
-    from zrt_core.analytic.flops import param_counts
-    from zrt_core.errors import ZrtError
-
-    try:
-        counts = param_counts(config)
-    except ZrtError:
-        return None, None
-    return round(counts.total / 1e9, 3), round(counts.active / 1e9, 3)
 
 
 def _active(row) -> str:

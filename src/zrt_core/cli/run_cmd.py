@@ -114,6 +114,8 @@ def register(sub: Any) -> None:
                         "the report says what share they priced and the biggest misses")
     p.add_argument("--no-cache", action="store_true",
                    help="capture again instead of using the capture cache")
+    p.add_argument("--server", metavar="URL", help="compute on a `zrt serve` at URL "
+                   "(prints JSON; token from $ZRT_TOKEN; docs/serve.md)")
     add_json_flag(p)
     p.set_defaults(func=run, mode=None)
 
@@ -122,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
     from zrt_core.cli.run_frameworks import apply_from
 
     apply_from(args)
+    if args.server:
+        from zrt_core.cli.serve_cmd import run_remote
+
+        return run_remote(args)
     mode = args.mode or DEFAULT_MODE
     entry = MODES.get(mode)
     if entry is None:
@@ -188,21 +194,9 @@ def run_infer(args: argparse.Namespace) -> int:
 
 def write_outputs(report: Any, out: str) -> list[Path]:
     """``report.html``, ``report.json`` and ``trace.json`` in ``out``."""
-    import json
+    from zrt_core.reports.files import write_inference_outputs
 
-    from zrt_core.reports.html import write_inference_html
-    from zrt_core.reports.trace import merge_traces, timeline_trace, write_trace
-
-    directory = out_dir(out)
-    files = [write_inference_html(report, directory / "report.html")]
-    path = directory / "report.json"
-    path.write_text(json.dumps(report.to_json(), indent=1, default=str), encoding="utf-8")
-    files.append(path)
-    traces = [timeline_trace(t, device=f"{name} (one device)", pid=i)
-              for i, (name, t) in enumerate(report.timelines.items()) if t is not None]
-    if traces:
-        files.append(write_trace(merge_traces(*traces), directory / "trace.json"))
-    return files
+    return write_inference_outputs(report, out_dir(out))
 
 
 def print_report(report: Any, written: list[Path]) -> None:

@@ -13,7 +13,6 @@ in memory is reported as such, with the numbers.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -140,29 +139,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 def write_training_outputs(report: Any, out: str) -> list[Path]:
     """``report.html``, ``report.json`` and ``trace.json`` in ``out``."""
-    from zrt_core.reports.trace import (
-        merge_traces,
-        pipeline_trace,
-        timeline_trace,
-        write_trace,
-    )
-    from zrt_core.reports.training import write_training_html
+    from zrt_core.reports.files import write_training_outputs as write
 
-    directory = out_dir(out)
-    files = [write_training_html(report, directory / "report.html")]
-    path = directory / "report.json"
-    path.write_text(json.dumps(report.to_json(), indent=1, default=str), encoding="utf-8")
-    files.append(path)
-    traces = []
-    if report.pipeline is not None:
-        traces.append(pipeline_trace(report.pipeline))
-    first = report.parallel.pp
-    for i, (name, timeline) in enumerate(report.timelines.items()):
-        traces.append(timeline_trace(timeline, device=f"stage 0 {name} (one micro-batch)",
-                                     pid=first + i))
-    if traces:
-        files.append(write_trace(merge_traces(*traces), directory / "trace.json"))
-    return files
+    return write(report, out_dir(out))
 
 
 add_mode("train", add_train_args, run_train)
