@@ -233,6 +233,9 @@ def _register_builtin() -> None:
                           models.CaptureRequest, prepare_capture, f"{here}:run_capture"))
     register_kind(JobKind("validate", "predict published measurements (zrt validate)",
                           models.ValidateRequest, prepare_validate, f"{here}:run_validate"))
+    from zrt_core.serve import search_kinds
+
+    search_kinds.register()
 
 
 _register_builtin()
