@@ -100,3 +100,10 @@ def test_bad_input_is_one_line_with_exit_2(flags: tuple[str, ...], message: str,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("zrt: error:")
     assert message in err
+
+
+def test_the_help_names_every_registered_framework():
+    from zrt_core.cli.run_frameworks import FRAMEWORK_NAMES
+    from zrt_core.frameworks import FRAMEWORKS
+
+    assert FRAMEWORK_NAMES == tuple(FRAMEWORKS)

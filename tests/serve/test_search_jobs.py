@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("pydantic")
 
-from zrt_core.errors import ZrtError  # noqa: E402
-from zrt_core.plugins import get_plugin_manager  # noqa: E402
-from zrt_core.serve.kinds import KINDS, PrepareContext  # noqa: E402
-from zrt_core.serve.search_kinds import (  # noqa: E402
+from zrt_core.errors import ZrtError
+from zrt_core.plugins import get_plugin_manager
+from zrt_core.serve.kinds import KINDS, PrepareContext
+from zrt_core.serve.search_kinds import (
     CompareRequest,
     SearchRequest,
     prepare_search,

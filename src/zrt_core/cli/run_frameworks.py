@@ -27,10 +27,13 @@ FLAG_NAMES = {"tp": "--tp", "pp": "--pp", "vp": "--vp", "cp": "--cp", "ep": "--e
               "embedding_loss_stages": "--embedding-loss-stages"}
 
 
-def add_framework_args(p: argparse.ArgumentParser) -> None:
-    from zrt_core.frameworks import FRAMEWORKS
+#: The names ``zrt_core.frameworks.FRAMEWORKS`` registers, for the help text: building the
+#: parser must not import the readers (tests/test_cli_frameworks.py checks they agree).
+FRAMEWORK_NAMES = ("megatron", "bridge", "torchtitan", "deepspeed", "trtllm", "vllm")
 
-    names = ", ".join(FRAMEWORKS)
+
+def add_framework_args(p: argparse.ArgumentParser) -> None:
+    names = ", ".join(FRAMEWORK_NAMES)
     g = p.add_argument_group("framework configs")
     g.add_argument("--from", dest="from_framework", nargs=2, metavar=("FRAMEWORK", "SOURCE"),
                    default=None,
