@@ -16,7 +16,8 @@ from zrt_core.strategy import InferSpec, Parallel, TrainSpec, train_spec_default
 #: the flat field names a reader sets: exactly the ``dest`` of ``zrt run``'s flags
 #: (cli/run_cmd.py, cli/run_train.py), plus ``num_gpus`` (the launch's world size) and
 #: ``mode`` (``train`` or ``infer``)
-PARALLEL_FIELDS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind")
+PARALLEL_FIELDS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind",
+                   "ep_dispatcher")
 TRAIN_FIELDS = ("micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp",
                 "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -116,7 +117,8 @@ def request_from_values(values: Mapping[str, Any]) -> RunRequest:
         dp = dp_from_world(num_gpus, tp, pp, cp) if num_gpus else 1
     parallel = Parallel(tp=tp, pp=pp, vp=int(v.get("vp") or 1), cp=cp,
                         ep=int(v.get("ep") or 1), etp=v.get("etp"), dp=dp, sp=v.get("sp"),
-                        cp_kind=v.get("cp_kind") or "ring")
+                        cp_kind=v.get("cp_kind") or "ring",
+                        ep_dispatcher=v.get("ep_dispatcher") or "alltoall")
     if v.get("mode", "train") == "infer":
         kv = v.get("kv_dtype")
         quant = v.get("quant") or "none"

@@ -39,7 +39,8 @@ FLAGS = {"--model_family_name": 1, "--model_recipe_name": 1, "--gpu": 1, "--comp
          "--expert_tensor_parallel_size": 2, "--micro_batch_size": 1,
          "--global_batch_size": 1, "--seq_length": 1, "--recompute_num_layers": 1,
          "--recompute_modules": 1, "--use_megatron_fsdp": 1, "--task": 1,
-         "--optimizer_type": 1, "--pipeline_model_parallel_layout": 1}
+         "--optimizer_type": 1, "--pipeline_model_parallel_layout": 1,
+         "--moe_flex_dispatcher_backend": 1}
 
 #: ``-c/--compute_dtype`` (choices bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4) → zrt precision:
 #: fp8 current scaling (cs) and sub-channel/blockwise scaling (sc) are zrt's fp8
@@ -134,6 +135,15 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
         if mods != ["core_attn"]:
             notes.append(f"--recompute_modules {','.join(mods)}: priced as zrt's selective "
                          "recompute (core attention)")
+    if "--moe_flex_dispatcher_backend" not in args and values.get("ep", 1) > 1:
+        notes.append("--moe_flex_dispatcher_backend not given: the recipe's own dispatcher "
+                     "is not read from a launch line; priced as alltoall (give the flag for "
+                     "deepep or hybridep)")
+    if "--moe_flex_dispatcher_backend" in args:
+        # scripts/performance/argument_parser.py: deepep, hybridep, or None for alltoall
+        values["ep_dispatcher"] = choice(
+            str(args["--moe_flex_dispatcher_backend"]), "--moe_flex_dispatcher_backend",
+            where, {"deepep": "deepep", "hybridep": "hybridep", "None": "alltoall"})
     task = choice(args.get("--task", "pretrain"), "--task", where,
                   {"pretrain": 0, "sft": 0, "peft": DEFAULT_LORA_RANK})
     values["lora_rank"] = task
@@ -204,6 +214,8 @@ def write(request: RunRequest, header: Header) -> str:
         words.append(f"-et {p.etp}")
     words += [f"-mb {train.micro_batch}", f"-gb {train.global_batch}",
               f"-sl {train.seq_len}"]
+    if p.ep_dispatcher != "alltoall":
+        words.append(f"--moe_flex_dispatcher_backend {p.ep_dispatcher}")
     if train.recompute == "full":
         words.append("-rl 1")
     elif train.recompute == "selective":

@@ -38,6 +38,7 @@ FLAGS: dict[str, int] = {
     "--decoder-first-pipeline-num-layers": 1, "--decoder-last-pipeline-num-layers": 1,
     "--pipeline-model-parallel-layout": 1, "--account-for-embedding-in-pipeline-split": 0,
     "--account-for-loss-in-pipeline-split": 0, "--moe-token-dispatcher-type": 1,
+    "--moe-flex-dispatcher-backend": 1,
     "--num-layers": 1, "--hidden-size": 1, "--ffn-hidden-size": 1,
     "--num-attention-heads": 1, "--num-query-groups": 1, "--group-query-attention": 0,
     "--num-experts": 1, "--moe-ffn-hidden-size": 1, "--moe-router-topk": 1,
@@ -64,11 +65,32 @@ SIZE_FLAGS = {"--num-layers": "layers", "--hidden-size": "hidden", "--ffn-hidden
 
 #: modelled without a value of their own (what zrt assumes instead)
 NOTED = {
-    "--moe-token-dispatcher-type": "zrt prices the token exchange as the all-to-all of "
-                                   "alltoall/flex; allgather is not modelled separately",
     "--recompute-method": "zrt's full recompute recomputes every layer of the stage",
     "--recompute-num-layers": "zrt's full recompute recomputes every layer of the stage",
 }
+
+
+#: ``--moe-flex-dispatcher-backend`` → zrt's ``Parallel.ep_dispatcher``
+FLEX_BACKENDS = {"deepep": "deepep", "hybridep": "hybridep"}
+
+
+def _dispatcher(args: Mapping[str, Any], where: str, notes: list[str]) -> str:
+    """``--moe-token-dispatcher-type`` (alltoall, Megatron's default; allgather; flex) and
+    ``--moe-flex-dispatcher-backend`` (deepep, TransformerConfig's default; hybridep) as
+    zrt's EP dispatcher."""
+    kind = choice(args.get("--moe-token-dispatcher-type", "alltoall"),
+                  "--moe-token-dispatcher-type", where,
+                  {"alltoall": "alltoall", "allgather": "allgather", "flex": "flex"})
+    if kind != "flex":
+        if "--moe-flex-dispatcher-backend" in args:
+            notes.append("--moe-flex-dispatcher-backend: read only with "
+                         "--moe-token-dispatcher-type flex")
+        if kind == "allgather":
+            notes.append("--moe-token-dispatcher-type allgather: priced as the alltoall "
+                         "dispatcher's all-to-all")
+        return "alltoall"
+    return choice(args.get("--moe-flex-dispatcher-backend", "deepep"),
+                  "--moe-flex-dispatcher-backend", where, FLEX_BACKENDS)
 
 
 def split_launch(words: list[str]) -> tuple[list[str], list[str]]:
@@ -135,6 +157,7 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
             raise SpecError(f"{where}: --cp-comm-type mixes {sorted(kinds)} across layers",
                             "zrt prices one kind for every layer: give one")
         values["cp_kind"] = kinds.pop()
+    values["ep_dispatcher"] = _dispatcher(args, where, notes)
     # Megatron's own defaults when a switch is absent: no sequence parallelism
     # (ModelParallelConfig.sequence_parallel = False), plain DDP (no distributed optimizer)
     values["sp"] = bool(args.get("--sequence-parallel", False))
@@ -251,6 +274,9 @@ def write(request: RunRequest, header: Header) -> str:
     if p.ep > 1 or p.etp is not None:
         args += [f"--expert-model-parallel-size {p.ep}",
                  f"--expert-tensor-parallel-size {p.expert_tp}"]
+    if p.ep_dispatcher != "alltoall":
+        args += ["--moe-token-dispatcher-type flex",
+                 f"--moe-flex-dispatcher-backend {p.ep_dispatcher}"]
     if p.sequence_parallel(training=True):
         args.append("--sequence-parallel")
     if train.fsdp or train.zero >= 2:
