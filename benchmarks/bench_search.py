@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="search the whole training space on 2 workers")
     args = ap.parse_args(argv)
 
-    from zrt_core.checks import raw_config
+    from zrt_core.capture.sources import raw_config
     from zrt_core.modelinfo import ModelDims
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.search import ServeSpace, TrainSpace, search

@@ -176,18 +176,6 @@ def check_tokens(config: Mapping[str, Any], tokens: int, what: str, *,
                          "shorten the sequence, or use a config that supports it")
 
 
-def check_capture_request(model: Any, phases: Any, seq_len: int, host: Any) -> ModelDims:
-    """A capture's config numbers and its sequence against the config's positions, before
-    transformers is imported or a model is built (``zrt capture`` and :func:`zrt_core.
-    capture` call it; decode needs one position more than the cache)."""
-    config, where = raw_config(model, host)
-    dims = check_config(config, where=where)
-    decode = "decode" in phases
-    check_tokens(config, seq_len + (1 if decode else 0),
-                 f"a sequence of {seq_len}{' + 1 decoded' if decode else ''}", where=where)
-    return dims
-
-
 def check_train_request(config: Mapping[str, Any], parallel: Any, train: Any, *,
                         num_gpus: int | None = None, stage_split: Any = "even",
                         layout: bool = True, positions: bool = True,
@@ -276,23 +264,6 @@ def check_hardware_arg(hardware: Any) -> None:
     if not isinstance(hardware, str | HardwareSpec):
         raise SpecError(f"hardware must be a hardware id or a HardwareSpec, got "
                         f"{_show(hardware)}", "`zrt hw list` shows the ids")
-
-
-def raw_config(model: Any, host: Any, *, captured: Any = None
-               ) -> tuple[Mapping[str, Any], str]:
-    """The config mapping of what a user passed as a model (bundled name, path, mapping,
-    HF-cache id or ``PretrainedConfig``) and where it came from, without importing torch;
-    a capture's own config when ``captured`` is given."""
-    from zrt_core.capture.sources import resolve_model
-
-    if captured is not None:
-        return captured.config, str(getattr(captured, "model", None) or captured.name)
-
-    if hasattr(model, "to_dict") and hasattr(model, "model_type"):
-        return dict(model.to_dict()), str(getattr(model, "name_or_path", "") or "config")
-    resolved = resolve_model(model, host, check_model_type=False)
-    where = str(resolved.path) if resolved.path is not None else resolved.name
-    return dict(resolved.config), where
 
 
 def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:

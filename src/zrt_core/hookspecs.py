@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from zrt_core.analytic.flops import PhaseFlops
     from zrt_core.capture.model_types import ModelType
     from zrt_core.capture.patches import ModelPatch
     from zrt_core.cost.backend import CostBackendSpec
     from zrt_core.cost.measured import MeasuredTable
     from zrt_core.formulas.registry import OpFormula
     from zrt_core.hardware import HardwareSpec
+    from zrt_core.modelmath.flops import PhaseFlops
     from zrt_core.models import BundledModel
     from zrt_core.transforms.base import TransformSpec
     from zrt_core.transforms.fusion import FusionRulePack
@@ -182,7 +182,7 @@ def zrt_reference_flops(config: Mapping[str, Any], phase: str, batch: int,
                         seq_len: int) -> PhaseFlops | None:
     """The analytic FLOPs of one phase of a model the core's reference does not describe.
 
-    The core's own count (:mod:`zrt_core.analytic.flops`) is authoritative for the families
+    The core's own count (:mod:`zrt_core.modelmath.flops`) is authoritative for the families
     it describes and is used first; this hook is asked only when the core raises
     :class:`~zrt_core.errors.ModelError` for the config (a family it has no model of), so a
     plugin that rewrites a family's capture can never move the reference that capture is
@@ -194,7 +194,7 @@ def zrt_reference_flops(config: Mapping[str, Any], phase: str, batch: int,
     :param batch: sequences.
     :param seq_len: tokens per sequence; for ``decode`` the cached length (the new token
         attends to ``seq_len + 1`` keys).
-    :return: a :class:`zrt_core.analytic.flops.PhaseFlops` for the whole model (every
+    :return: a :class:`zrt_core.modelmath.flops.PhaseFlops` for the whole model (every
         layer), with ``phase``, ``batch`` and ``seq_len`` as given and the core's
         conventions (causal attention; logits of the last position for prefill/decode,
         of every position for training; ``train_backward`` twice ``train_forward``), or

@@ -46,7 +46,7 @@ _LAZY: dict[str, str] = {
     "TransformContext": "zrt_core.transforms.base",
     "CostBackendSpec": "zrt_core.cost.backend",
     "PriceSource": "zrt_core.cost.backend",
-    "PhaseFlops": "zrt_core.analytic.flops",
+    "PhaseFlops": "zrt_core.modelmath.flops",
     # the IR
     "OpGraph": "zrt_core.ir.graph",
     "OpNode": "zrt_core.ir.graph",

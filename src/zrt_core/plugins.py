@@ -30,13 +30,13 @@ from zrt_core import hookspecs
 from zrt_core.errors import PluginError, SpecError, UnknownNameError, ZrtError
 
 if TYPE_CHECKING:
-    from zrt_core.analytic.flops import PhaseFlops
     from zrt_core.capture.model_types import ModelType
     from zrt_core.capture.patches import ModelPatch
     from zrt_core.cost.backend import CostBackendSpec
     from zrt_core.cost.measured import MeasuredTable
     from zrt_core.formulas.registry import FormulaRegistry
     from zrt_core.hardware import HardwareSpec
+    from zrt_core.modelmath.flops import PhaseFlops
     from zrt_core.models import BundledModel
     from zrt_core.transforms.base import TransformSpec
     from zrt_core.transforms.fusion import FusionRulePack
@@ -70,7 +70,7 @@ CONTRIBUTION_HOOKS = tuple(CONTRIBUTION_TYPES)
 
 #: Each query (firstresult) hook and the class (module, name) a non-None answer must be.
 QUERY_TYPES: Mapping[str, tuple[str, str]] = {
-    "zrt_reference_flops": ("zrt_core.analytic.flops", "PhaseFlops"),
+    "zrt_reference_flops": ("zrt_core.modelmath.flops", "PhaseFlops"),
 }
 QUERY_HOOKS = tuple(QUERY_TYPES)
 
@@ -402,7 +402,7 @@ class PluginHost:
                         seq_len: int) -> tuple[PhaseFlops, str] | None:
         """``zrt_reference_flops``: the first plugin's count for a model the core does not
         describe, with the distribution that gave it; None when no plugin does. Callers
-        use :func:`zrt_core.analytic.flops.reference_flops`, which asks the core first."""
+        use :func:`zrt_core.modelmath.flops.reference_flops`, which asks the core first."""
         found = self.query("zrt_reference_flops", config=config, phase=phase, batch=batch,
                            seq_len=seq_len)
         if found is None:

@@ -140,7 +140,7 @@ def analytic_capture(
             f"the analytic front-end has no model of model_type {model_type!r}",
             f"it builds {', '.join(sorted(FAMILIES))}; use the capture front-end "
             "(--frontend capture) for other families")
-    from zrt_core.checks import check_capture_request
+    from zrt_core.capture.sources import check_capture_request
 
     check_capture_request(config, options.phases, seq_len, host)
     cfg = {**FAMILY_DEFAULTS[model_type], **cfg}
@@ -184,7 +184,7 @@ def analytic_capture(
                                     meta, warnings)
     counts = spec.param_counts()
     checks = {}
-    from zrt_core.analytic import flops as reference
+    from zrt_core.modelmath import flops as reference
 
     for phase, g in graphs.items():
         ref = reference.phase_flops(cfg, phase, batch, seq_len)
@@ -252,7 +252,7 @@ class _Model:
 
     def _windows(self) -> list[int]:
         """Sliding window per layer (0: full attention), as each family's config sets it."""
-        from zrt_core.analytic.arch import _attention_types
+        from zrt_core.modelmath.arch import _attention_types
 
         if self.shape == "gpt2":
             return [0] * self.d.layers
@@ -298,9 +298,9 @@ class _Model:
     def param_counts(self) -> Any:
         """Total and per-token active parameters of the model as the capture counts them
         (every parameter of the built model; routed experts ``top_k/E`` of theirs)."""
-        from zrt_core.analytic.arch import architecture
-        from zrt_core.analytic.flops import param_counts
         from zrt_core.capture.build import ParamCounts
+        from zrt_core.modelmath.arch import architecture
+        from zrt_core.modelmath.flops import param_counts
 
         arch = architecture(self.cfg)
         counts = param_counts(arch)

@@ -26,8 +26,8 @@ def model_rows(host: Any) -> list[dict[str, Any]]:
 
 
 def _computed(config: Mapping[str, Any]) -> tuple[float | None, float | None]:
-    from zrt_core.analytic.flops import param_counts
     from zrt_core.errors import ZrtError
+    from zrt_core.modelmath.flops import param_counts
 
     try:
         counts = param_counts(config)
@@ -63,8 +63,8 @@ def capture_json(result: Any, summaries: Any, exported: Any, timings: dict[str, 
 def analytic_params(config: Any) -> dict[str, Any] | None:
     """The analytic parameter counts of the captured config (None for families the
     analytic model does not describe)."""
-    from zrt_core.analytic.flops import param_counts
     from zrt_core.errors import ZrtError
+    from zrt_core.modelmath.flops import param_counts
 
     try:
         return param_counts(dict(config)).to_json()

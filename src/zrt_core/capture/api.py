@@ -152,7 +152,7 @@ def capture(
         from zrt_core.plugins import get_plugin_manager
 
         host = get_plugin_manager()
-    from zrt_core.checks import check_capture_request
+    from zrt_core.capture.sources import check_capture_request
 
     check_capture_request(model, options.phases, options.seq_len, host)
     with _quiet_libraries():
@@ -344,7 +344,7 @@ class _Capture:
     def _flops_checks(self, config_dict: dict[str, Any], graphs: Mapping[str, OpGraph],
                       kv_len: int | None) -> dict[str, FlopsCheck]:
         try:
-            from zrt_core.analytic import flops as analytic
+            from zrt_core.modelmath import flops as analytic
         except ImportError:
             return {}
         checks: dict[str, FlopsCheck] = {}

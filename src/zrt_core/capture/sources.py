@@ -23,6 +23,7 @@ from zrt_core.errors import ModelError
 
 if TYPE_CHECKING:
     from zrt_core.capture.model_types import ModelType
+    from zrt_core.modelinfo import ModelDims
     from zrt_core.models import BundledModel
     from zrt_core.plugins import PluginHost
 
@@ -335,3 +336,32 @@ def transformers_config(config: Mapping[str, Any], *, where: str = "config",
         detail = " ".join(line.strip() for line in first[:2]) if first else type(exc).__name__
         raise ModelError(f"{where}: transformers rejects the config ({detail})",
                          "fix the field in config.json") from None
+
+
+def raw_config(model: Any, host: Any, *, captured: Any = None
+               ) -> tuple[Mapping[str, Any], str]:
+    """The config mapping of what a user passed as a model (bundled name, path, mapping,
+    HF-cache id or ``PretrainedConfig``) and where it came from, without importing torch;
+    a capture's own config when ``captured`` is given."""
+    if captured is not None:
+        return captured.config, str(getattr(captured, "model", None) or captured.name)
+
+    if hasattr(model, "to_dict") and hasattr(model, "model_type"):
+        return dict(model.to_dict()), str(getattr(model, "name_or_path", "") or "config")
+    resolved = resolve_model(model, host, check_model_type=False)
+    where = str(resolved.path) if resolved.path is not None else resolved.name
+    return dict(resolved.config), where
+
+
+def check_capture_request(model: Any, phases: Any, seq_len: int, host: Any) -> ModelDims:
+    """A capture's config numbers and its sequence against the config's positions, before
+    transformers is imported or a model is built (``zrt capture`` and :func:`zrt_core.
+    capture` call it; decode needs one position more than the cache)."""
+    from zrt_core.checks import check_config, check_tokens
+
+    config, where = raw_config(model, host)
+    dims = check_config(config, where=where)
+    decode = "decode" in phases
+    check_tokens(config, seq_len + (1 if decode else 0),
+                 f"a sequence of {seq_len}{' + 1 decoded' if decode else ''}", where=where)
+    return dims

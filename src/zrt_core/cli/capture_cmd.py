@@ -79,7 +79,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from zrt_core.checks import check_capture_request
+    from zrt_core.capture.sources import check_capture_request
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()

@@ -145,7 +145,8 @@ def parallel_from_args(args: argparse.Namespace) -> Any:
 
 
 def run_infer(args: argparse.Namespace) -> int:
-    from zrt_core.checks import check_infer_request, raw_config
+    from zrt_core.capture.sources import raw_config
+    from zrt_core.checks import check_infer_request
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.strategy import InferSpec
 

@@ -102,7 +102,7 @@ def _set(args: argparse.Namespace, parser: argparse.ArgumentParser, key: str, va
 def _context(args: argparse.Namespace) -> dict[str, Any]:
     """What a reader may check against: the model's dimensions, the world size, the
     hardware."""
-    from zrt_core.checks import raw_config
+    from zrt_core.capture.sources import raw_config
     from zrt_core.errors import ModelError
     from zrt_core.modelinfo import ModelDims
     from zrt_core.plugins import get_plugin_manager

@@ -75,7 +75,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from zrt_core.checks import check_train_request, raw_config
+    from zrt_core.capture.sources import raw_config
+    from zrt_core.checks import check_train_request
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.schedule.stages import StageSplit
     from zrt_core.strategy import train_spec_defaults

@@ -10,7 +10,8 @@ def estimate_from_spec(spec: Any, host: Any, hw: Any, *, keep_timelines: bool = 
     """The report of an :class:`~zrt_core.analytic.spec.EstimateSpec`: graphs from its
     front-end, then :func:`~zrt_core.estimate.training.estimate_training` or
     :func:`~zrt_core.estimate.estimate_inference`."""
-    from zrt_core.checks import check_infer_request, check_train_request, raw_config
+    from zrt_core.capture.sources import raw_config
+    from zrt_core.checks import check_infer_request, check_train_request
     from zrt_core.ir.graph import Phase
 
     config, where = raw_config(spec.model, host)

@@ -13,7 +13,7 @@ from typing import Any
 from zrt_core.errors import InternalError, ModelError
 
 #: Largest relative gap between a captured phase's FLOPs and the analytic count
-#: (:func:`zrt_core.analytic.flops.reference_flops`) a prediction may rest on. The captures
+#: (:func:`zrt_core.modelmath.flops.reference_flops`) a prediction may rest on. The captures
 #: of all 90 bundled models agree within 0.3% forward and 2.0% backward (1,024 tokens;
 #: docs/input-checks.md); a decode that lost its KV cache was −48.7%. ``zrt capture`` flags
 #: gaps over the same 10%.
@@ -37,7 +37,7 @@ def check_flops(config: Mapping[str, Any], graphs: Mapping[str, Any], host: Any,
 
     :raises InternalError: naming the phase, both counts and the gap.
     """
-    from zrt_core.analytic.flops import reference_flops
+    from zrt_core.modelmath.flops import reference_flops
 
     for phase, graph in graphs.items():
         meta = graph.meta

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
 
-from zrt_core.checks import check_hardware_arg, check_infer_request, raw_config
+from zrt_core.capture.sources import raw_config
+from zrt_core.checks import check_hardware_arg, check_infer_request
 from zrt_core.cost.pricing import (
     OUTSIDE_LAYERS,
     CostedGraph,

@@ -208,7 +208,7 @@ def _jsonable(data: Any) -> Any:
 
 
 def _config(model: Any, host: Any) -> tuple[Any, str]:
-    from zrt_core.checks import raw_config
+    from zrt_core.capture.sources import raw_config
 
     return raw_config(model, host)
 

@@ -68,7 +68,8 @@ def compare_strategies(model: Any, hardware: Any, gpus: int, global_batch: int, 
                        use_cache: bool | None = None) -> list[dict[str, Any]]:
     """One row per family (:data:`FAMILIES`): its layout and the estimate's step time,
     tokens/s per GPU and memory per device, or ``error`` saying why it does not apply."""
-    from zrt_core.checks import check_config, raw_config
+    from zrt_core.capture.sources import raw_config
+    from zrt_core.checks import check_config
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.search.evaluate import TrainEvaluator
 

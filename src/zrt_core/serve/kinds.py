@@ -22,6 +22,7 @@ from typing import Any
 from attrs import field, frozen
 
 from zrt_core.errors import ZrtError
+from zrt_core.serve.host import worker_host
 from zrt_core.serve.sandbox import check_finite, check_no_remote_code, model_reference
 
 
@@ -63,17 +64,6 @@ def register_kind(kind: JobKind) -> None:
     KINDS[kind.name] = kind
 
 
-_WORKER_HOST: list[Any] = []
-
-
-def worker_host() -> Any:
-    """The worker process's plugin host, built once (a host takes a second or two to build,
-    and the estimators' caches live as long as it does)."""
-    if not _WORKER_HOST:
-        from zrt_core.plugins import get_plugin_manager
-
-        _WORKER_HOST.append(get_plugin_manager())
-    return _WORKER_HOST[0]
 
 
 def run_job(kind: str, payload: dict[str, Any], progress: Callable[[int, int], None]
@@ -92,7 +82,8 @@ def prepare_estimate(body: dict[str, Any], ctx: PrepareContext) -> dict[str, Any
     """The ``zrt estimate`` spec document, its model resolved; then every check the CLI
     makes before the estimator runs (spec, hardware id, config numbers, layout)."""
     from zrt_core.analytic.spec import EstimateSpec
-    from zrt_core.checks import check_infer_request, check_train_request, raw_config
+    from zrt_core.capture.sources import raw_config
+    from zrt_core.checks import check_infer_request, check_train_request
 
     files = bool(body.pop("files", False))
     check_finite(body)
@@ -151,7 +142,7 @@ def _read_written(write: Callable[[Path], list[Path]]) -> dict[str, bytes]:
 
 def prepare_capture(body: dict[str, Any], ctx: PrepareContext) -> dict[str, Any]:
     """``zrt capture``'s arguments; the config's numbers checked before any torch."""
-    from zrt_core.checks import check_capture_request
+    from zrt_core.capture.sources import check_capture_request
 
     check_finite(body)
     payload = dict(body)
@@ -235,7 +226,12 @@ def _register_builtin() -> None:
                           models.ValidateRequest, prepare_validate, f"{here}:run_validate"))
     from zrt_core.serve import search_kinds
 
-    search_kinds.register()
+    register_kind(JobKind("search", "the best layouts of a model on a machine (zrt search)",
+                          search_kinds.SearchRequest, search_kinds.prepare_search,
+                          "zrt_core.serve.search_kinds:run_search"))
+    register_kind(JobKind("compare", "the best machine for a model (zrt compare)",
+                          search_kinds.CompareRequest, search_kinds.prepare_search,
+                          "zrt_core.serve.search_kinds:run_compare"))
 
 
 _register_builtin()

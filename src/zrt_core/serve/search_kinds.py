@@ -111,7 +111,7 @@ def prepare_search(body: dict[str, Any], ctx: Any) -> dict[str, Any]:
 def run_search(payload: dict[str, Any], progress: Callable[[int, int], None]
                ) -> tuple[Any, dict[str, bytes]]:
     from zrt_core.search.run import search
-    from zrt_core.serve.kinds import worker_host
+    from zrt_core.serve.host import worker_host
 
     result = search(payload["model"], payload["hardware"], _space(payload), host=worker_host(),
                     progress=progress, **_options(payload))
@@ -121,18 +121,9 @@ def run_search(payload: dict[str, Any], progress: Callable[[int, int], None]
 def run_compare(payload: dict[str, Any], progress: Callable[[int, int], None]
                 ) -> tuple[Any, dict[str, bytes]]:
     from zrt_core.search.compare import compare
-    from zrt_core.serve.kinds import worker_host
+    from zrt_core.serve.host import worker_host
 
     result = compare(payload["model"], payload["hardware"], _space(payload),
                      host=worker_host(), **_options(payload))
     return result.to_json(), {}
 
-
-def register() -> None:
-    from zrt_core.serve.kinds import JobKind, register_kind
-
-    here = __name__
-    register_kind(JobKind("search", "the best layouts of a model on a machine (zrt search)",
-                          SearchRequest, prepare_search, f"{here}:run_search"))
-    register_kind(JobKind("compare", "the best machine for a model (zrt compare)",
-                          CompareRequest, prepare_search, f"{here}:run_compare"))

@@ -22,6 +22,9 @@ all for the critical pipeline rank (the busiest; the one the step waits for).
 # each submodule's top-level names (private ones too, for the tests and other modules).
 from __future__ import annotations
 
+from zrt_core.capture.sources import (  # noqa: F401  (the old module's imported names)
+    raw_config,
+)
 from zrt_core.checks import (  # noqa: F401  (the old module's imported names)
     _dims_for_layout,
     _mtp_layers,
@@ -29,7 +32,6 @@ from zrt_core.checks import (  # noqa: F401  (the old module's imported names)
     check_hardware_arg,
     check_train_request,
     layout_notes,
-    raw_config,
 )
 from zrt_core.cost.pricing import (  # noqa: F401  (the old module's imported names)
     OUTSIDE_LAYERS,

@@ -175,7 +175,7 @@ def _model_flops(captured: TrainingCapture, train: TrainSpec, notes: list[str],
     """3 × the reference training forward of the global batch (causal attention, logits of
     every position): the core's analytic count, or a plugin's (``zrt_reference_flops``) for
     families the core does not describe; the captured forward where neither counts it."""
-    from zrt_core.analytic.flops import reference_flops
+    from zrt_core.modelmath.flops import reference_flops
     try:
         counted, source = reference_flops(_thaw(captured.config), Phase.TRAIN_FORWARD,
                                           train.global_batch, train.seq_len, host=host)

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
 
+from zrt_core.capture.sources import raw_config
 from zrt_core.checks import (
     _dims_for_layout,
     _schedule_name,
     check_hardware_arg,
     check_train_request,
     layout_notes,
-    raw_config,
 )
 from zrt_core.errors import ModelError, SpecError
 from zrt_core.estimate.guards import check_flops, check_training

@@ -1,0 +1,459 @@
+"""The layer-by-layer shape of a decoder-only LLM, read from its config without building it.
+
+:func:`architecture` turns a HuggingFace config mapping into an :class:`Architecture`: one
+:class:`LayerSpec` per decoder layer with the weights it holds (split into matmul weights,
+which cost ``2 × params`` FLOPs per token, and the rest: norms, biases, convolutions) and
+the attention or state-space geometry the per-token FLOP formulas need. It follows what
+each family's transformers implementation builds, so the parameter counts match
+``sum(p.numel() for p in model.parameters())`` of the language model (vision towers and
+multi-token-prediction layers excluded). Pure Python; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attrs import field, frozen
+
+from zrt_core.errors import ModelError
+from zrt_core.modelinfo import ModelDims, text_config
+
+# Families whose MLP is up → activation → down (no gate).
+_UNGATED_MLP = frozenset({"gpt2", "opt", "bloom", "nemotron", "nemotron_h", "gpt_neox", "gptj",
+                          "phi", "falcon", "starcoder2", "mpt", "gpt_bigcode"})
+# Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
+_LAYERNORM = frozenset({"gpt2", "opt", "bloom", "nemotron", "gpt_neox", "gptj", "phi",
+                        "falcon", "starcoder2", "gpt_bigcode"})
+# Families whose every linear layer has a bias.
+_ALL_BIASES = frozenset({"gpt2", "opt", "bloom", "gpt_neox", "gptj", "phi", "starcoder2",
+                         "gpt_bigcode"})
+# Families with biases on q, k, v only.
+_QKV_BIAS = frozenset({"qwen2", "qwen2_moe"})
+# Families with an RMSNorm over each query and key head.
+_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "olmo2", "qwen3_next"})
+# Families with four norms per layer (before and after attention and MLP).
+_SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
+_MLA = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
+# transformers' default sliding_window for families that always have sliding layers.
+_DEFAULT_WINDOW = {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128}
+_UNSUPPORTED = {
+    "deepseek_v4": "compressed sparse attention with hyper-connections",
+}
+
+
+@frozen
+class AttentionSpec:
+    """What the attention of one layer computes per query.
+
+    :param heads: query heads.
+    :param qk_dim: width of one query/key head in the score product ``QKᵀ``.
+    :param v_dim: width of one value head in ``AV``.
+    :param window: sliding window in keys (the query included), or None.
+    :param chunk: chunked attention (Llama 4): queries see only their chunk, or None.
+    :param sparse_topk: keys each query attends after a top-k selection (DeepSeek sparse
+        attention), or None.
+    :param indexer_heads: heads of the lightning indexer that scores every key for the
+        top-k selection (0 without one); ``indexer_dim`` their width.
+    :param decode_qk_dim: width of ``QKᵀ`` with absorbed MLA weights
+        (``kv_lora_rank + qk_rope_head_dim``): every decode step, and DeepSeek sparse
+        attention over sequences longer than ``sparse_topk``; 0 for ordinary attention.
+    :param decode_v_dim: width of ``AV`` with absorbed MLA (``kv_lora_rank``).
+    """
+
+    heads: int
+    qk_dim: int
+    v_dim: int
+    window: int | None = None
+    chunk: int | None = None
+    sparse_topk: int | None = None
+    indexer_heads: int = 0
+    indexer_dim: int = 0
+    decode_qk_dim: int = 0
+    decode_v_dim: int = 0
+
+
+@frozen
+class MambaSpec:
+    """A Mamba-2 mixer: ``heads × head_dim`` channels, each with a ``state``-wide state."""
+
+    heads: int
+    head_dim: int
+    state: int
+    groups: int
+    conv_kernel: int
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.groups * self.state
+
+
+@frozen
+class LayerSpec:
+    """One decoder layer: its kind, weights and mixer geometry.
+
+    ``matmul_params`` are weights every token multiplies (attention or SSM projections,
+    dense MLP, shared experts, router); ``expert_params`` the routed experts' weights, of
+    which each token uses ``active_expert_params``; ``other_params`` everything that is not
+    a matmul weight (norms, biases, convolution, SSM constants).
+    """
+
+    index: int
+    kind: str
+    matmul_params: int
+    other_params: int
+    expert_params: int = 0
+    active_expert_params: int = 0
+    attention: AttentionSpec | None = None
+    mamba: MambaSpec | None = None
+
+    @property
+    def total_params(self) -> int:
+        return self.matmul_params + self.other_params + self.expert_params
+
+    @property
+    def active_matmul_params(self) -> int:
+        return self.matmul_params + self.active_expert_params
+
+
+@frozen
+class Architecture:
+    """A whole language model: embeddings, layers, final norm and head."""
+
+    dims: ModelDims
+    family: str
+    layers: tuple[LayerSpec, ...] = field(converter=tuple)
+    embedding_params: int  # token embeddings, plus learned positions where the family has them
+    head_params: int  # the LM head matmul (vocab × hidden), counted once even when tied
+    tied_head: bool
+    other_params: int  # final norm, embedding norms and projections outside the layers
+
+    @property
+    def kinds(self) -> dict[str, int]:
+        """Layer kind → how many layers of it, in first-seen order."""
+        out: dict[str, int] = {}
+        for layer in self.layers:
+            out[layer.kind] = out.get(layer.kind, 0) + 1
+        return out
+
+
+def architecture(config: Mapping[str, Any]) -> Architecture:
+    """Describe a model from its HuggingFace config mapping.
+
+    :raises ModelError: a missing essential field, or a family whose computation zrt's
+        analytic model does not describe (named, with what is missing).
+    """
+    dims = ModelDims.from_config(config)
+    cfg = text_config(config)
+    family = str(cfg.get("model_type") or dims.model_type)
+    family = {"gemma3": "gemma3_text", "llama4": "llama4_text"}.get(family, family)
+    if family in _UNSUPPORTED:
+        raise ModelError(
+            f"no analytic model for model_type {family!r} ({_UNSUPPORTED[family]})",
+            "capture still works; its FLOPs are reported without an analytic check",
+        )
+    builder = _Builder(dims, cfg, family)
+    layers = tuple(builder.layer(i, kind) for i, kind in enumerate(_layer_kinds(dims, cfg,
+                                                                                family)))
+    return Architecture(
+        dims=dims,
+        family=family,
+        layers=layers,
+        embedding_params=builder.embedding_params(),
+        head_params=dims.vocab * dims.hidden,
+        tied_head=dims.tie_word_embeddings,
+        other_params=builder.model_other_params(),
+    )
+
+
+# -- layer kinds ------------------------------------------------------------------------
+
+_NEMOTRON_H_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+_NEMOTRON_H_TYPES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention",
+                     "attention": "attention", "mlp": "mlp", "moe": "moe"}
+
+
+def _layer_kinds(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> list[str]:
+    """A kind per layer: ``dense``/``moe`` (+ ``_sliding``/``_chunked``/``_full`` where the
+    family mixes attention types), or ``mamba``/``attention``/``mlp``/``moe`` for
+    nemotron_h's one-mixer-per-block layers."""
+    if family == "nemotron_h":
+        pattern = cfg.get("hybrid_override_pattern")
+        types = cfg.get("layers_block_type") or cfg.get("layer_types")
+        if isinstance(pattern, str):
+            kinds = [_NEMOTRON_H_PATTERN.get(c) for c in pattern]
+        elif isinstance(types, Sequence):
+            kinds = [_NEMOTRON_H_TYPES.get(str(t)) for t in types]
+        else:
+            raise ModelError("nemotron_h config has no hybrid_override_pattern or "
+                             "layers_block_type", "add the layer pattern to config.json")
+        if None in kinds:
+            raise ModelError("nemotron_h layer pattern has an unknown block type",
+                             "use M (mamba), * (attention), - (mlp) or E (moe)")
+        return [str(k) for k in kinds]
+    moe = _moe_layer_set(dims, cfg, family)
+    attn = _attention_types(dims, cfg, family)
+    mixed = len(set(attn)) > 1
+    out = []
+    for i in range(dims.layers):
+        kind = "moe" if i in moe else "dense"
+        if mixed:
+            kind += "_" + attn[i].removesuffix("_attention")
+        out.append(kind)
+    return out
+
+
+def _moe_layer_set(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> set[int]:
+    if not dims.experts:
+        return set()
+    layers = dims.layers
+    if cfg.get("first_k_dense_replace") is not None:
+        first = int(cfg["first_k_dense_replace"])
+        freq = int(cfg.get("moe_layer_freq") or 1)
+        return {i for i in range(first, layers) if i % freq == 0}
+    if family == "llama4_text":
+        step = int(cfg.get("interleave_moe_layer_step") or 1)
+        if isinstance(cfg.get("moe_layers"), list):
+            return {int(i) for i in cfg["moe_layers"]}
+        return set(range(step - 1, layers, step))
+    layer_types = cfg.get("mlp_layer_types")
+    if isinstance(layer_types, list):
+        return {i for i, t in enumerate(layer_types)
+                if "moe" in str(t).lower() or "sparse" in str(t).lower()}
+    mlp_only = set(cfg.get("mlp_only_layers") or ())
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return {i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0}
+
+
+def _attention_types(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> list[str]:
+    """``full_attention`` / ``sliding_attention`` / ``chunked_attention`` per layer, by the
+    same rules each family's transformers config applies when ``layer_types`` is absent."""
+    n = dims.layers
+    given = cfg.get("layer_types")
+    if isinstance(given, list) and len(given) == n:
+        return [str(t) for t in given]
+    window = cfg.get("sliding_window")
+    if family == "gemma2":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if family == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                for i in range(n)]
+    if family == "gpt_oss":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if family == "llama4_text":
+        no_rope = cfg.get("no_rope_layers")
+        if not isinstance(no_rope, list) or len(no_rope) != n:
+            interval = int(cfg.get("no_rope_layer_interval") or 4)
+            no_rope = [int((i + 1) % interval != 0) for i in range(n)]
+        chunked = cfg.get("attention_chunk_size") is not None
+        return ["chunked_attention" if (rope and chunked) else "full_attention"
+                for rope in no_rope]
+    if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if cfg.get("use_sliding_window") and window:
+            first = int(cfg.get("max_window_layers") or n)
+            return ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+        return ["full_attention"] * n
+    if family in ("mistral", "mixtral", "phi3", "starcoder2") and window:
+        return ["sliding_attention"] * n
+    return ["full_attention"] * n
+
+
+# -- weights ----------------------------------------------------------------------------
+
+
+class _Builder:
+    """Weights and geometry per layer, following the family's transformers modules."""
+
+    def __init__(self, dims: ModelDims, cfg: Mapping[str, Any], family: str) -> None:
+        self.d = dims
+        self.cfg = cfg
+        self.family = family
+        self.norm = 2 * dims.hidden if family in _LAYERNORM else dims.hidden
+        self.gated = family not in _UNGATED_MLP
+        self.attn_bias = family in _ALL_BIASES or bool(cfg.get("attention_bias")
+                                                      and family not in _MLA)
+        self.mlp_bias = family in _ALL_BIASES or bool(cfg.get("mlp_bias"))
+        self.attn_types = None if family == "nemotron_h" else _attention_types(dims, cfg, family)
+
+    # -- model-level --------------------------------------------------------------------
+
+    def embedding_params(self) -> int:
+        d, cfg = self.d, self.cfg
+        if self.family == "opt":
+            proj = int(cfg.get("word_embed_proj_dim") or d.hidden)
+            positions = (int(cfg.get("max_position_embeddings") or 2048) + 2) * d.hidden
+            return d.vocab * proj + positions
+        if self.family == "gpt2":
+            positions = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 1024)
+            return d.vocab * d.hidden + positions * d.hidden
+        return d.vocab * d.hidden
+
+    def model_other_params(self) -> int:
+        d, cfg = self.d, self.cfg
+        out = self.norm  # final norm
+        if self.family == "opt":
+            proj = int(cfg.get("word_embed_proj_dim") or d.hidden)
+            if proj != d.hidden:  # project_in and project_out, no bias
+                out += 2 * proj * d.hidden
+            if not cfg.get("do_layer_norm_before", True) or cfg.get("_remove_final_layer_norm"):
+                out -= self.norm
+        if self.family == "bloom":
+            out += self.norm  # word_embeddings_layernorm
+        return out
+
+    # -- layers -------------------------------------------------------------------------
+
+    def layer(self, index: int, kind: str) -> LayerSpec:
+        if self.family == "nemotron_h":
+            return self._nemotron_h_layer(index, kind)
+        attn_matmul, attn_other, attention = self._attention(index)
+        if kind.startswith("moe"):
+            mlp_matmul, mlp_other, experts, active = self._moe()
+        else:
+            mlp_matmul, mlp_other = self._dense_mlp(self._dense_ffn())
+            experts = active = 0
+        norms = (4 if self.family in _SANDWICH_NORM else 2) * self.norm
+        return LayerSpec(index=index, kind=kind, matmul_params=attn_matmul + mlp_matmul,
+                         other_params=attn_other + mlp_other + norms, expert_params=experts,
+                         active_expert_params=active, attention=attention)
+
+    def _dense_ffn(self) -> int:
+        d, cfg = self.d, self.cfg
+        if self.family == "llama4_text":
+            return int(cfg.get("intermediate_size_mlp") or d.ffn)
+        if d.ffn:
+            return d.ffn
+        raise ModelError(f"config has no dense MLP width for {self.family}",
+                         "add intermediate_size to config.json")
+
+    def _window(self, index: int) -> tuple[int | None, int | None]:
+        kind = self.attn_types[index] if self.attn_types else "full_attention"
+        if kind == "sliding_attention":
+            window = self.cfg.get("sliding_window") or _DEFAULT_WINDOW.get(self.family)
+            if not window:
+                raise ModelError(f"layer {index} is sliding_attention but config has no "
+                                 "sliding_window", "add sliding_window to config.json")
+            return int(window), None
+        if kind == "chunked_attention":
+            return None, int(self.cfg["attention_chunk_size"])
+        return None, None
+
+    def _attention(self, index: int) -> tuple[int, int, AttentionSpec]:
+        d, h = self.d, self.d.hidden
+        window, chunk = self._window(index)
+        if self.family in _MLA:
+            return self._mla(window)
+        q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+        matmul = h * q + 2 * h * kv + q * h
+        other = 0
+        if self.attn_bias:
+            other += q + 2 * kv + h
+        elif self.family in _QKV_BIAS:
+            other += q + 2 * kv
+        if self.family in _QK_NORM:
+            other += 2 * d.head_dim
+        if self.family == "gpt_oss":
+            other += d.heads  # attention sinks
+        return matmul, other, AttentionSpec(heads=d.heads, qk_dim=d.head_dim, v_dim=d.head_dim,
+                                            window=window, chunk=chunk)
+
+    def _mla(self, window: int | None) -> tuple[int, int, AttentionSpec]:
+        d, cfg, h = self.d, self.cfg, self.d.hidden
+        nope = d.qk_nope_head_dim or 128
+        rope = d.qk_rope_head_dim or 64
+        v = d.v_head_dim or nope
+        qk = nope + rope
+        if d.q_lora_rank:
+            q_matmul, q_other = h * d.q_lora_rank + d.q_lora_rank * d.heads * qk, d.q_lora_rank
+        else:
+            q_matmul, q_other = h * d.heads * qk, 0
+        kv_matmul = h * (d.kv_lora_rank + rope) + d.kv_lora_rank * d.heads * (nope + v)
+        matmul = q_matmul + kv_matmul + d.heads * v * h
+        other = q_other + d.kv_lora_rank
+        topk = indexer_heads = indexer_dim = 0
+        if self.family == "deepseek_v32":
+            # Lightning indexer: wq_b (q_lora → heads × dim), wk (hidden → dim), k_norm
+            # (LayerNorm, weight + bias), weights_proj (hidden → heads).
+            indexer_heads = int(cfg.get("index_n_heads") or 64)
+            indexer_dim = int(cfg.get("index_head_dim") or 128)
+            topk = int(cfg.get("index_topk") or 2048)
+            q_in = d.q_lora_rank or h
+            matmul += q_in * indexer_heads * indexer_dim + h * indexer_dim + h * indexer_heads
+            other += 2 * indexer_dim
+        return matmul, other, AttentionSpec(
+            heads=d.heads, qk_dim=qk, v_dim=v, window=window,
+            sparse_topk=topk or None, indexer_heads=indexer_heads, indexer_dim=indexer_dim,
+            decode_qk_dim=d.kv_lora_rank + rope, decode_v_dim=d.kv_lora_rank)
+
+    def _dense_mlp(self, ffn: int) -> tuple[int, int]:
+        h = self.d.hidden
+        matmul = (3 if self.gated else 2) * h * ffn
+        other = ((2 if self.gated else 1) * ffn + h) if self.mlp_bias else 0
+        return matmul, other
+
+    def _moe(self) -> tuple[int, int, int, int]:
+        """(always-used matmul params, other params, routed expert params, active ones)."""
+        d, cfg, h = self.d, self.cfg, self.d.hidden
+        e, k, ffn = d.experts, d.top_k, d.moe_ffn
+        router = h * e
+        other = 0
+        if self.family == "gpt_oss":
+            # Router bias; each expert: gate_up (h → 2·ffn) and down (ffn → h), both biased.
+            other += e
+            per_expert = 3 * h * ffn
+            expert_bias = 2 * ffn + h
+            return router, other + e * expert_bias, e * per_expert, k * per_expert
+        if self.family in _MLA and cfg.get("topk_method") == "noaux_tc":
+            # e_score_correction_bias: a buffer in transformers, a weight in the checkpoint
+            # (and in the published counts).
+            other += e
+        per_expert = (3 if self.gated else 2) * h * ffn
+        shared = (3 if self.gated else 2) * h * d.shared_expert_ffn
+        if self.family == "qwen2_moe" and d.shared_expert_ffn:
+            shared += h  # shared_expert_gate: hidden → 1
+        return router + shared, other, e * per_expert, k * per_expert
+
+    def _nemotron_h_layer(self, index: int, kind: str) -> LayerSpec:
+        d, cfg, h = self.d, self.cfg, self.d.hidden
+        norm = h  # one RMSNorm per block
+        if kind == "mamba":
+            m = MambaSpec(heads=int(cfg.get("mamba_num_heads") or 128),
+                          head_dim=int(cfg.get("mamba_head_dim") or 64),
+                          state=int(cfg.get("ssm_state_size") or 128),
+                          groups=int(cfg.get("n_groups") or 8),
+                          conv_kernel=int(cfg.get("conv_kernel") or 4))
+            # in_proj: hidden → (z: inner) + (x, B, C: conv_dim) + (dt: heads); out_proj back.
+            matmul = h * (m.inner + m.conv_dim + m.heads) + m.inner * h
+            bias = (m.inner + m.conv_dim + m.heads + h) if cfg.get("use_bias") else 0
+            conv = m.conv_dim * m.conv_kernel + (m.conv_dim if cfg.get("use_conv_bias", True)
+                                                 else 0)
+            # dt_bias, A_log, D per head; gated RMSNorm over inner.
+            other = bias + conv + 3 * m.heads + m.inner + norm
+            return LayerSpec(index=index, kind=kind, matmul_params=matmul, other_params=other,
+                             mamba=m)
+        if kind == "attention":
+            q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+            bias = q + 2 * kv + h if cfg.get("attention_bias") else 0
+            return LayerSpec(index=index, kind=kind, matmul_params=2 * h * q + 2 * h * kv,
+                             other_params=bias + norm,
+                             attention=AttentionSpec(heads=d.heads, qk_dim=d.head_dim,
+                                                     v_dim=d.head_dim))
+        if kind == "mlp":
+            bias = d.ffn + h if cfg.get("mlp_bias") else 0
+            return LayerSpec(index=index, kind=kind, matmul_params=2 * h * d.ffn,
+                             other_params=bias + norm)
+        # moe: router, shared expert (up/down), optional latent projections, routed experts
+        # (up/down, no gate) in the latent width when there is one.
+        e, k, ffn = d.experts, d.top_k, d.moe_ffn
+        latent = int(cfg.get("moe_latent_size") or 0)
+        width = latent or h
+        always = h * e + 2 * h * d.shared_expert_ffn + (2 * h * latent if latent else 0)
+        per_expert = 2 * width * ffn
+        # The router's e_score_correction_bias is a checkpoint weight (a buffer in transformers).
+        return LayerSpec(index=index, kind=kind, matmul_params=always, other_params=norm + e,
+                         expert_params=e * per_expert, active_expert_params=k * per_expert)
