@@ -67,6 +67,9 @@ def test_a_search_job_answers_what_the_library_answers(tmp_path):
     ({"global_batch": None}, "global_batch"),
     ({"hardware": "no_such_gpu"}, "no_such_gpu"),
     ({"model": "../outside"}, "outside"),
+    # what belongs to a serving search is refused in a training one, as zrt search does
+    ({"ttft_ms": 5.0}, "serving targets"),
+    ({"dp": [2]}, "what is left of the GPUs"),
 ])
 def test_a_bad_request_is_refused_before_it_is_queued(tmp_path, change, words):
     body = SearchRequest(**{**BODY, **change}).model_dump()

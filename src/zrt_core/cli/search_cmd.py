@@ -151,31 +151,9 @@ def _batches(text: str) -> tuple[int | None, ...]:
 
 
 def space_from_args(args: argparse.Namespace) -> Any:
-    from zrt_core.search.space import ServeSpace, TrainSpace
+    from zrt_core.search.space import space_from_values
 
-    if args.mode == "train":
-        if args.global_batch is None:
-            raise SpecError("--train needs --global-batch", "give the sequences per step")
-        if args.ttft_ms is not None or args.tpot_ms is not None or args.rate is not None:
-            raise SpecError("--ttft-ms, --tpot-ms and --rate are serving targets",
-                            "drop them with --train, or search with --infer")
-        if args.dp is not None:
-            raise SpecError("--dp is what is left of the GPUs in a training layout",
-                            "fix --tp/--pp/--cp instead, or give --gpus")
-        return TrainSpace(
-            gpus=args.gpus, global_batch=args.global_batch, seq_len=args.seq_len,
-            tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep, etp=args.etp,
-            micro_batch=args.micro_batch, recompute=args.recompute, sharding=args.sharding,
-            pp_schedule=args.pp_schedule, precision=args.precision,
-            max_tp=args.max_tp, max_pp=args.max_pp, max_cp=args.max_cp,
-            max_vp=args.max_vp)
-    for flag in ("pp", "vp", "cp"):
-        if getattr(args, flag) is not None:
-            raise SpecError(f"--{flag} is not a serving dimension",
-                            "serving searches tp, ep, dp, quant and batch")
-    return ServeSpace(gpus=args.gpus, input_len=args.input_len, output_len=args.output_len,
-                      tp=args.tp, ep=args.ep, dp=args.dp, quant=args.quant,
-                      batch=_batches(args.batch), max_tp=args.max_tp or 64)
+    return space_from_values({**vars(args), "batch": _batches(args.batch)})
 
 
 def search_options(args: argparse.Namespace) -> dict[str, Any]:

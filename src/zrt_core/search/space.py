@@ -381,3 +381,41 @@ def no_layout_error(removed: Counter[str], rules: tuple[tuple[str, str], ...],
         rule, "relax the filters on that dimension")
     return LayoutError(f"no valid layout: the rule '{rule}' ({what}) removed {count} of "
                        f"{sum(counts.values())} candidates", hint)
+
+
+#: What each kind of search reads from a request (``zrt search``'s flags, a service body).
+TRAIN_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "micro_batch", "recompute", "sharding",
+              "pp_schedule", "precision", "max_tp", "max_pp", "max_cp", "max_vp")
+SERVE_KEYS = ("tp", "ep", "dp", "quant", "batch")
+
+
+def space_from_values(values: Any, *, name: Any = None) -> TrainSpace | ServeSpace:
+    """The space of a search request — ``zrt search``'s flags or a ``POST /v1/search`` body,
+    by the same keys (``mode``, ``gpus``, ``global_batch``, ``tp``, ``ttft_ms``, ...); a key
+    missing or None keeps the space's default. What belongs to the other kind of search is
+    refused, not ignored. ``name`` renders a key in a message (default: its flag,
+    ``--global-batch``)."""
+    show = name or (lambda key: "--" + key.replace("_", "-"))
+    v = {k: x for k, x in dict(values).items() if x is not None}
+    if v.get("mode", "infer") == "train":
+        if "global_batch" not in v:
+            raise SpecError(f"a training search needs {show('global_batch')}",
+                            "give the sequences per step")
+        targets = [k for k in ("ttft_ms", "tpot_ms", "rate") if k in v]
+        if targets:
+            raise SpecError(f"{', '.join(map(show, targets))}: serving targets",
+                            "drop them from a training search, or search serving")
+        if "dp" in v:
+            raise SpecError(f"{show('dp')} is what is left of the GPUs in a training layout",
+                            f"fix {show('tp')}/{show('pp')}/{show('cp')} instead, or give "
+                            f"{show('gpus')}")
+        return TrainSpace(gpus=v["gpus"], global_batch=v["global_batch"],
+                          seq_len=v.get("seq_len", 4096),
+                          **{k: v[k] for k in TRAIN_KEYS if k in v})
+    for key in ("pp", "vp", "cp"):
+        if key in v:
+            raise SpecError(f"{show(key)} is not a serving dimension",
+                            "serving searches tp, ep, dp, quant and batch")
+    return ServeSpace(gpus=v["gpus"], input_len=v.get("input_len", 1024),
+                      output_len=v.get("output_len", 256), max_tp=v.get("max_tp", 64),
+                      **{k: v[k] for k in SERVE_KEYS if k in v})

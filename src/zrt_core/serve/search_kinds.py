@@ -47,7 +47,7 @@ class _Space(BaseModel):
     ttft_ms: float | None = Field(None, gt=0, le=1e9)
     tpot_ms: float | None = Field(None, gt=0, le=1e9)
     rate: float | None = Field(None, gt=0, le=1e9)
-    engine: Literal["trtllm", "vllm", "sglang"] = "trtllm"
+    engine: Literal["trtllm", "vllm"] = "trtllm"
     top_k: int = Field(10, ge=1, le=100)
 
 
@@ -65,28 +65,11 @@ class CompareRequest(_Space):
 
 
 def _space(body: dict[str, Any]) -> Any:
-    """The library's space value of a request (its own checks: one line each)."""
-    from zrt_core.errors import SpecError
-    from zrt_core.search.space import ServeSpace, TrainSpace
+    """The library's space value of a request (its checks: one line each, by body key)."""
+    from zrt_core.search.space import space_from_values
 
-    def given(key: str) -> dict[str, Any]:
-        return {key: tuple(body[key])} if body.get(key) is not None else {}
-
-    if body["mode"] == "train":
-        if body.get("global_batch") is None:
-            raise SpecError("a training search needs global_batch",
-                            "give the sequences per step")
-        extra: dict[str, Any] = {}
-        for key in ("tp", "pp", "vp", "cp", "ep", "etp", "micro_batch", "recompute",
-                    "sharding", "pp_schedule", "precision"):
-            extra.update(given(key))
-        return TrainSpace(gpus=tuple(body["gpus"]), global_batch=body["global_batch"],
-                          seq_len=body["seq_len"], **extra)
-    extra = {}
-    for key in ("tp", "ep", "dp", "quant", "batch"):
-        extra.update(given(key))
-    return ServeSpace(gpus=tuple(body["gpus"]), input_len=body["input_len"],
-                      output_len=body["output_len"], **extra)
+    return space_from_values({k: tuple(x) if isinstance(x, list) else x
+                              for k, x in body.items()}, name=str)
 
 
 def _options(body: dict[str, Any]) -> dict[str, Any]:
