@@ -32,8 +32,10 @@ EXTERNAL_PACK = "tests/external_pack"
 #: (Grok-1 in zrt_xai).
 CAPTURE_TESTS = ("tests/capture", "plugins/zrt_deepseek/tests", "plugins/zrt_xai/tests")
 #: What ``lowest-deps`` runs on the lowest versions: the CLI end to end, a capture, and the
-#: exports (openpyxl's workbook, onnx's view) — every dependency's code path, in seconds.
-LOWEST_TESTS = ("tests/test_cli_run.py", "tests/test_export.py")
+#: exports (openpyxl's workbook, onnx's view), and the service's schema fuzz (fastapi, uvicorn,
+#: pydantic, httpx and schemathesis at once) — every dependency's code path, in a minute.
+LOWEST_TESTS = ("tests/test_cli_run.py", "tests/test_export.py",
+                "tests/serve/test_schema_fuzz.py")
 #: Linter version, pinned so a new ruff release cannot fail CI on unchanged code.
 RUFF = "ruff==0.17.6"
 #: The import-contract checker (pyproject.toml's [tool.importlinter]); 2.16 is the first CI ran,
@@ -142,7 +144,7 @@ def lowest_deps(session: nox.Session) -> None:
     session.install(TORCH)
     # the oldest build backend builds the wheels too (no isolated build environment)
     session.install("-c", str(constraints), "hatchling")
-    session.install("--no-build-isolation", "-c", str(constraints), ".[test,onnx]",
+    session.install("--no-build-isolation", "-c", str(constraints), ".[test,onnx,serve,serve-test]",
                     "plugins/zrt_nvidia", "plugins/zrt_deepseek", "plugins/zrt_xai")
     session.run("python", "-m", "pip", "freeze")
     session.env["ZRT_TESTS_NEED_ALL"] = "1"  # these tests need only zrt-nvidia, zrt-deepseek and zrt-xai besides
