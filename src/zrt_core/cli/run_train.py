@@ -80,10 +80,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from zrt_core.capture.sources import raw_config
     from zrt_core.checks import check_train_request
+    from zrt_core.cli.goodput_args import goodput_spec_from_args
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.schedule.stages import StageSplit
     from zrt_core.strategy import train_spec_defaults
 
+    run_spec = goodput_spec_from_args(args)  # the run's flags, before anything slow
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
     if getattr(args, "tables", None):
@@ -108,9 +110,6 @@ def run_train(args: argparse.Namespace) -> int:
     config, where = raw_config(args.model, host)
     check_train_request(config, parallel, train, num_gpus=args.num_gpus,
                         stage_split=stage_split, where=where)
-    from zrt_core.cli.goodput_args import goodput_spec_from_args
-
-    run_spec = goodput_spec_from_args(args)
     if run_spec is not None:
         from zrt_core.estimate.goodput import checkpoint_gb_per_s
 
