@@ -151,6 +151,7 @@ def test_run_prints_the_run_table(model_dir: Path, capsys: pytest.CaptureFixture
     (("--steps", "10", "--checkpoint-every", "0"), "at least one step"),
     (("--mtbf-gpu-hours", "100"), "needs the run's length"),
     (("--steps", "10", "--tokens", "1T"), "not both"),
+    (("--steps", "10", "--server", "http://127.0.0.1:9"), "not sent to a zrt serve"),
 ])
 def test_bad_run_flags_are_one_line_exit_2(model_dir: Path, capsys: pytest.CaptureFixture[str],
                                            flags: tuple[str, ...], message: str) -> None:

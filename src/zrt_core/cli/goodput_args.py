@@ -102,3 +102,14 @@ def goodput_spec_from_args(args: argparse.Namespace) -> Any:
         checkpoint_every_steps=every_steps, checkpoint_every_s=every_s,
         checkpoint_gb_per_s=args.checkpoint_gbps, storage_gb_per_s=args.storage_gbps,
         restart_s=DEFAULT_RESTART_S if restart is None else restart * 60.0)
+
+
+def refuse_remote(args: argparse.Namespace) -> None:
+    """:raises SpecError: whole-run flags with ``--server`` (the service's estimate body has
+    no run yet: they would be dropped silently)."""
+    from zrt_core.errors import SpecError
+
+    given = [f for f in ("tokens", "steps", *_NEEDS_LENGTH) if getattr(args, f, None) is not None]
+    if given:
+        raise SpecError(f"--{given[0].replace('_', '-')} is not sent to a zrt serve yet",
+                        "run it without --server")

@@ -125,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
 
     apply_from(args)
     if args.server:
+        from zrt_core.cli.goodput_args import refuse_remote
         from zrt_core.cli.serve_cmd import run_remote
+
+        refuse_remote(args)
 
         return run_remote(args)
     mode = args.mode or DEFAULT_MODE
