@@ -54,10 +54,23 @@ def test_rows_get_their_run_and_rank_by_the_objective() -> None:
     assert order == {"throughput": [0, 1], "goodput": [0, 1], "time-to-train": [1, 0]}
 
 
+def test_a_layout_whose_run_never_finishes_ranks_last_with_its_reason() -> None:
+    rows = _rows()
+    # 0.002 GPU-hours per GPU: 1,000 GPUs fail every 0.0072 s, 2,000 every 0.0036 s — no
+    # 10 s step survives; both rows get goodput 0 and the reason, and rank after any other
+    add_goodput(rows, HW, GoodputSpec(steps=10, mtbf_gpu_hours=0.002), 1000, 4000)
+    assert [r["goodput"] for r in rows] == [0.0, 0.0]
+    assert all("never finish" in r["run_error"] for r in rows)
+    rows.append({"wall_days": 3.0, "goodput_tokens_per_s_per_gpu": 1.0})
+    assert sorted(range(3), key=rank_key("time-to-train", rows)) == [2, 0, 1]
+    assert sorted(range(3), key=rank_key("goodput", rows)) == [2, 0, 1]
+
+
 @pytest.mark.parametrize(("objective", "run", "train", "message"), [
     ("speed", GoodputSpec(steps=1), True, "unknown objective"),
     ("goodput", None, True, "--tokens"),
     ("time-to-train", GoodputSpec(steps=1), False, "--train"),
+    ("throughput", GoodputSpec(steps=1), False, "--train"),
 ])
 def test_an_objective_without_its_run_is_refused(objective, run, train, message) -> None:
     with pytest.raises(SpecError, match=message):

@@ -5,6 +5,7 @@ to train the token budget (``time-to-train``), from the whole-run model of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,9 @@ def check_objective(objective: str, run: Any, train: bool, hw: Any) -> None:
     if objective != "throughput" and (run is None or not train):
         raise SpecError(f"--objective {objective} ranks training runs by their length",
                         "add --train and --tokens (15T, 300B) or --steps N")
-    if run is not None and train:
+    if run is not None and not train:
+        raise SpecError("--tokens and --steps describe a training run", "add --train")
+    if run is not None:
         from zrt_core.estimate.goodput import checkpoint_gb_per_s
 
         checkpoint_gb_per_s(hw, run)
@@ -38,10 +41,16 @@ def add_goodput(rows: Sequence[dict[str, Any]], hw: Any, run: Any, global_batch:
     for row in rows:
         if not row.get("step_time_s") or not row.get("checkpoint_bytes"):
             continue
-        g = goodput(run, step_time_s=row["step_time_s"], tokens_per_step=global_batch * seq_len,
-                    num_gpus=row["gpus"], checkpoint_bytes=row["checkpoint_bytes"],
-                    checkpoint_bytes_per_device=row["checkpoint_bytes_per_device"],
-                    device_gb_per_s=bandwidth)
+        try:
+            g = goodput(run, step_time_s=row["step_time_s"],
+                        tokens_per_step=global_batch * seq_len, num_gpus=row["gpus"],
+                        checkpoint_bytes=row["checkpoint_bytes"],
+                        checkpoint_bytes_per_device=row["checkpoint_bytes_per_device"],
+                        device_gb_per_s=bandwidth)
+        except SpecError as exc:  # a layout whose run never finishes: last, with the reason
+            row.update({"goodput": 0.0, "goodput_tokens_per_s_per_gpu": 0.0,
+                        "wall_days": None, "run_error": exc.message})
+            continue
         row.update({"goodput": g.goodput,
                     "goodput_tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"] * g.goodput,
                     "wall_days": g.wall_s / 86400.0, "gpu_hours": g.gpu_hours,
@@ -52,7 +61,7 @@ def add_goodput(rows: Sequence[dict[str, Any]], hw: Any, run: Any, global_batch:
 def rank_key(objective: str, rows: Sequence[dict[str, Any]]) -> Callable[[int], tuple[Any, ...]]:
     """The sort key of row indices, best first (ties: the enumeration order)."""
     if objective == "goodput":
-        return lambda i: (-rows[i]["goodput_tokens_per_s_per_gpu"], i)
+        return lambda i: (-rows[i].get("goodput_tokens_per_s_per_gpu", 0.0), i)
     if objective == "time-to-train":
-        return lambda i: (rows[i]["wall_days"], i)
+        return lambda i: (rows[i].get("wall_days") or math.inf, i)
     return lambda i: (-rows[i]["tokens_per_s_per_gpu"], i)
