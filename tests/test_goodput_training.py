@@ -162,3 +162,11 @@ def test_bad_run_flags_are_one_line_exit_2(model_dir: Path, capsys: pytest.Captu
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("zrt: error: ") and err.count("\n") == 1 and message in err
+
+
+def test_run_flags_without_train_are_refused(model_dir: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # zrt run serves by default: a token budget there would be dropped silently
+    assert main(["run", str(model_dir), "--hw", "h100", "--tokens", "1T"]) == 2
+    err = capsys.readouterr().err
+    assert err == "zrt: error: --tokens describes a training run — add --train\n"

@@ -104,12 +104,19 @@ def goodput_spec_from_args(args: argparse.Namespace) -> Any:
         restart_s=DEFAULT_RESTART_S if restart is None else restart * 60.0)
 
 
-def refuse_remote(args: argparse.Namespace) -> None:
-    """:raises SpecError: whole-run flags with ``--server`` (the service's estimate body has
-    no run yet: they would be dropped silently)."""
+def refuse_unused(args: argparse.Namespace) -> None:
+    """``zrt run``: whole-run flags where they would be dropped silently.
+
+    :raises SpecError: with ``--server`` (the service's estimate body has no run yet) or
+        without ``--train``.
+    """
     from zrt_core.errors import SpecError
 
     given = [f for f in ("tokens", "steps", *_NEEDS_LENGTH) if getattr(args, f, None) is not None]
-    if given:
-        raise SpecError(f"--{given[0].replace('_', '-')} is not sent to a zrt serve yet",
-                        "run it without --server")
+    if not given:
+        return
+    flag = "--" + given[0].replace("_", "-")
+    if args.mode != "train":
+        raise SpecError(f"{flag} describes a training run", "add --train")
+    if args.server:
+        raise SpecError(f"{flag} is not sent to a zrt serve yet", "run it without --server")

@@ -124,11 +124,11 @@ def run(args: argparse.Namespace) -> int:
     from zrt_core.cli.run_frameworks import apply_from
 
     apply_from(args)
-    if args.server:
-        from zrt_core.cli.goodput_args import refuse_remote
-        from zrt_core.cli.serve_cmd import run_remote
+    from zrt_core.cli.goodput_args import refuse_unused
 
-        refuse_remote(args)
+    refuse_unused(args)
+    if args.server:
+        from zrt_core.cli.serve_cmd import run_remote
 
         return run_remote(args)
     mode = args.mode or DEFAULT_MODE
