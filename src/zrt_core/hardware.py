@@ -34,6 +34,7 @@ The YAML format (every key below, nothing else; a repeated key is an error too):
       - {name: infiniband, bandwidth_gb_per_s: 50, latency_us: 6, devices: null}
     power_w: 700                     # board power (TDP)
     price_per_device_hour_usd: null  # a public on-demand price, or omit
+    checkpoint_write_gb_per_s: 6.25  # what one device writes to storage (optional)
     efficiency: {matmul: 0.8, memory: 0.85, launch_overhead_us: 4}   # see Efficiency
 
 Every error names the file and the field (``h100.yaml: memory.bandwidth_gb_per_s must be
@@ -240,6 +241,8 @@ class HardwareSpec:
     :param interconnect: tiers innermost first; devices per tier grow; the last is unbounded.
     :param power_w: board power (TDP), watts.
     :param price_per_device_hour_usd: an on-demand cloud price, when the pack gives one.
+    :param checkpoint_write_gb_per_s: what one device can write to checkpoint storage, GB/s
+        (its share of the node's storage network), when the pack gives it (docs/goodput.md).
     :param source_file: the YAML the spec came from (empty when built in code).
     """
 
@@ -255,6 +258,7 @@ class HardwareSpec:
     efficiency: Efficiency = field(factory=Efficiency)
     source: str = ""
     source_file: str = ""
+    checkpoint_write_gb_per_s: float | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_tiers(self.interconnect, self.source_file or self.id)
@@ -297,7 +301,8 @@ class HardwareSpec:
             data,
             f"{source_file}: ",
             {"id", "name", "vendor", "aliases", "source", "compute", "memory", "interconnect",
-             "power_w", "price_per_device_hour_usd", "efficiency"},
+             "power_w", "price_per_device_hour_usd", "efficiency",
+             "checkpoint_write_gb_per_s"},
         )
         hw_id = top.str("id", required=True)
         assert hw_id is not None
@@ -380,6 +385,7 @@ class HardwareSpec:
             efficiency=Efficiency(**eff_kwargs),
             source=top.str("source", "") or "",
             source_file=source_file,
+            checkpoint_write_gb_per_s=top.number("checkpoint_write_gb_per_s", positive=True),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -97,6 +97,7 @@ def run_show(args) -> int:
     rows.append(("power", _unit(spec.power_w, "W")))
     rows.append(("price", "—" if spec.price_per_device_hour_usd is None
                  else f"${spec.price_per_device_hour_usd:g} per device-hour"))
+    rows.append(("checkpoint write", _unit(spec.checkpoint_write_gb_per_s, "GB/s per device")))
     rows.append(("source", spec.source or "—"))
     rows.append(("file", spec.source_file or "—"))
     console().print(table(spec.id, ("field", "value"), rows))

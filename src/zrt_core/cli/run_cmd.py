@@ -124,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     from zrt_core.cli.run_frameworks import apply_from
 
     apply_from(args)
+    from zrt_core.cli.goodput_args import refuse_unused
+
+    refuse_unused(args)
     if args.server:
         from zrt_core.cli.serve_cmd import run_remote
 

@@ -72,15 +72,20 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="Megatron's layout string, one |-separated entry per virtual stage: "
                         "E embedding, t decoder layer, m MTP layer, L loss, e.g. "
                         "'Et|(tt|)*30mL'")
+    from zrt_core.cli.goodput_args import add_goodput_args
+
+    add_goodput_args(p)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from zrt_core.capture.sources import raw_config
     from zrt_core.checks import check_train_request
+    from zrt_core.cli.goodput_args import goodput_spec_from_args
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.schedule.stages import StageSplit
     from zrt_core.strategy import train_spec_defaults
 
+    run_spec = goodput_spec_from_args(args)  # the run's flags, before anything slow
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
     if getattr(args, "tables", None):
@@ -105,6 +110,10 @@ def run_train(args: argparse.Namespace) -> int:
     config, where = raw_config(args.model, host)
     check_train_request(config, parallel, train, num_gpus=args.num_gpus,
                         stage_split=stage_split, where=where)
+    if run_spec is not None:
+        from zrt_core.estimate.goodput import checkpoint_gb_per_s
+
+        checkpoint_gb_per_s(hw, run_spec)  # a missing bandwidth before the slow work
     from zrt_core.estimate.training import default_overlap, estimate_training
 
     overlap = None
@@ -117,6 +126,12 @@ def run_train(args: argparse.Namespace) -> int:
                                attention=args.attention, keep_timelines=bool(args.out),
                                stage_split=stage_split,
                                use_cache=False if args.no_cache else None)
+    if run_spec is not None:
+        from attrs import evolve as _evolve
+
+        from zrt_core.estimate.goodput import training_goodput
+
+        report = _evolve(report, goodput=training_goodput(report, hw, run_spec))
     written = write_training_outputs(report, args.out) if args.out else []
     from zrt_core.cli.run_frameworks import emit_run
 

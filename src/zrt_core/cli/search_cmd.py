@@ -110,6 +110,14 @@ def add_space_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--out", metavar="DIR",
                    help="write results.csv, results.xlsx and search.html here")
     r.add_argument("--no-cache", action="store_true", help="capture again")
+    r.add_argument("--objective", choices=("throughput", "goodput", "time-to-train"),
+                   default="throughput",
+                   help="rank training layouts by tokens/s per GPU (default), by useful "
+                        "tokens/s per GPU after interruptions and checkpoints (goodput), or "
+                        "by wall time to train --tokens (time-to-train); docs/goodput.md")
+    from zrt_core.cli.goodput_args import add_goodput_args
+
+    add_goodput_args(p)
     add_json_flag(p)
 
 
@@ -159,7 +167,21 @@ def space_from_args(args: argparse.Namespace) -> Any:
 def search_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"top_k": args.top_k, "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms,
             "rate": args.rate, "engine": args.engine, "workers": args.workers,
-            "ray_address": args.ray, "use_cache": False if args.no_cache else None}
+            "ray_address": args.ray, "use_cache": False if args.no_cache else None,
+            **_objective_options(args)}
+
+
+def _objective_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``objective`` and ``run`` (the whole-run spec) when the flags give them."""
+    from zrt_core.cli.goodput_args import goodput_spec_from_args
+
+    run = goodput_spec_from_args(args) if hasattr(args, "tokens") else None
+    out: dict[str, Any] = {}
+    if getattr(args, "objective", "throughput") != "throughput":
+        out["objective"] = args.objective
+    if run is not None:
+        out["run"] = run
+    return out
 
 
 @contextmanager
@@ -296,6 +318,8 @@ def print_search(result: Any) -> None:
     con = console()
     train = result.mode == "train"
     cols = TRAIN_COLUMNS if train else SERVE_COLUMNS
+    if train and any("goodput" in r for r in result.rows):
+        cols = (*cols, ("goodput", "goodput"), ("wall_days", "days"))
     con.print(f"{result.model} on {result.hardware}: {result.enumerated:,} layouts "
               f"enumerated, {result.evaluated:,} estimated in {result.elapsed_s:.1f} s"
               + (" (interrupted: partial results)" if result.partial else ""))
@@ -307,6 +331,8 @@ def print_search(result: Any) -> None:
         con.print("removed: none (every enumerated layout is valid and fits)")
     top = [result.rows[i] for i in result.ranking[:result.top_k]]
     what = "tokens/s per GPU" if train else "output tokens/s per GPU within the targets"
+    what = {"goodput": "useful tokens/s per GPU (goodput)",
+            "time-to-train": "time to train"}.get(result.extra.get("objective", ""), what)
     con.print(_rows_table(f"top {len(top)} by {what}", top, cols))
     front = [result.rows[i] for i in result.pareto]
     con.print(_rows_table("Pareto front: " + ("tokens/s per GPU against memory per device"

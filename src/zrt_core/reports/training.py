@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import field, frozen
 
 if TYPE_CHECKING:
+    from zrt_core.goodput import Goodput
     from zrt_core.schedule.pipeline import PipelineResult, StageTimes
     from zrt_core.schedule.timeline import Timeline
     from zrt_core.strategy import Parallel, TrainSpec
@@ -173,6 +174,12 @@ class TrainingReport:
     timelines: Mapping[str, Timeline] = field(factory=dict, converter=_ro)
     compute_by_category_s: Mapping[str, float] = field(factory=dict, converter=_ro)
     compute_by_layer_kind_s: Mapping[str, float] = field(factory=dict, converter=_ro)
+    #: a checkpoint of the model state (trained weights and optimizer states): in all, and
+    #: what the device that writes most writes (docs/goodput.md)
+    checkpoint_bytes: float = 0.0
+    checkpoint_bytes_per_device: float = 0.0
+    #: the whole run (``zrt run --train --tokens``/``--steps``), when asked for
+    goodput: Goodput | None = None
 
     @property
     def exposed_comm_total_s(self) -> float:
@@ -214,7 +221,11 @@ class TrainingReport:
             "memory": self.memory.to_json() if self.memory else None,
             "stages": [s.to_json() for s in self.stages],
             "notes": list(self.notes), "timings_s": dict(self.timings_s),
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoint_bytes_per_device": self.checkpoint_bytes_per_device,
         }
+        if self.goodput is not None:
+            out["goodput"] = self.goodput.to_json()
         return out
 
 
@@ -333,6 +344,10 @@ def render(report: TrainingReport, console: Any) -> None:
     for r in rows:
         stages.add_row(*(str(v) for v in r))
     console.print(stages)
+    if report.goodput is not None:
+        from zrt_core.reports.goodput import render_goodput
+
+        render_goodput(report.goodput, console)
 
 
 # -- HTML ----------------------------------------------------------------------------------------
@@ -389,6 +404,10 @@ def training_sections(report: TrainingReport) -> list[Any]:
     for note in report.notes:
         body += f"<div class='note'>{_e(note)}</div>"
     sections.append(Section("Summary", body))
+    if report.goodput is not None:
+        from zrt_core.reports.goodput import goodput_section
+
+        sections.append(goodput_section(report.goodput))
 
     parts = {"forward": report.forward_s, "backward": report.backward_s,
              "recompute": report.recompute_s}

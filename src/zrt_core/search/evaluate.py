@@ -91,6 +91,8 @@ class TrainEvaluator:
             "memory_gib": mem.peak_bytes / GIB if mem else None,
             "usable_gib": mem.usable_bytes / GIB if mem else None,
             "fits": r.feasible,
+            "checkpoint_bytes": r.checkpoint_bytes,
+            "checkpoint_bytes_per_device": r.checkpoint_bytes_per_device,
         })
         return out
 

@@ -82,7 +82,8 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
            ttft_ms: float | None = None, tpot_ms: float | None = None,
            rate: float | None = None, engine: str = "trtllm", workers: int = 1,
            ray_address: str | None = None, host: Any = None, use_cache: bool | None = None,
-           progress: Progress | None = None, full_report: bool = True) -> SearchResult:
+           progress: Progress | None = None, full_report: bool = True,
+           objective: str = "throughput", run: Any = None) -> SearchResult:
     """Search ``space`` for ``model`` on ``hardware`` (an id or a spec).
 
     Training (a :class:`TrainSpace`) ranks the layouts that fit by tokens/s per GPU (step
@@ -91,6 +92,9 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
     :class:`ServeSpace`) ranks the layouts that fit and meet ``ttft_ms``/``tpot_ms`` by
     output tokens/s per GPU; the front is tokens/s per GPU against tokens/s per user;
     ``rate`` (requests/s) adds the fewest GPUs that sustain it within the targets.
+    ``run`` (a :class:`zrt_core.goodput.GoodputSpec`) adds each training row's goodput and
+    time to train; ``objective`` (``throughput``, ``goodput``, ``time-to-train``;
+    :mod:`zrt_core.search.objective`) ranks by one of them.
 
     :param workers: local processes (1: in this process).
     :param ray_address: run the estimates as Ray tasks (``"auto"`` or ``"local"``: a local
@@ -108,6 +112,9 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
 
     dims = check_config(config, where=where)
     train = isinstance(space, TrainSpace)
+    from zrt_core.search.objective import add_goodput, check_objective, rank_key
+
+    check_objective(objective, run, train, hw)
     if train:
         from zrt_core.checks import check_tokens
 
@@ -146,8 +153,12 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         rejected["memory"] = memory
     extra: dict[str, Any] = {}
     if train:
+        if run is not None:
+            add_goodput(kept, hw, run, space.global_batch, space.seq_len)
+        if objective != "throughput":
+            extra["objective"] = objective
         ranking = sorted((i for i, r in enumerate(kept) if r["fits"]),
-                         key=lambda i: (-kept[i]["tokens_per_s_per_gpu"], i))
+                         key=rank_key(objective, kept))
         fitting = [kept[i] for i in ranking]
         front = [ranking[j] for j in pareto_front(fitting, "tokens_per_s_per_gpu",
                                                   "memory_gib", y_max=False)]
@@ -177,6 +188,13 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         winner_spec = _winner_spec(best, space)
         if full_report:
             winner_object = _report(args, host, best)
+            if train and run is not None:
+                from attrs import evolve
+
+                from zrt_core.estimate.goodput import training_goodput
+
+                winner_object = evolve(winner_object,
+                                       goodput=training_goodput(winner_object, hw, run))
             winner_report = _jsonable(winner_object.to_json())
     return SearchResult(
         mode="train" if train else "infer", model=str(where), hardware=hw.id,

@@ -162,7 +162,9 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
         mfu=mfu, hfu=hfu, model_flops=model_flops, hardware_flops=hardware_flops,
         peak_tflops=peak, memory=memory, stages=tuple(stage_reports), critical_rank=r_star,
         precision=plan.recipe, notes=tuple(notes), pipeline=summary.result,
-        stage_times=stage_times, p2p_s=tuple(p2p), p2p_wrap_s=wrap, timelines=timelines)
+        stage_times=stage_times, p2p_s=tuple(p2p), p2p_wrap_s=wrap, timelines=timelines,
+        checkpoint_bytes_per_device=max(optimizer.checkpoint_bytes, default=0.0),
+        checkpoint_bytes=sum(optimizer.checkpoint_bytes) * (world // pp))
 
 
 def _ordered(values: Mapping[str, float]) -> dict[str, float]:

@@ -44,6 +44,8 @@ class _OptimizerStep:
     host_states_bytes: tuple[float, ...]
     gather_buffer_bytes: tuple[float, ...]
     graphs: tuple[OpGraph, ...]
+    #: bytes each device of a pipeline rank writes to a checkpoint (see below)
+    checkpoint_bytes: tuple[float, ...] = ()
 
 
 def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
@@ -71,6 +73,7 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
     states: list[float] = []
     host_states: list[float] = []
     buffers: list[float] = []
+    checkpoint: list[float] = []
     graphs: list[OpGraph] = []
     group = dense_group
     for rank in range(pp):
@@ -117,6 +120,11 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
             # TransformerEngine keeps row- and column-wise low-precision weight copies
             w += 2 * plan.quantized_bytes(int(all_dense + all_expert), plan.gemm_dtype or "")
         weights.append(w)
+        # A checkpoint holds each trained weight once (in the activation dtype) and its
+        # optimizer states; Megatron's fully parallel save (and FSDP's sharded state dict)
+        # splits the replicated copies over the data-parallel ranks, so every device writes
+        # 1/dp of its model-parallel shard whatever the ZeRO stage.
+        checkpoint.append((dense / dense_dp + expert / expert_dp) * (pbytes + state))
         if shard_params:
             mine_layers = set(layers)
             largest = max([g.total for k, g in inventory.layers.items()
@@ -135,4 +143,4 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
         comm_group=group, per_rank_s=tuple(per_rank), weights_bytes=tuple(weights),
         gradients_bytes=tuple(grads), states_bytes=tuple(states),
         host_states_bytes=tuple(host_states), gather_buffer_bytes=tuple(buffers),
-        graphs=tuple(graphs))
+        graphs=tuple(graphs), checkpoint_bytes=tuple(checkpoint))
