@@ -35,6 +35,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1,
                    help="ZeRO stage; 1 is Megatron's distributed optimizer (default 1)")
     g.add_argument("--fsdp", action="store_true", help="FSDP (parameters sharded, as ZeRO-3)")
+    g.add_argument("--reshard-after-forward", type=reshard_value, default=None,
+                   metavar="true|false|N",
+                   help="FSDP2's reshard_after_forward: free gathered parameters after "
+                        "forward (true), keep them for backward (false) or keep a shard over "
+                        "N ranks (default: false with --pp > 1, else true, as torchtitan)")
+    g.add_argument("--hsdp", type=positive_int("--hsdp"), default=None, metavar="R",
+                   help="HSDP: shard within groups of R data-parallel ranks, replicate "
+                        "across them (default: shard over all of dp)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                    help="optimizer (default adamw)")
     g.add_argument("--precision", choices=PRECISIONS, default="bf16",
@@ -74,6 +82,22 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "'Et|(tt|)*30mL'")
 
 
+def reshard_value(text: str) -> bool | int:
+    """``true`` / ``false`` / a positive group size, as FSDP2's ``reshard_after_forward``."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        value = int(low)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--reshard-after-forward must be true, false or a positive group size, "
+            f"got {text!r}")
+    return value
+
+
 def run_train(args: argparse.Namespace) -> int:
     from zrt_core.capture.sources import raw_config
     from zrt_core.checks import check_train_request
@@ -93,7 +117,8 @@ def run_train(args: argparse.Namespace) -> int:
         "micro_batch": args.micro_batch, "global_batch": global_batch,
         "seq_len": args.seq_len, "recompute": args.recompute, "zero": args.zero,
         "fsdp": args.fsdp, "optimizer": args.optimizer, "precision": args.precision,
-        "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank}
+        "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank,
+        "reshard_after_forward": args.reshard_after_forward, "hsdp": args.hsdp}
     if args.pp_schedule:
         fields["pp_schedule"] = args.pp_schedule
     train = train_spec_defaults(parallel, **fields)
