@@ -66,6 +66,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "FlashAttention)")
     g.add_argument("--num-gpus", type=positive_int("--num-gpus"), default=None, metavar="N",
                    help="check that tp × cp × pp × dp equals this")
+    from zrt_core.cli.search_cmd import int_list
+
+    g.add_argument("--gpus", type=int_list("--gpus"), default=None, metavar="LIST",
+                   help="weak scaling: estimate at each GPU count (a list 64,128 or a "
+                        "doubling range 64-16384), dp growing with the GPUs and the global "
+                        "batch with dp (the per-GPU batch of --dp and --global-batch)")
     g.add_argument("--embedding-loss-stages", action="store_true",
                    help="count the embedding and the loss as layers when splitting layers "
                         "into stages (Megatron's account_for_*_in_pipeline_split)")
@@ -132,16 +138,24 @@ def run_train(args: argparse.Namespace) -> int:
                         stage_split=stage_split, where=where)
     from zrt_core.estimate.training import default_overlap, estimate_training
 
-    overlap = None
-    if args.ep_overlap:
-        from attrs import evolve
+    def estimate(parallel: Any, train: Any, num_gpus: int | None = args.num_gpus,
+                 keep_timelines: bool = bool(args.out)) -> Any:
+        overlap = None
+        if args.ep_overlap:
+            from attrs import evolve
 
-        overlap = evolve(default_overlap(parallel, train), ep_batch_overlap=True)
-    report = estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
-                               num_gpus=args.num_gpus, host_link_gb_per_s=args.host_link_gbps,
-                               attention=args.attention, keep_timelines=bool(args.out),
-                               stage_split=stage_split,
-                               use_cache=False if args.no_cache else None)
+            overlap = evolve(default_overlap(parallel, train), ep_batch_overlap=True)
+        return estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
+                                 num_gpus=num_gpus, host_link_gb_per_s=args.host_link_gbps,
+                                 attention=args.attention, keep_timelines=keep_timelines,
+                                 stage_split=stage_split,
+                                 use_cache=False if args.no_cache else None)
+
+    if args.gpus is not None:
+        from zrt_core.cli.run_scaling import run_weak_scaling
+
+        return run_weak_scaling(args, estimate, parallel, train)
+    report = estimate(parallel, train)
     written = write_training_outputs(report, args.out) if args.out else []
     from zrt_core.cli.run_frameworks import emit_run
 
