@@ -211,3 +211,36 @@ def test_gpus_list_prints_the_curve_as_json(tmp_path, capsys) -> None:
     assert [(p["gpus"], p["dp"], p["global_batch"]) for p in data["points"]] == [
         (1, 1, 4), (2, 2, 8), (4, 4, 16)]
     assert data["monotone"] is True and data["points"][0]["efficiency"] == 1.0
+
+
+# -- torchtitan job configs -------------------------------------------------------------------
+
+
+def test_torchtitan_replicate_and_shard_degrees_are_hsdp() -> None:
+    from zrt_core.frameworks import Header, emit, read_text, request_from_values
+
+    got = read_text("torchtitan", """
+[training]
+local_batch_size = 8
+seq_len = 4096
+[parallelism]
+data_parallel_replicate_degree = 4
+data_parallel_shard_degree = 8
+pipeline_parallel_degree = 2
+fsdp_reshard_after_forward = "always"
+[activation_checkpoint]
+mode = "none"
+""", {"layers": 32})
+    request = request_from_values(got.values)
+    # dp = replicate 4 × shard 8 = 32, sharded within the 8 (HSDP); "always" re-shards
+    assert request.parallel.dp == 32
+    assert (request.train.hsdp, request.train.reshard_after_forward) == (8, True)
+    text = emit("torchtitan", request, Header(model="m", hardware="nvidia_h100_sxm", layers=32))
+    assert "data_parallel_replicate_degree = 4" in text
+    assert 'fsdp_reshard_after_forward = "always"' in text
+    back = request_from_values(read_text("torchtitan", text, {"layers": 32}).values)
+    assert back.normalized() == request.normalized()
+    # "default" leaves zrt's default (torchtitan's: no re-shard under a pipeline)
+    default = read_text("torchtitan", "[parallelism]\ndata_parallel_shard_degree = 8\n",
+                        {"layers": 32})
+    assert "reshard_after_forward" not in default.values

@@ -160,11 +160,10 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append("precision=bf16 (16-bit mixed precision)")
     precision = str(precision).lower()  # as serving records are read: FP8 is fp8
     lora_rank = _lora_rank(record, assumptions)
-    reshard = None
-    if fsdp:
-        # Megatron-FSDP (Megatron-Bridge's FSDP rows): parameters released after forward
-        # and gathered again for backward, as FSDP2's reshard_after_forward=True
-        reshard = True
+    if fsdp and pp == 1:
+        # Megatron-FSDP (Megatron-Bridge's FSDP rows, all without a pipeline): parameters
+        # released after forward and gathered again for backward, FSDP2's
+        # reshard_after_forward=True — zrt's --fsdp default without a pipeline
         assumptions.append("FSDP as Megatron-FSDP runs it: parameters re-gathered for "
                            "backward, gradients reduce-scattered every micro-batch "
                            "(docs/fsdp.md)")
@@ -175,8 +174,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     train = TrainSpec(micro_batch=int(micro_batch), global_batch=global_batch,
                       seq_len=seq_len, recompute=str(recompute), zero=int(zero), fsdp=fsdp,
                       optimizer="adamw", precision=str(precision),
-                      pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank,
-                      reshard_after_forward=reshard)
+                      pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
     source = str(record.get("source", ""))
     attention = "flash"
     if any(s in source for s in LEGACY_MEGATRON_SOURCES):
