@@ -191,6 +191,8 @@ def _one_error(argv, capsys) -> str:
     (["--fsdp", "--reshard-after-forward", "8"], "larger than the shard group's 4 ranks"),
     (["--fsdp", "--reshard-after-forward", "sometimes"], "must be true, false or"),
     (["--gpus", "4,6"], "6 GPUs is not a multiple of"),
+    (["--gpus", "4,8", "--emit", "megatron"], "--emit writes one run's config"),
+    (["--gpus", "4,8", "--server", "http://localhost:1"], "--gpus is not available with"),
 ])
 def test_bad_flags_are_one_line(tmp_path, capsys, flags, needle) -> None:
     argv = ["run", _config(tmp_path), "--hw", "h100", "--train", "--tp", "4", "--dp", "4",

@@ -20,8 +20,9 @@ def run_weak_scaling(args: argparse.Namespace, estimate: Callable[..., Any], par
     if args.num_gpus is not None:
         raise SpecError("--gpus (a weak-scaling curve) and --num-gpus (one run's check) "
                         "cannot be combined", "drop --num-gpus")
-    if getattr(args, "from_framework", None):
-        raise SpecError("--gpus cannot be combined with --from", "give the layout flags")
+    if getattr(args, "emit", None):
+        raise SpecError("--emit writes one run's config, --gpus estimates several",
+                        "drop --gpus or --emit")
     scaled_layouts(parallel, train, args.gpus)  # bad counts: one line before any estimate
     keep = bool(args.out)
     last = len(args.gpus) - 1
