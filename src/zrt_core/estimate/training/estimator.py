@@ -298,9 +298,9 @@ def estimate_training(
     p2p, wrap = p2p_times_s(hw, parallel, message) if parallel.pp > 1 else ((0.0,), 0.0)
     vp = parallel.vp if schedule == "interleaved" else 1
     summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap)
-    gather_delay = first_forward_delay_s(fwd, fwd_first, costs, rules, stage_ranges,
-                                         stage_reports) \
-        if fwd_first is not None else 0.0
+    gather_delay, gather_busy = first_forward_delay_s(
+        fwd, fwd_first, costs, rules, stage_ranges, stage_reports) \
+        if fwd_first is not None else (0.0, ())
     timings["pipeline"] = time.perf_counter() - t0
 
     # -- step -------------------------------------------------------------------------------
@@ -311,7 +311,8 @@ def estimate_training(
         microbatches=m, stage_reports=stage_reports, summary=summary, dp_tails=dp_tails,
         optimizer=opt, inventory=inventory, plan=plan, p2p=p2p, wrap=wrap,
         notes=notes, applied=applied, timelines=timelines, stage_times=stage_times,
-        fwd=fwd, bwd=bwd, dims=dims, host=ctx.host, start_delay_s=gather_delay)
+        fwd=fwd, bwd=bwd, dims=dims, host=ctx.host, start_delay_s=gather_delay,
+        start_gathers_s=gather_busy)
     timings["total"] = time.perf_counter() - started
     report = evolve(report, timings_s=timings)
     check_training(report)

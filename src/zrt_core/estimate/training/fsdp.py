@@ -59,7 +59,8 @@ def apply_sharding(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
 
 def first_forward_delay_s(fwd: OpGraph, fwd_first: OpGraph,
                           costs: Mapping[str, Mapping[int, NodeCost]], rules: OverlapRules,
-                          ranges: Sequence[range], stages: Sequence[StageReport]) -> float:
+                          ranges: Sequence[range], stages: Sequence[StageReport]
+                          ) -> tuple[float, tuple[float, ...]]:
     """How much the step starts later because the first micro-batch's forward of each
     stage gathers the parameters (kept gathered for the rest of the step).
 
@@ -69,27 +70,35 @@ def first_forward_delay_s(fwd: OpGraph, fwd_first: OpGraph,
     runs before the stage's first forward action) and has the time the first micro-batch
     takes to reach it, ``wait_v`` (the forwards of the stages before), to hide them. The
     step starts ``max_v (extra_v − wait_v)`` later, and no later stage adds to it: each
-    wait grows with the delay already taken."""
+    wait grows with the delay already taken.
+
+    :returns: the delay, and each virtual stage's gather time on its DP streams (once per
+        step; what the delay does not expose is hidden)."""
     from zrt_core.schedule.scheduler import schedule_phase
 
     kind_of: dict[int, int] = {}
     for rep, t in fwd.templates.items():
         for i in t.indices:
             kind_of[i] = rep
-    cache: dict[tuple[object, ...], float] = {}
+    cache: dict[tuple[object, ...], tuple[float, float]] = {}
+    busy: list[float] = []
     delay = wait = 0.0
     n = len(ranges)
     for v, layers in enumerate(ranges):
         first, last = v == 0, v == n - 1
         key = (tuple(kind_of.get(i, i) for i in layers), first, last)
-        extra = cache.get(key)
-        if extra is None:
+        hit = cache.get(key)
+        if hit is None:
             lay = list(layers)
             plain = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
                                    head_side=last)
             gathered = schedule_phase(fwd_first, costs["fwd_first"], rules, layers=lay,
                                       embedding_side=first, head_side=last)
-            extra = cache[key] = max(0.0, gathered.makespan_s - plain.makespan_s)
+            gathers = sum(t for k, t in gathered.stream_busy_s.items()
+                          if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
+            hit = cache[key] = (max(0.0, gathered.makespan_s - plain.makespan_s), gathers)
+        extra, gathers = hit
+        busy.append(gathers)
         delay = max(delay, extra - wait)
         wait += stages[v].forward_s
-    return delay
+    return delay, tuple(busy)
