@@ -63,6 +63,17 @@ def _flag(_inst: Any, attribute: Any, value: Any) -> None:
         raise SpecError(f"{attribute.name} must be true or false, got {value!r}")
 
 
+def _reshard(_inst: Any, attribute: Any, value: Any) -> None:
+    """PyTorch FSDP2's ``reshard_after_forward``: None (the framework's default), True,
+    False or a re-shard group size ≥ 1."""
+    if value is None or isinstance(value, bool):
+        return
+    if not isinstance(value, int) or not 1 <= value <= LIMITS["width"]:
+        raise SpecError(f"{attribute.name} must be true, false or a group size from 1 to "
+                        f"{LIMITS['width']:,}, got {value!r}",
+                        "e.g. --reshard-after-forward 8 (re-shard within 8 ranks)")
+
+
 def _rank(_inst: Any, attribute: Any, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LIMITS["width"]:
         raise SpecError(f"{attribute.name} must be an integer from 0 to {LIMITS['width']:,}, "
@@ -170,6 +181,13 @@ class TrainSpec:
     #: LoRA fine-tuning: frozen base weights and adapters of this rank on every decoder
     #: linear layer (:mod:`zrt_core.transforms.lora`); 0 trains every weight
     lora_rank: int = field(default=0, validator=_rank)
+    #: FSDP2's ``reshard_after_forward``: True frees the gathered parameters after each
+    #: layer's forward (gathered again for backward), False keeps them until backward, an
+    #: int N keeps a 1/N shard for backward; None is the framework's default (docs/fsdp.md)
+    reshard_after_forward: bool | int | None = field(default=None, validator=_reshard)
+    #: HSDP: shard over groups of this many data-parallel ranks, replicate across the
+    #: groups (None: shard over all of dp)
+    hsdp: int | None = field(default=None, validator=validators.optional(_count("degree")))
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -181,7 +199,8 @@ class TrainSpec:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp", "optimizer",
-            "precision", "pp_schedule", "offload_optimizer", "lora_rank")}
+            "precision", "pp_schedule", "offload_optimizer", "lora_rank",
+            "reshard_after_forward", "hsdp")}
 
 
 @frozen
@@ -311,6 +330,9 @@ def check_layout(
             raise LayoutError(
                 f"{what} shards over the data-parallel ranks, but dp × cp = 1: nothing "
                 "would be sharded", "raise dp, or use zero 0 or 1 without fsdp")
+        from zrt_core.fsdp import sharding_plan
+
+        sharding_plan(p, train)  # --hsdp / --reshard-after-forward against the layout
     sp = p.sequence_parallel(training=train is not None)
     return evolve(p, sp=sp)
 

@@ -35,6 +35,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1,
                    help="ZeRO stage; 1 is Megatron's distributed optimizer (default 1)")
     g.add_argument("--fsdp", action="store_true", help="FSDP (parameters sharded, as ZeRO-3)")
+    g.add_argument("--reshard-after-forward", type=reshard_value, default=None,
+                   metavar="true|false|N",
+                   help="FSDP2's reshard_after_forward: free gathered parameters after "
+                        "forward (true), keep them for backward (false) or keep a shard over "
+                        "N ranks (default: false with --pp > 1, else true, as torchtitan)")
+    g.add_argument("--hsdp", type=positive_int("--hsdp"), default=None, metavar="R",
+                   help="HSDP: shard within groups of R data-parallel ranks, replicate "
+                        "across them (default: shard over all of dp)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                    help="optimizer (default adamw)")
     g.add_argument("--precision", choices=PRECISIONS, default="bf16",
@@ -58,6 +66,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "FlashAttention)")
     g.add_argument("--num-gpus", type=positive_int("--num-gpus"), default=None, metavar="N",
                    help="check that tp × cp × pp × dp equals this")
+    from zrt_core.cli.search_cmd import int_list
+
+    g.add_argument("--gpus", type=int_list("--gpus"), default=None, metavar="LIST",
+                   help="weak scaling: estimate at each GPU count (a list 64,128 or a "
+                        "doubling range 64-16384), dp growing with the GPUs and the global "
+                        "batch with dp (the per-GPU batch of --dp and --global-batch)")
     g.add_argument("--embedding-loss-stages", action="store_true",
                    help="count the embedding and the loss as layers when splitting layers "
                         "into stages (Megatron's account_for_*_in_pipeline_split)")
@@ -75,6 +89,22 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     from zrt_core.cli.goodput_args import add_goodput_args
 
     add_goodput_args(p)
+
+
+def reshard_value(text: str) -> bool | int:
+    """``true`` / ``false`` / a positive group size, as FSDP2's ``reshard_after_forward``."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        value = int(low)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--reshard-after-forward must be true, false or a positive group size, "
+            f"got {text!r}")
+    return value
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -98,7 +128,8 @@ def run_train(args: argparse.Namespace) -> int:
         "micro_batch": args.micro_batch, "global_batch": global_batch,
         "seq_len": args.seq_len, "recompute": args.recompute, "zero": args.zero,
         "fsdp": args.fsdp, "optimizer": args.optimizer, "precision": args.precision,
-        "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank}
+        "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank,
+        "reshard_after_forward": args.reshard_after_forward, "hsdp": args.hsdp}
     if args.pp_schedule:
         fields["pp_schedule"] = args.pp_schedule
     train = train_spec_defaults(parallel, **fields)
@@ -116,16 +147,30 @@ def run_train(args: argparse.Namespace) -> int:
         checkpoint_gb_per_s(hw, run_spec)  # a missing bandwidth before the slow work
     from zrt_core.estimate.training import default_overlap, estimate_training
 
-    overlap = None
-    if args.ep_overlap:
-        from attrs import evolve
+    def estimate(parallel: Any, train: Any, num_gpus: int | None = args.num_gpus,
+                 keep_timelines: bool = bool(args.out)) -> Any:
+        overlap = None
+        if args.ep_overlap:
+            from attrs import evolve
 
-        overlap = evolve(default_overlap(parallel, train), ep_batch_overlap=True)
-    report = estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
-                               num_gpus=args.num_gpus, host_link_gb_per_s=args.host_link_gbps,
-                               attention=args.attention, keep_timelines=bool(args.out),
-                               stage_split=stage_split,
-                               use_cache=False if args.no_cache else None)
+            overlap = evolve(default_overlap(parallel, train), ep_batch_overlap=True)
+        return estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
+                                 num_gpus=num_gpus, host_link_gb_per_s=args.host_link_gbps,
+                                 attention=args.attention, keep_timelines=keep_timelines,
+                                 stage_split=stage_split,
+                                 use_cache=False if args.no_cache else None)
+
+    if args.gpus is not None:
+        from zrt_core.cli.run_scaling import run_weak_scaling
+
+        if run_spec is not None:  # the curve's points are steps; a run is priced at one layout
+            from zrt_core.errors import SpecError
+
+            raise SpecError("--tokens / --steps price a run at one GPU count, not a --gpus "
+                            "curve", "drop --gpus, or run the chosen point with --dp")
+
+        return run_weak_scaling(args, estimate, parallel, train)
+    report = estimate(parallel, train)
     if run_spec is not None:
         from attrs import evolve as _evolve
 

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
 _LOCAL_ONLY = {"lora_rank": 0, "host_link_gbps": None, "attention": "flash",
                "embedding_loss_stages": False, "decoder_first_pipeline_num_layers": None,
                "decoder_last_pipeline_num_layers": None,
-               "pipeline_model_parallel_layout": None, "no_cache": False}
+               "pipeline_model_parallel_layout": None, "no_cache": False,
+               "reshard_after_forward": None, "hsdp": None, "gpus": None}
 
 
 def run_spec(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,7 +21,8 @@ PARALLEL_FIELDS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind",
 TRAIN_FIELDS = ("micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp",
                 "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                "pipeline_model_parallel_layout", "embedding_loss_stages")
+                "pipeline_model_parallel_layout", "embedding_loss_stages",
+                "reshard_after_forward", "hsdp")
 INFER_FIELDS = ("batch", "input_len", "output_len", "quant", "kv_dtype", "engine", "dtype")
 
 
@@ -136,7 +137,8 @@ def request_from_values(values: Mapping[str, Any]) -> RunRequest:
         "zero": 1 if v.get("zero") is None else v["zero"], "fsdp": bool(v.get("fsdp")),
         "optimizer": v.get("optimizer") or "adamw", "precision": v.get("precision") or "bf16",
         "offload_optimizer": bool(v.get("offload_optimizer")),
-        "lora_rank": int(v.get("lora_rank") or 0)}
+        "lora_rank": int(v.get("lora_rank") or 0),
+        "reshard_after_forward": v.get("reshard_after_forward"), "hsdp": v.get("hsdp")}
     if v.get("pp_schedule"):
         fields["pp_schedule"] = v["pp_schedule"]
     train = train_spec_defaults(parallel, **fields)

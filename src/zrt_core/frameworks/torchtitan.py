@@ -29,7 +29,8 @@ READ = {
                     "tensor_parallel_degree", "pipeline_parallel_degree",
                     "context_parallel_degree", "expert_parallel_degree",
                     "expert_tensor_parallel_degree", "pipeline_parallel_schedule",
-                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size"},
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size",
+                    "fsdp_reshard_after_forward"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param"},
     "activation_checkpoint": {"mode"},
     "model": {"converters"},
@@ -79,8 +80,18 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
                             f"replicate = {rest}", "fix the degrees or --num-gpus")
         shard = world // rest
     values["dp"] = replicate * shard
-    # FSDP (fully_shard) over the shard degree; DDP when only replicated
+    # FSDP (fully_shard) over the shard degree; DDP when only replicated; HSDP (shard
+    # within groups of data_parallel_shard_degree, replicate across) when both
     values["fsdp"], values["zero"] = (shard > 1, 3 if shard > 1 else 0)
+    if shard > 1 and replicate > 1:
+        values["hsdp"] = shard
+    # torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy: "default" is
+    # not pp_enabled, zrt's own default for --fsdp
+    policy = par.get("fsdp_reshard_after_forward", "default")
+    reshard = choice(policy, "fsdp_reshard_after_forward", where,
+                     {"default": "default", "always": "always", "never": "never"})
+    if shard > 1 and reshard != "default":
+        values["reshard_after_forward"] = reshard == "always"
     schedule = par.get("pipeline_parallel_schedule", "1F1B")
     values["pp_schedule"] = choice(schedule, "pipeline_parallel_schedule", where, SCHEDULES)
     if "pipeline_parallel_layers_per_stage" in par:
@@ -163,7 +174,13 @@ def write(request: RunRequest, header: Header) -> str:
     if split is not None and split != type(split)():
         raise SpecError("torchtitan has no uneven pipeline split argument zrt reads",
                         "drop the decoder-first/last or layout arguments")
+    if isinstance(train.reshard_after_forward, int) and \
+            not isinstance(train.reshard_after_forward, bool):
+        raise SpecError("torchtitan's fsdp_reshard_after_forward is always, never or "
+                        "default; it has no re-shard group size",
+                        "use --reshard-after-forward true or false")
     local = train.micro_batch if p.pp == 1 else train.global_batch // p.dp
+    shard = (train.hsdp or p.dp) if train.fsdp else 1
     lines = [f"# {line}" for line in header.lines("torchtitan job config")]
     if precision[1]:
         lines += ["", "[model]", f'converters = ["{precision[1]}"]']
@@ -171,10 +188,13 @@ def write(request: RunRequest, header: Header) -> str:
               f"local_batch_size = {local}",
               f"global_batch_size = {train.global_batch}", f"seq_len = {train.seq_len}",
               f'mixed_precision_param = "{precision[0]}"', "", "[parallelism]",
-              f"data_parallel_replicate_degree = {1 if train.fsdp else p.dp}",
-              f"data_parallel_shard_degree = {p.dp if train.fsdp else 1}",
+              f"data_parallel_replicate_degree = {p.dp // shard}",
+              f"data_parallel_shard_degree = {shard}",
               f"tensor_parallel_degree = {p.tp}", f"pipeline_parallel_degree = {p.pp}",
               f"context_parallel_degree = {p.cp}", f"expert_parallel_degree = {p.ep}"]
+    if train.reshard_after_forward is not None:
+        lines.append("fsdp_reshard_after_forward = "
+                     f'"{"always" if train.reshard_after_forward else "never"}"')
     if p.pp > 1:
         lines.append(f"pipeline_parallel_microbatch_size = {train.micro_batch}")
     if p.ep > 1 or p.etp is not None:

@@ -41,7 +41,12 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
              optimizer: _OptimizerStep, inventory: ParamInventory, plan: PrecisionPlan,
              p2p: Sequence[float], wrap: float, notes: list[str], applied: Sequence[str],
              timelines: Mapping[str, Timeline], stage_times: StageTimes, fwd: OpGraph,
-             bwd: OpGraph, dims: ModelDims, host: PluginHost | None) -> TrainingReport:
+             bwd: OpGraph, dims: ModelDims, host: PluginHost | None,
+             start_delay_s: float = 0.0, start_gathers_s: Sequence[float] = ()
+             ) -> TrainingReport:
+    """The report; ``start_delay_s``: the step starts this much later (the first forward's
+    parameter gathers FSDP keeps for the whole step, :mod:`.fsdp`), exposed ``dp``;
+    ``start_gathers_s``: those gathers per virtual stage, the rest of them hidden."""
     pp = parallel.pp
     vp = parallel.vp if schedule == "interleaved" else 1
     m = microbatches
@@ -94,7 +99,12 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
         p2p_total = receives * (max(p2p) if p2p else 0.0)
         hidden["pp"] = hidden.get("pp", 0.0) + max(0.0, p2p_total - p2p_exposed)
     bubble = summary.bubble_s[r_star]
-    pipeline = summary.total_s
+    pipeline = summary.total_s + start_delay_s
+    if start_delay_s > 0:
+        exposed["dp"] = exposed.get("dp", 0.0) + start_delay_s
+    gathers = sum(start_gathers_s[v] for v, _ in per_rank[r_star]) if start_gathers_s else 0.0
+    if gathers > start_delay_s:
+        hidden["dp"] = hidden.get("dp", 0.0) + gathers - start_delay_s
     # force the identity to hold exactly: pipeline = compute + exposed + bubble
     bubble = pipeline - compute - sum(exposed.values())
 

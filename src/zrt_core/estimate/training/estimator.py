@@ -24,6 +24,7 @@ from zrt_core.estimate.host import HostModel
 from zrt_core.estimate.training.activations import saved_activation_bytes, transient_bytes
 from zrt_core.estimate.training.capture import TrainingCapture, capture_dtype, capture_for_training
 from zrt_core.estimate.training.compose import _compose
+from zrt_core.estimate.training.fsdp import apply_sharding, first_forward_delay_s
 from zrt_core.estimate.training.optimizer import _optimizer
 from zrt_core.estimate.training.pipeline import _pipeline
 from zrt_core.estimate.training.spec import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, MtpSpec
@@ -44,8 +45,6 @@ from zrt_core.schedule.stages import StageSplit, plan_stages
 from zrt_core.strategy import Parallel, TrainSpec, check_layout
 from zrt_core.transforms.base import TransformContext, apply_all, around_fusion
 from zrt_core.transforms.training import (
-    GradientSync,
-    ParamGather,
     ParamInventory,
     Precision,
     PrecisionPlan,
@@ -237,17 +236,17 @@ def estimate_training(
            zero_algorithm, rules, hw.id, hw.vendor, plan, mtp, cross_entropy, id(host))
     hit = _TRANSFORMED.get(key)
     if hit is not None and hit[0] is captured:
-        _, fwd, bwd, bwd_sync, inventory, applied, transform_notes = hit
+        _, fwd, bwd, bwd_sync, inventory, applied, transform_notes, fwd_first = hit
         notes.extend(transform_notes)
     else:
         before = len(notes)
-        fwd, bwd, bwd_sync, inventory, applied = _transform(
+        fwd, bwd, bwd_sync, inventory, applied, fwd_first = _transform(
             captured, fwd0, bwd0, ctx, notes, attention=attention, plan=plan, rules=rules,
             zero_algorithm=zero_algorithm, dims=dims, mtp=mtp, cross_entropy=cross_entropy)
         if len(_TRANSFORMED) >= _TRANSFORMED_SIZE:
             _TRANSFORMED.pop(next(iter(_TRANSFORMED)))
         _TRANSFORMED[key] = (captured, fwd, bwd, bwd_sync, inventory, applied,
-                             tuple(notes[before:]))
+                             tuple(notes[before:]), fwd_first)
     timings["transforms"] = time.perf_counter() - t0
 
     # -- prices -----------------------------------------------------------------------------
@@ -258,6 +257,8 @@ def estimate_training(
     costs: dict[str, dict[int, NodeCost]] = {}
     for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
         costs[label] = price_nodes(g.nodes, backends)
+    if fwd_first is not None:
+        costs["fwd_first"] = price_nodes(fwd_first.nodes, backends)
     timings["price"] = time.perf_counter() - t0
 
     # -- stages -----------------------------------------------------------------------------
@@ -297,6 +298,9 @@ def estimate_training(
     p2p, wrap = p2p_times_s(hw, parallel, message) if parallel.pp > 1 else ((0.0,), 0.0)
     vp = parallel.vp if schedule == "interleaved" else 1
     summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap)
+    gather_delay, gather_busy = first_forward_delay_s(
+        fwd, fwd_first, costs, rules, stage_ranges, stage_reports) \
+        if fwd_first is not None else (0.0, ())
     timings["pipeline"] = time.perf_counter() - t0
 
     # -- step -------------------------------------------------------------------------------
@@ -307,7 +311,8 @@ def estimate_training(
         microbatches=m, stage_reports=stage_reports, summary=summary, dp_tails=dp_tails,
         optimizer=opt, inventory=inventory, plan=plan, p2p=p2p, wrap=wrap,
         notes=notes, applied=applied, timelines=timelines, stage_times=stage_times,
-        fwd=fwd, bwd=bwd, dims=dims, host=ctx.host)
+        fwd=fwd, bwd=bwd, dims=dims, host=ctx.host, start_delay_s=gather_delay,
+        start_gathers_s=gather_busy)
     timings["total"] = time.perf_counter() - started
     report = evolve(report, timings_s=timings)
     check_training(report)
@@ -325,9 +330,12 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
                notes: list[str], *, attention: str, plan: PrecisionPlan, rules: OverlapRules,
                zero_algorithm: str | None, dims: ModelDims, mtp: MtpSpec | None = None,
                cross_entropy: str = "fused"
-               ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...]]:
+               ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...],
+                          OpGraph | None]:
     """Every graph transform of one estimate: forward, backward for every micro-batch, the
-    last micro-batch's backward with the gradient reduction, and the parameter inventory."""
+    last micro-batch's backward with the gradient reduction, the parameter inventory, and
+    the first micro-batch's forward where it alone gathers the parameters (FSDP without
+    re-sharding under a pipeline; None otherwise)."""
     train = ctx.train
     assert train is not None
     parallel = ctx.parallel
@@ -363,20 +371,10 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
         from zrt_core.transforms.lora import lora_inventory
 
         inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
-    sharded_grads = train.zero >= 1 or train.fsdp
-    zero3 = train.zero == 3 or train.fsdp
-    gdtype = grad_dtype(train.precision)
-    if zero3:
-        gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
-        fwd = apply_all(fwd, [gather], ctx)
-        bwd = apply_all(bwd, [gather], ctx)
-    sync = GradientSync(inventory.trainable or inventory, gdtype, sharded=sharded_grads,
-                        algorithm=zero_algorithm if zero3 else None)
-    per_microbatch_sync = train.zero >= 2 or train.fsdp
-    bwd_sync = apply_all(bwd, [sync], ctx)
-    if per_microbatch_sync:
-        bwd = bwd_sync
-    return fwd, bwd, bwd_sync, inventory, applied
+    fwd_first, fwd, bwd, bwd_sync = apply_sharding(
+        fwd, bwd, ctx, inventory, param_dtype=plan.activation_dtype,
+        grad_dtype=grad_dtype(train.precision), algorithm=zero_algorithm, notes=notes)
+    return fwd, bwd, bwd_sync, inventory, applied, fwd_first
 
 
 def default_overlap(parallel: Parallel, train: TrainSpec) -> OverlapRules:

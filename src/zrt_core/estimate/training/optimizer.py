@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
+from zrt_core.fsdp import sharding_plan
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -62,6 +63,9 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
     shard_states = train.zero >= 1 or train.fsdp
     shard_grads = train.zero >= 2 or train.fsdp
     shard_params = train.zero == 3 or train.fsdp
+    sharding = sharding_plan(parallel, train)
+    if train.fsdp:  # HSDP shards within its group only (replicas hold copies)
+        dense_dp, expert_dp = sharding.shard.size, sharding.expert_shard.size
     pbytes = dtype_bytes(plan.activation_dtype)
     gbytes = dtype_bytes(grad_dtype(train.precision))
     state = STATE_BYTES.get(train.optimizer, 12)
@@ -112,9 +116,19 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
             host_states.append(0.0)
         grad_elements = (dense / dense_dp + expert / expert_dp) if shard_grads \
             else dense + expert
+        if shard_params and not sharding.grads_per_microbatch:
+            # FSDP under a pipeline: gradients accumulate unsharded until the last backward
+            grad_elements += dense + expert
         grads.append(grad_elements * gbytes)
         param_elements = (all_dense / dense_dp + all_expert / expert_dp) if shard_params \
             else all_dense + all_expert
+        if shard_params and sharding.reshard == "none":
+            # kept gathered from forward to backward (for the step, under a pipeline)
+            param_elements += all_dense + all_expert
+        elif shard_params and sharding.reshard == "partial":
+            # a 1/N shard kept from forward to backward
+            param_elements += (all_dense / sharding.post_forward.size
+                               + all_expert / sharding.expert_post_forward.size)
         w = param_elements * pbytes
         if plan.low_precision:
             # TransformerEngine keeps row- and column-wise low-precision weight copies
@@ -125,7 +139,7 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
         # splits the replicated copies over the data-parallel ranks, so every device writes
         # 1/dp of its model-parallel shard whatever the ZeRO stage.
         checkpoint.append((dense / dense_dp + expert / expert_dp) * (pbytes + state))
-        if shard_params:
+        if shard_params and sharding.reshard != "none":
             mine_layers = set(layers)
             largest = max([g.total for k, g in inventory.layers.items()
                            if templates.get(k) is not None

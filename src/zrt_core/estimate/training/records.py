@@ -160,6 +160,17 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append("precision=bf16 (16-bit mixed precision)")
     precision = str(precision).lower()  # as serving records are read: FP8 is fp8
     lora_rank = _lora_rank(record, assumptions)
+    if fsdp and pp == 1:
+        # Megatron-FSDP (Megatron-Bridge's FSDP rows, all without a pipeline): parameters
+        # released after forward and gathered again for backward, FSDP2's
+        # reshard_after_forward=True — zrt's --fsdp default without a pipeline
+        assumptions.append("FSDP as Megatron-FSDP runs it: parameters re-gathered for "
+                           "backward, gradients reduce-scattered every micro-batch "
+                           "(docs/fsdp.md)")
+    elif int(zero) == 3:
+        assumptions.append("ZeRO-3 as DeepSpeed runs it: parameters re-gathered for "
+                           "backward, gradients reduce-scattered every micro-batch "
+                           "(docs/fsdp.md)")
     train = TrainSpec(micro_batch=int(micro_batch), global_batch=global_batch,
                       seq_len=seq_len, recompute=str(recompute), zero=int(zero), fsdp=fsdp,
                       optimizer="adamw", precision=str(precision),

@@ -71,11 +71,13 @@ def collective_node(
     overlap: str | None = None,
     dtype: str = "bfloat16",
     extra: Mapping[str, Any] | None = None,
+    size_span: tuple[int, int] | None = None,
 ) -> OpNode:
     """A collective node as docs/architecture.md defines it: the group's size and span from
-    ``Parallel.span``; ``message_bytes`` per rank (the full buffer of an all-reduce, the
+    ``Parallel.span`` (or ``size_span``: a sub-group of ``group``'s ranks, an HSDP shard or
+    replica group); ``message_bytes`` per rank (the full buffer of an all-reduce, the
     gathered output of an all-gather, the input of a reduce-scatter)."""
-    size, span = parallel.span(group)
+    size, span = size_span if size_span is not None else parallel.span(group)
     elements = max(1, int(message_bytes // dtype_bytes(dtype)))
     attrs: dict[str, Any] = {"collective": kind, "group": group, "group_size": size,
                              "span": span, "bytes": float(message_bytes)}

@@ -16,6 +16,7 @@ from zrt_core.transforms.training.common import _next_id, collective_node
 from zrt_core.transforms.training.params import ParamGroup, ParamInventory
 
 if TYPE_CHECKING:
+    from zrt_core.fsdp import ShardingPlan
     from zrt_core.strategy import Parallel
     from zrt_core.transforms.base import TransformContext
 
@@ -49,14 +50,21 @@ class GradientSync:
     ``--overlap-grad-reduce``; DeepSpeed and FSDP alike). Buckets are per layer: Megatron's
     default bucket (40 M parameters, or 1 M × dp) holds about one layer of a large model.
 
+    With an HSDP plan (``plan.replicas > 1``) the reduce-scatter runs within the shard group
+    and the gradient shards are then all-reduced across the replicas (FSDP2's HSDP:
+    reduce-scatter on the shard mesh dimension, all-reduce on the replicate one).
+
     :param inventory: parameters per device (:func:`param_inventory`).
     :param grad_dtype: the dtype gradients are reduced in (:func:`grad_dtype`).
+    :param plan: the sharding plan (:func:`zrt_core.fsdp.sharding_plan`); None reduces over
+        the whole data-parallel group.
     """
 
     inventory: ParamInventory
     grad_dtype: str
     sharded: bool
     algorithm: str | None = None
+    plan: ShardingPlan | None = None
     name: str = "dp_grad_sync"
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
@@ -81,22 +89,39 @@ class GradientSync:
         next_id = _next_id(graph)
         after: dict[int, list[OpNode]] = {}
 
+        plan = self.plan if self.sharded and self.plan is not None \
+            and self.plan.replicas > 1 else None
+        extra = {"algorithm": self.algorithm} if self.algorithm else None
+
         def add(anchor: int | None, group: ParamGroup, layer: int | None, kind_name: str | None
                 ) -> None:
             nonlocal next_id
             if anchor is None:
                 return
-            for elements, grp, size in ((group.dense, dense_group, dense_size),
-                                        (group.expert, expert_group, expert_size)):
+            shards = (plan.shard, plan.expert_shard) if plan else (None, None)
+            for elements, grp, size, shard in ((group.dense, dense_group, dense_size,
+                                                shards[0]),
+                                               (group.expert, expert_group, expert_size,
+                                                shards[1])):
                 if elements <= 0 or size <= 1:
                     continue
                 node = collective_node(
                     next_id, kind, grp, p, elements * nbytes, phase=Phase.TRAIN_BACKWARD,
                     layer_index=layer, layer_kind=kind_name, module_path=f"dp.{group.key}",
-                    overlap="backward", dtype=self.grad_dtype,
-                    extra={"algorithm": self.algorithm} if self.algorithm else None)
+                    overlap="backward", dtype=self.grad_dtype, extra=extra,
+                    size_span=(shard.size, shard.span) if shard else None)
                 next_id += 1
                 after.setdefault(anchor, []).append(node)
+                if plan is not None and shard is not None and size // shard.size > 1:
+                    # HSDP: the reduce-scattered shard is all-reduced across the replicas
+                    node = collective_node(
+                        next_id, "all_reduce", grp, p, elements * nbytes / shard.size,
+                        phase=Phase.TRAIN_BACKWARD, layer_index=layer, layer_kind=kind_name,
+                        module_path=f"hsdp.{group.key}", overlap="backward",
+                        dtype=self.grad_dtype,
+                        size_span=(size // shard.size, plan.replica_span))
+                    next_id += 1
+                    after.setdefault(anchor, []).append(node)
 
         for rep, group in self.inventory.layers.items():
             template = graph.templates.get(rep)
@@ -123,11 +148,16 @@ class ParamGather:
     :param algorithm: the collective algorithm to price (None: the tuner's choice);
         ``"pairwise"`` for DeepSpeed ZeRO-3 as of 2021, whose gathers and gradient
         reduce-scatters ran at one scale-out link per GPU (docs/training-model.md).
+    :param plan: the sharding plan (:func:`zrt_core.fsdp.sharding_plan`): the gathers run
+        over its shard group, or with ``post_forward`` over the re-shard group FSDP2's
+        ``reshard_after_forward=N`` leaves for backward; None: the whole DP group.
     """
 
     inventory: ParamInventory
     param_dtype: str
     algorithm: str | None = None
+    plan: ShardingPlan | None = None
+    post_forward: bool = False
     name: str = "zero3_param_gather"
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
@@ -152,8 +182,13 @@ class ParamGather:
             if anchor is None:
                 continue
             template = graph.templates.get(rep)
-            for elements, grp in ((group.dense, dense_group), (group.expert, expert_group)):
-                size = p.span(grp)[0]
+            plan = self.plan
+            groups = (None, None) if plan is None else (
+                (plan.post_forward, plan.expert_post_forward) if self.post_forward
+                else (plan.shard, plan.expert_shard))
+            for elements, grp, sub in ((group.dense, dense_group, groups[0]),
+                                       (group.expert, expert_group, groups[1])):
+                size = sub.size if sub is not None else p.span(grp)[0]
                 if elements <= 0 or size <= 1:
                     continue
                 node = collective_node(
@@ -161,7 +196,8 @@ class ParamGather:
                     layer_index=rep, layer_kind=template.kind if template else None,
                     module_path=f"zero3.{group.key}", overlap="prefetch",
                     dtype=self.param_dtype,
-                    extra={"algorithm": self.algorithm} if self.algorithm else None)
+                    extra={"algorithm": self.algorithm} if self.algorithm else None,
+                    size_span=(sub.size, sub.span) if sub is not None else None)
                 next_id += 1
                 before.setdefault(anchor, []).append(node)
                 edges.extend((node.id, c) for c in consumers.get(rep, ()))

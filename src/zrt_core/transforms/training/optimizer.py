@@ -82,6 +82,11 @@ def optimizer_graph(
     dense_group, expert_group = dp_groups(parallel)
     dense_shard = parallel.span(dense_group)[0] if train.zero >= 1 or train.fsdp else 1
     expert_shard = parallel.span(expert_group)[0] if train.zero >= 1 or train.fsdp else 1
+    if train.hsdp is not None:  # HSDP: each replica's shard group steps its own copy
+        from zrt_core.fsdp import sharding_plan
+
+        sharded = sharding_plan(parallel, train)
+        dense_shard, expert_shard = sharded.shard.size, sharded.expert_shard.size
     gdtype = grad_dtype(train.precision)
     gbytes = dtype_bytes(gdtype)
     pbytes = dtype_bytes(plan.activation_dtype)
