@@ -173,6 +173,7 @@ class TrainingReport:
     timelines: Mapping[str, Timeline] = field(factory=dict, converter=_ro)
     compute_by_category_s: Mapping[str, float] = field(factory=dict, converter=_ro)
     compute_by_layer_kind_s: Mapping[str, float] = field(factory=dict, converter=_ro)
+    collectives: Mapping[str, Any] = field(factory=dict, converter=_ro)
 
     @property
     def exposed_comm_total_s(self) -> float:
@@ -214,6 +215,7 @@ class TrainingReport:
             "memory": self.memory.to_json() if self.memory else None,
             "stages": [s.to_json() for s in self.stages],
             "notes": list(self.notes), "timings_s": dict(self.timings_s),
+            "collectives": {k: dict(v) for k, v in self.collectives.items()},
         }
         return out
 
@@ -368,6 +370,18 @@ def pipeline_figure(result: PipelineResult, *, max_ops: int = 4000) -> str:
     return figure_svg(fig)
 
 
+def collective_rows(report: TrainingReport) -> list[tuple[Any, ...]]:
+    """One row per phase/group/kind of :attr:`TrainingReport.collectives`."""
+    rows = []
+    for key, c in report.collectives.items():
+        calls = c["calls"] or 1
+        algorithms = ", ".join(f"{a} ({n})" for a, n in sorted(
+            c["algorithms"].items(), key=lambda kv: -kv[1]))
+        rows.append((key, c["group_size"], c["calls"], c["bytes"] / calls / 1e6, algorithms,
+                     c["time_s"] * 1e3))
+    return rows
+
+
 def training_sections(report: TrainingReport) -> list[Any]:
     """Summary, step breakdown, memory, stages, pipeline, timelines and the identities."""
     from zrt_core.reports.html import (
@@ -436,6 +450,13 @@ def training_sections(report: TrainingReport) -> list[Any]:
     sections.append(Section("Pipeline stages (one micro-batch)", table_html(
         ("stage", "rank", "layers", "forward ms", "backward ms", "recompute ms",
          "exposed comm ms", "activations GiB"), stage_rows(report))))
+    if report.collectives:
+        sections.append(Section("Collectives (one micro-batch, every layer and stage)",
+                                table_html(("phase / group / kind", "ranks", "calls",
+                                            "MB per call", "algorithm (calls)", "ms total"),
+                                           collective_rows(report)) +
+                                "<p>The algorithm is the one NCCL's cost model picks at that "
+                                "size and scale (docs/collectives.md).</p>"))
     if report.pipeline is not None:
         sections.append(Section("Pipeline schedule", pipeline_figure(report.pipeline)))
     timelines = [(name, t) for name, t in report.timelines.items() if t is not None]

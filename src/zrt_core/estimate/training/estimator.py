@@ -252,6 +252,7 @@ def estimate_training(
 
     # -- prices -----------------------------------------------------------------------------
     t0 = time.perf_counter()
+    from zrt_core.cost.collective_table import collective_table
     from zrt_core.cost.pricing import build_backends, price_nodes
 
     backends = build_backends(hw, host)
@@ -309,7 +310,8 @@ def estimate_training(
         notes=notes, applied=applied, timelines=timelines, stage_times=stage_times,
         fwd=fwd, bwd=bwd, dims=dims, host=ctx.host)
     timings["total"] = time.perf_counter() - started
-    report = evolve(report, timings_s=timings)
+    report = evolve(report, timings_s=timings, collectives=collective_table(
+        (("forward", fwd, costs["fwd"]), ("backward", bwd_sync, costs["bwd_sync"]))))
     check_training(report)
     return report
 
