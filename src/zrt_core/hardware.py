@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from zrt_core._data import Fields, load_yaml
 from zrt_core.errors import SpecError
@@ -289,6 +289,16 @@ class HardwareSpec:
     def scale_up_devices(self) -> int:
         """Devices in one scale-up domain (1 when the only tier is the unbounded network)."""
         return self.scale_up_tier.devices or 1
+
+    def without_in_network(self, *, nvls: bool = True, sharp: bool = True) -> HardwareSpec:
+        """This spec with the tiers' in-network reduction turned off: NVLink SHARP when
+        ``nvls`` (a run with ``NCCL_NVLS_ENABLE=0``, an engine's own all-reduce kernels),
+        SHARP when ``sharp``. Unchanged (the same object) when there is nothing to remove."""
+        tiers = tuple(evolve(t, nvls_efficiency=None if nvls else t.nvls_efficiency,
+                             sharp=t.sharp and not sharp) for t in self.interconnect)
+        if tiers == self.interconnect:
+            return self
+        return evolve(self, interconnect=tiers)
 
     def tier_for(self, group_size: int) -> InterconnectTier:
         """The innermost tier whose domain holds ``group_size`` consecutive devices."""

@@ -161,3 +161,30 @@ def test_h100_all_reduce_reaches_the_published_nvls_bus_bandwidth():
     assert 1.75 * 2**30 / cost.time_s / 1e9 == pytest.approx(477.3, abs=0.1)
     a100 = host.hardware_spec("a100")  # NVSwitch gen 2: no NVLink SHARP
     assert collective_cost("all_reduce", 2**30, 8, 8, a100).detail["algorithm"] == "ring"
+
+
+def test_runs_without_nvls_drop_it_from_the_fabric():
+    from zrt_core.estimate.engine import engine_profile
+
+    hw = _fabric()
+    off = hw.without_in_network(nvls=True, sharp=False)
+    assert (off.interconnect[0].nvls_efficiency, off.interconnect[1].sharp) == (None, True)
+    assert hw.without_in_network(nvls=False, sharp=False) is hw
+    # the serving engines run their own all-reduce kernels: the ring of the first test,
+    # 2*3/4 * 1e8 / 5e10 + 6 us
+    served = engine_profile("trtllm").hardware(hw)
+    cost = collective_cost("all_reduce", 1e8, 4, 4, served)
+    assert (cost.detail["algorithm"], cost.time_s) == ("ring", pytest.approx(3.006e-3))
+
+
+def test_megatron_bridge_records_run_with_nvls_off():
+    from zrt_core.estimate.training import case_from_record
+
+    record = {"id": "x", "workload": "train", "model": {"name": "m", "hf_config": {
+        "model_type": "gpt2"}}, "hardware": "nvidia_h100_sxm", "num_gpus": 8, "seq_len": 64,
+        "global_batch": 8, "parallel": {"tp": 1, "pp": 1, "dp": 8}, "notes": ""}
+    bridge = case_from_record({**record, "source": "NVIDIA Megatron-Bridge performance "
+                                                   "summary"})
+    assert bridge.nvls is False
+    assert any("NCCL_NVLS_ENABLE=0" in a for a in bridge.assumptions)
+    assert case_from_record({**record, "source": "NVIDIA Megatron-LM README"}).nvls is True

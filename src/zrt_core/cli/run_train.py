@@ -58,6 +58,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "FlashAttention)")
     g.add_argument("--num-gpus", type=positive_int("--num-gpus"), default=None, metavar="N",
                    help="check that tp × cp × pp × dp equals this")
+    g.add_argument("--no-nvls", action="store_true",
+                   help="price collectives as NCCL_NVLS_ENABLE=0 does: no NVLink SHARP "
+                        "(NeMo / Megatron-Bridge performance launchers set it)")
     g.add_argument("--embedding-loss-stages", action="store_true",
                    help="count the embedding and the loss as layers when splitting layers "
                         "into stages (Megatron's account_for_*_in_pipeline_split)")
@@ -115,7 +118,7 @@ def run_train(args: argparse.Namespace) -> int:
     report = estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
                                num_gpus=args.num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                attention=args.attention, keep_timelines=bool(args.out),
-                               stage_split=stage_split,
+                               stage_split=stage_split, nvls=not args.no_nvls,
                                use_cache=False if args.no_cache else None)
     written = write_training_outputs(report, args.out) if args.out else []
     from zrt_core.cli.run_frameworks import emit_run
