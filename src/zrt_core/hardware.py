@@ -32,6 +32,10 @@ The YAML format (every key below, nothing else; a repeated key is an error too):
     interconnect:       # innermost first; devices grow (each >= 2); the outermost has null
       - {name: nvlink, bandwidth_gb_per_s: 450, latency_us: 3, devices: 8, efficiency: 0.8}
       - {name: infiniband, bandwidth_gb_per_s: 50, latency_us: 6, devices: null}
+    # optional per tier, what its switches reduce in the network (docs/collectives.md):
+    #   nvls_efficiency: 0.61   NVLink SHARP (NCCL's NVLS) on an NVSwitch tier: the fraction
+    #                           of bandwidth_gb_per_s its all-reduce moves S bytes at
+    #   sharp: true             SHARP on an InfiniBand tier, enabled for NCCL (CollNet)
     power_w: 700                     # board power (TDP)
     price_per_device_hour_usd: null  # a public on-demand price, or omit
     checkpoint_write_gb_per_s: 6.25  # what one device writes to storage (optional)
@@ -47,7 +51,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from zrt_core._data import Fields, load_yaml
 from zrt_core.errors import SpecError
@@ -149,6 +153,12 @@ class InterconnectTier:
     :param latency_us: one message's start-up latency (the α of an α-β model).
     :param efficiency: achievable fraction of ``bandwidth_gb_per_s`` for large collectives
         (NCCL bus bandwidth over link bandwidth).
+    :param nvls_efficiency: the tier's switches reduce (NVLink SHARP, NCCL's NVLS): the
+        fraction of ``bandwidth_gb_per_s`` at which an NVLS all-reduce moves its ``S`` bytes
+        per device and direction (nccl-tests' algorithm bandwidth over the link rate); None:
+        no in-switch reduction.
+    :param sharp: the tier's switches reduce for NCCL's CollNet (SHARP on InfiniBand, with
+        the SHARP plugin and ``NCCL_COLLNET_ENABLE=1``).
     """
 
     name: str
@@ -156,6 +166,8 @@ class InterconnectTier:
     latency_us: float
     devices: int | None
     efficiency: float = 0.8
+    nvls_efficiency: float | None = None
+    sharp: bool = False
 
 
 @frozen
@@ -282,6 +294,16 @@ class HardwareSpec:
         """Devices in one scale-up domain (1 when the only tier is the unbounded network)."""
         return self.scale_up_tier.devices or 1
 
+    def without_in_network(self, *, nvls: bool = True, sharp: bool = True) -> HardwareSpec:
+        """This spec with the tiers' in-network reduction turned off: NVLink SHARP when
+        ``nvls`` (a run with ``NCCL_NVLS_ENABLE=0``, an engine's own all-reduce kernels),
+        SHARP when ``sharp``. Unchanged (the same object) when there is nothing to remove."""
+        tiers = tuple(evolve(t, nvls_efficiency=None if nvls else t.nvls_efficiency,
+                             sharp=t.sharp and not sharp) for t in self.interconnect)
+        if tiers == self.interconnect:
+            return self
+        return evolve(self, interconnect=tiers)
+
     def tier_for(self, group_size: int) -> InterconnectTier:
         """The innermost tier whose domain holds ``group_size`` consecutive devices."""
         for tier in self.interconnect:
@@ -345,13 +367,20 @@ class HardwareSpec:
             raise SpecError(f"{source_file}: interconnect is required (at least one tier)")
         for i, raw in enumerate(raw_tiers):
             tf = Fields(raw, f"{source_file}: interconnect[{i}]",
-                        {"name", "bandwidth_gb_per_s", "latency_us", "devices", "efficiency"})
+                        {"name", "bandwidth_gb_per_s", "latency_us", "devices", "efficiency",
+                         "nvls_efficiency", "sharp"})
+            sharp = tf.raw("sharp", False)
+            if not isinstance(sharp, bool):
+                raise SpecError(f"{tf.path('sharp')} must be true or false, got {sharp!r}",
+                                "true where the fabric's switches reduce for NCCL (SHARP)")
             tiers.append(InterconnectTier(
                 name=tf.str("name", required=True),
                 bandwidth_gb_per_s=tf.number("bandwidth_gb_per_s", required=True, positive=True),
                 latency_us=tf.number("latency_us", required=True, non_negative=True),
                 devices=tf.integer("devices", positive=True),
                 efficiency=tf.number("efficiency", 0.8, positive=True, at_most=1.0),
+                nvls_efficiency=tf.number("nvls_efficiency", positive=True, at_most=1.0),
+                sharp=sharp,
             ))
 
         fractions, overheads, counts = _efficiency_keys()

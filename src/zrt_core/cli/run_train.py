@@ -72,6 +72,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="weak scaling: estimate at each GPU count (a list 64,128 or a "
                         "doubling range 64-16384), dp growing with the GPUs and the global "
                         "batch with dp (the per-GPU batch of --dp and --global-batch)")
+    g.add_argument("--no-nvls", action="store_true",
+                   help="price collectives as NCCL_NVLS_ENABLE=0 does: no NVLink SHARP "
+                        "(NeMo / Megatron-Bridge performance launchers set it)")
     g.add_argument("--embedding-loss-stages", action="store_true",
                    help="count the embedding and the loss as layers when splitting layers "
                         "into stages (Megatron's account_for_*_in_pipeline_split)")
@@ -157,7 +160,7 @@ def run_train(args: argparse.Namespace) -> int:
         return estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
                                  num_gpus=num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                  attention=args.attention, keep_timelines=keep_timelines,
-                                 stage_split=stage_split,
+                                 stage_split=stage_split, nvls=not args.no_nvls,
                                  use_cache=False if args.no_cache else None)
 
     if args.gpus is not None:

@@ -32,8 +32,27 @@ all-to-all             each rank sends S/n to every member; what goes to the (m_
 send/recv              S / B_top + α_top (the pipeline's slowest hop sets the pace)
 broadcast              S / B_ring + (n-1) α (pipelined ring)
 
-Algorithm selection (NCCL's: the cheapest predicted time) over ring and tree for all-reduce,
-plus hierarchical when the group crosses more than one tier; ``algorithm=`` forces one.
+In-network reduction (where the pack's tiers say their switches reduce; docs/collectives.md):
+nvls all-reduce        NVLink SHARP on the first crossed tier c (``nvls_efficiency`` e_c): each
+                       device moves S each way (multimem reduce, then multicast), and across
+                       further tiers SHARP (``sharp``) moves S / m_(i-1) per NIC each way,
+                       the stages pipelined: max(S/(e_c B_c), max_i S/(m_(i-1) B_i)) + 25 µs
+                       (+ 18 µs across the network) — NCCL's NVLS latencies (tuning.cc)
+nvls all-gather,       one NVSwitch domain only: (n-1)/n · S / (e_c B_c) + 25 µs
+nvls reduce-scatter
+nvls_tree all-reduce   NVLS inside the domain, NCCL's double binary tree between domains:
+                       max(S/(e_c B_c), max_i f_i S / (0.9 m_(i-1) B_i)) + 25 µs
+                       + Σ_i 2 ⌈log2 r_i⌉ α_i; f_i = 2, or 1 between two domains (each is the
+                       root of one tree and a leaf of the other)
+collnet all-reduce     SHARP (CollNet Direct) on the outer tiers that have ``sharp``, the
+                       tiers inside them as the hierarchical reduce-scatter/all-gather:
+                       max(Σ_inner 2 (r_i-1)/r_i · S/m_(i-1) / B_i, max_sharp S/(m_(i-1) B_i))
+                       + Σ_inner 2 (α_i + 0.4 µs (r_i - 1)) + 31 µs (tuning.cc's CollNet Direct)
+
+Algorithm selection (NCCL's: the cheapest predicted time, ``ncclTopoGetAlgoTime``) over every
+algorithm the kind has and the placement allows: ring and tree for all-reduce, hierarchical
+when the group crosses more than one tier, the in-network ones where the tiers offer them;
+``algorithm=`` forces one (an unavailable one is an error naming what the pack lacks).
 """
 
 from __future__ import annotations
@@ -49,14 +68,25 @@ if TYPE_CHECKING:
 
 BACKEND = "roofline"
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
-ALGORITHMS = ("ring", "tree", "hierarchical", "pairwise", "p2p", "dedup")
+ALGORITHMS = ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "collnet", "pairwise",
+              "p2p", "dedup")
 #: NCCL's tree bandwidth derating (tuning.cc: ``busBw * .9`` for the tree algorithm).
 TREE_BANDWIDTH_FACTOR = 0.9
+#: NCCL's tuning model (src/graph/tuning.cc, ``hwLatencies``, Simple protocol), µs: an NVLS
+#: operation's start-up on NVLink (``[NVLINK][NVLS]``), what crossing the network adds to it
+#: (``[NET][NVLS]``, NVLS across nodes runs on CollNet/SHARP), CollNet Direct's network
+#: latency (``[NET][COLLNET_DIRECT]``) and its 0.4 µs per local rank of arity serialisation.
+NVLS_SWITCH_US = 25.0
+NVLS_NETWORK_US = 18.0
+COLLNET_NETWORK_US = 31.0
+COLLNET_ARITY_US = 0.4
+#: The algorithms that need the pack's tiers to reduce in the network.
+IN_NETWORK = ("nvls", "nvls_tree", "collnet")
 
 _ALGORITHMS_FOR = {
-    "all_reduce": ("ring", "tree", "hierarchical"),
-    "all_gather": ("ring", "hierarchical"),
-    "reduce_scatter": ("ring", "hierarchical"),
+    "all_reduce": ("ring", "tree", "hierarchical", "nvls", "nvls_tree", "collnet"),
+    "all_gather": ("ring", "hierarchical", "nvls"),
+    "reduce_scatter": ("ring", "hierarchical", "nvls"),
     "broadcast": ("ring",),
     "all_to_all": ("pairwise",),
     "send_recv": ("p2p",),
@@ -109,6 +139,47 @@ class _Placement:
     def ring_bandwidth(self) -> float:
         return min(self.below(i) * self.bandwidth(i) for i in self.crossed)
 
+    def ratio(self, i: int) -> int:
+        """r_i = m_i / m_(i-1): the tier-(i-1) domains (or members) tier ``i`` joins."""
+        return self.members[i] // self.below(i)
+
+    def nvls_bandwidth(self) -> float | None:
+        """Bytes/s an NVLS reduction moves per device on the first crossed tier, or None
+        when that tier's switches do not reduce."""
+        tier = self.tiers[self.crossed[0]]
+        if tier.nvls_efficiency is None:
+            return None
+        return tier.bandwidth_gb_per_s * 1e9 * tier.nvls_efficiency
+
+    def sharp_from(self) -> int | None:
+        """Position in ``crossed`` from which every crossed tier has SHARP (None: the
+        outermost crossed tier has none)."""
+        k = None
+        for pos in range(len(self.crossed) - 1, -1, -1):
+            if not self.tiers[self.crossed[pos]].sharp:
+                break
+            k = pos
+        return k
+
+    def unavailable(self, kind: str, algorithm: str) -> str | None:
+        """Why ``algorithm`` cannot run here (None: it can)."""
+        outer = self.crossed[1:]
+        first = self.tiers[self.crossed[0]].name
+        if algorithm == "hierarchical" and not outer:
+            return "the group crosses one tier only"
+        if algorithm in ("nvls", "nvls_tree") and self.nvls_bandwidth() is None:
+            return f"tier {first} has no nvls_efficiency (no NVLink SHARP)"
+        if algorithm == "nvls" and outer and (kind != "all_reduce" or not all(
+                self.tiers[i].sharp for i in outer)):
+            return ("NVLS across tiers needs SHARP (sharp: true) on every outer tier"
+                    if kind == "all_reduce" else
+                    "an NVLS all-gather/reduce-scatter stays inside one NVSwitch domain")
+        if algorithm == "nvls_tree" and not outer:
+            return "NVLS-Tree joins several NVSwitch domains; the group sits in one"
+        if algorithm == "collnet" and self.sharp_from() is None:
+            return f"tier {self.tiers[self.crossed[-1]].name} has no sharp: true (no SHARP)"
+        return None
+
     def describe(self) -> list[dict[str, object]]:
         return [{"tier": self.tiers[i].name, "members": self.members[i],
                  "bus_gb_per_s": round(self.bandwidth(i) / 1e9, 3)} for i in self.crossed]
@@ -123,8 +194,9 @@ def collective_cost(kind: str, bytes: float, group_size: int, span: int,
     :param bytes: the message bytes per rank (docs/architecture.md, collective nodes).
     :param group_size: members of the group.
     :param span: consecutive ranks the members spread over (``Parallel.span``).
-    :param algorithm: ``ring``, ``tree``, ``hierarchical`` (``pairwise`` for all-to-all,
-        ``p2p`` for send/recv); None picks the cheapest, as NCCL's tuner does. ``dedup``
+    :param algorithm: ``ring``, ``tree``, ``hierarchical``, ``nvls``, ``nvls_tree``,
+        ``collnet`` (``pairwise`` for all-to-all, ``p2p`` for send/recv); None picks the
+        cheapest the hardware's tiers allow, as NCCL's tuner does. ``dedup``
         (all-to-all only, never picked by the tuner) is an MoE dispatch or combine that
         sends a token once per destination GPU inside a node and once per destination node
         across nodes (DeepEP, HybridEP); it needs ``routing``.
@@ -158,8 +230,15 @@ def collective_cost(kind: str, bytes: float, group_size: int, span: int,
         priced = {"dedup": _price_dedup(float(bytes), group_size, place,
                                         routing)}  # type: ignore[arg-type]
     else:
+        if algorithm in IN_NETWORK:
+            why = place.unavailable(kind, algorithm)
+            if why is not None:
+                raise CostError(f"{kind} over {group_size} ranks on {hardware.id} cannot use "
+                                f"{algorithm!r}: {why}",
+                                "leave the algorithm unset, or use a pack whose tiers offer "
+                                "it (docs/collectives.md)")
         candidates = [algorithm] if algorithm else [
-            a for a in allowed if a != "hierarchical" or len(place.crossed) > 1]
+            a for a in allowed if place.unavailable(kind, a) is None]
         priced = {a: _price(kind, a, float(bytes), group_size, place) for a in candidates}
     chosen = min(priced, key=lambda a: sum(priced[a]))
     wire_s, latency_s = priced[chosen]
@@ -243,6 +322,8 @@ def _price(kind: str, algorithm: str, size: float, n: int, place: _Placement
             hops = (r - 1) if i == place.crossed[0] and i == 0 else math.ceil(math.log2(r))
             latency += 2 * hops * _alpha(place, i)
         return 2 * size / bw, latency
+    if algorithm in IN_NETWORK:
+        return _price_in_network(kind, algorithm, size, n, place)
     if algorithm == "hierarchical":
         factor = 2.0 if kind == "all_reduce" else 1.0
         wire = latency = 0.0
@@ -261,3 +342,46 @@ def _price(kind: str, algorithm: str, size: float, n: int, place: _Placement
     # p2p: one message to the neighbouring stage over the outermost tier the group crosses
     top = place.crossed[-1]
     return size / place.bandwidth(top), _alpha(place, top)
+
+
+def _price_in_network(kind: str, algorithm: str, size: float, n: int, place: _Placement
+                      ) -> tuple[float, float]:
+    """(bandwidth seconds, latency seconds) of nvls, nvls_tree or collnet (module docstring).
+
+    The stages (inside the NVSwitch domain, across the network) stream through each other
+    as NCCL's channels do, so the slower stage sets the bandwidth time (tuning.cc takes the
+    minimum of the intra- and inter-node bandwidths for NVLS and NVLS-Tree)."""
+    outer = place.crossed[1:]
+    if algorithm == "collnet":
+        k = place.sharp_from()
+        assert k is not None
+        inner, net = place.crossed[:k], place.crossed[k:]
+        intra = latency = 0.0
+        for i in inner:
+            r = place.ratio(i)
+            intra += 2 * (r - 1) / r * size / place.below(i) / place.bandwidth(i)
+            latency += 2 * (_alpha(place, i) + COLLNET_ARITY_US * 1e-6 * (r - 1))
+        inter = max(size / place.below(i) / place.bandwidth(i) for i in net)
+        return max(intra, inter), latency + COLLNET_NETWORK_US * 1e-6
+    nvls_bw = place.nvls_bandwidth()
+    assert nvls_bw is not None
+    if kind != "all_reduce":
+        # multicast store (all-gather) or multimem reduce (reduce-scatter) of the other
+        # members' (n-1)/n of the buffer, inside one NVSwitch domain
+        return (n - 1) / n * size / nvls_bw, NVLS_SWITCH_US * 1e-6
+    # each device sends its S into the switch and receives the reduced S back
+    wire = size / nvls_bw
+    latency = NVLS_SWITCH_US * 1e-6
+    if algorithm == "nvls":  # SHARP over the outer tiers: S / m_(i-1) up and down per NIC
+        for i in outer:
+            wire = max(wire, size / place.below(i) / place.bandwidth(i))
+        if outer:
+            latency += NVLS_NETWORK_US * 1e-6
+        return wire, latency
+    for i in outer:  # nvls_tree: double binary trees between the domains' NICs
+        r = place.ratio(i)
+        f = 1.0 if r == 2 else 2.0
+        wire = max(wire, f * size / (TREE_BANDWIDTH_FACTOR * place.below(i)
+                                     * place.bandwidth(i)))
+        latency += 2 * math.ceil(math.log2(r)) * _alpha(place, i)
+    return wire, latency

@@ -64,6 +64,12 @@ class EngineProfile:
         (vLLM's default); without it (trtllm-bench's default) an iteration admits whole
         prompts only, and a prompt longer than the free budget is still split (the engine
         enables chunked context when a prompt exceeds ``max_num_tokens``).
+    :param nvls: the engine's TP all-reduce goes through NCCL, which uses NVLink SHARP where
+        the pack offers it. False for both engines: TensorRT-LLM's AllReduce op runs its
+        own one-shot/two-shot kernels over NVLink peer memory for messages that fit its
+        workspace (``customAllReduceUtils.h``: 8 MB beyond TP 2), vLLM its
+        ``custom_all_reduce`` (8 MB); larger messages go to NCCL, not modelled
+        (docs/collectives.md).
     """
 
     name: str
@@ -76,9 +82,13 @@ class EngineProfile:
     chunked_prefill: bool = True
     gemm_derate: Mapping[str, float] = field(factory=dict, converter=_ro)
     description: str = ""
+    nvls: bool = False
 
     def hardware(self, hw: HardwareSpec) -> HardwareSpec:
-        """``hw`` with this engine's GEMM derates applied to its kernel efficiencies."""
+        """``hw`` with this engine's GEMM derates applied to its kernel efficiencies, and
+        without NVLink SHARP unless the engine's all-reduce uses it."""
+        if not self.nvls:
+            hw = hw.without_in_network(nvls=True, sharp=False)
         if not self.gemm_derate:
             return hw
         eff = hw.efficiency

@@ -180,6 +180,7 @@ class TrainingReport:
     checkpoint_bytes_per_device: float = 0.0
     #: the whole run (``zrt run --train --tokens``/``--steps``), when asked for
     goodput: Goodput | None = None
+    collectives: Mapping[str, Any] = field(factory=dict, converter=_ro)
 
     @property
     def exposed_comm_total_s(self) -> float:
@@ -223,6 +224,7 @@ class TrainingReport:
             "notes": list(self.notes), "timings_s": dict(self.timings_s),
             "checkpoint_bytes": self.checkpoint_bytes,
             "checkpoint_bytes_per_device": self.checkpoint_bytes_per_device,
+            "collectives": {k: dict(v) for k, v in self.collectives.items()},
         }
         if self.goodput is not None:
             out["goodput"] = self.goodput.to_json()
@@ -383,6 +385,18 @@ def pipeline_figure(result: PipelineResult, *, max_ops: int = 4000) -> str:
     return figure_svg(fig)
 
 
+def collective_rows(report: TrainingReport) -> list[tuple[Any, ...]]:
+    """One row per phase/group/kind of :attr:`TrainingReport.collectives`."""
+    rows = []
+    for key, c in report.collectives.items():
+        calls = c["calls"] or 1
+        algorithms = ", ".join(f"{a} ({n})" for a, n in sorted(
+            c["algorithms"].items(), key=lambda kv: -kv[1]))
+        rows.append((key, c["group_size"], c["calls"], c["bytes"] / calls / 1e6, algorithms,
+                     c["time_s"] * 1e3))
+    return rows
+
+
 def training_sections(report: TrainingReport) -> list[Any]:
     """Summary, step breakdown, memory, stages, pipeline, timelines and the identities."""
     from zrt_core.reports.html import (
@@ -455,6 +469,13 @@ def training_sections(report: TrainingReport) -> list[Any]:
     sections.append(Section("Pipeline stages (one micro-batch)", table_html(
         ("stage", "rank", "layers", "forward ms", "backward ms", "recompute ms",
          "exposed comm ms", "activations GiB"), stage_rows(report))))
+    if report.collectives:
+        sections.append(Section("Collectives (one micro-batch, every layer and stage)",
+                                table_html(("phase / group / kind", "ranks", "calls",
+                                            "MB per call", "algorithm (calls)", "ms total"),
+                                           collective_rows(report)) +
+                                "<p>The algorithm is the one NCCL's cost model picks at that "
+                                "size and scale (docs/collectives.md).</p>"))
     if report.pipeline is not None:
         sections.append(Section("Pipeline schedule", pipeline_figure(report.pipeline)))
     timelines = [(name, t) for name, t in report.timelines.items() if t is not None]

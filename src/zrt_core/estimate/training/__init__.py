@@ -83,6 +83,7 @@ from zrt_core.estimate.training.estimator import (  # noqa: F401
     CUDA_GRAPH_MODES,
     FULL_CUDA_GRAPH_RECIPES,
     FUSED_CROSS_ENTROPY_SOURCES,
+    NO_NVLS_SOURCES,
     NO_TP_COMM_OVERLAP_RECIPES,
     SYNC_TP_BACKWARD_SOURCES,
     TP_ONLY_AMAX_SOURCES,

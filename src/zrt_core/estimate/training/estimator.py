@@ -93,6 +93,7 @@ def estimate_training(
     amax_reduction: str = "dp_tp",
     moe_token_drop: bool = False,
     cuda_graph: str = "none",
+    nvls: bool = True,
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -144,6 +145,9 @@ def estimate_training(
         hardware's ``host_launch_us``) or ``full`` (every layer's forward and backward
         replayed as CUDA graphs, Megatron-Core's ``enable_cuda_graph``: no host launches
         to wait for).
+    :param nvls: NCCL may use NVLink SHARP where the hardware pack's tiers offer it (NCCL's
+        default, ``NCCL_NVLS_ENABLE`` unset); False prices as ``NCCL_NVLS_ENABLE=0`` (the
+        NeMo / Megatron-Bridge performance launchers' setting). docs/collectives.md.
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -158,6 +162,8 @@ def estimate_training(
     check_train_request(config, parallel, train, num_gpus=num_gpus, stage_split=stage_split,
                         positions=captured is None, where=where)
     hw = host.hardware_spec(hardware) if isinstance(hardware, str) else hardware
+    if not nvls:
+        hw = hw.without_in_network(nvls=True, sharp=False)
     if captured is None:
         captured = capture_for_training(model, train.micro_batch, train.seq_len,
                                         dtype=capture_dtype(train.precision), host=host,
@@ -251,6 +257,7 @@ def estimate_training(
 
     # -- prices -----------------------------------------------------------------------------
     t0 = time.perf_counter()
+    from zrt_core.cost.collective_table import collective_table
     from zrt_core.cost.pricing import build_backends, price_nodes
 
     backends = build_backends(hw, host)
@@ -314,7 +321,8 @@ def estimate_training(
         fwd=fwd, bwd=bwd, dims=dims, host=ctx.host, start_delay_s=gather_delay,
         start_gathers_s=gather_busy)
     timings["total"] = time.perf_counter() - started
-    report = evolve(report, timings_s=timings)
+    report = evolve(report, timings_s=timings, collectives=collective_table(
+        (("forward", fwd, costs["fwd"]), ("backward", bwd_sync, costs["bwd_sync"]))))
     check_training(report)
     return report
 
@@ -407,6 +415,12 @@ def legacy_overlap(*, tp_backward_async: bool = True) -> OverlapRules:
 #: v4.1 GPT-3 config: ``cross_entropy_loss_fusion: True``); every other Megatron-LM / NeMo
 #: source runs ``vocab_parallel_cross_entropy`` unfused, the default then.
 FUSED_CROSS_ENTROPY_SOURCES = ("Megatron-Bridge", "MLPerf Training v4.1")
+
+#: Sources whose launcher sets ``NCCL_NVLS_ENABLE=0`` ("Disable NVLink SHARP to save
+#: memory"): Megatron-Bridge's ``scripts/performance/executors.py`` (since its first perf
+#: scripts, 2025-08) and per-recipe ``env_vars``; dgxc-benchmarking v25.05 runs NeMo's
+#: ``scripts.performance.llm`` with NeMo's executor, which sets the same.
+NO_NVLS_SOURCES = ("Megatron-Bridge", "dgxc-benchmarking")
 
 #: Sources whose fp8 runs reduce amaxes over the TP group only (NVIDIA's MLPerf Training
 #: v4.1 GPT-3 configs: ``tp_only_amax_red: True``; v3.1's reduce over DP × TP, Megatron's

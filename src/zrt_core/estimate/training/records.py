@@ -14,6 +14,7 @@ from zrt_core.estimate.training.capture import TrainingCapture
 from zrt_core.estimate.training.estimator import (
     FULL_CUDA_GRAPH_RECIPES,
     FUSED_CROSS_ENTROPY_SOURCES,
+    NO_NVLS_SOURCES,
     NO_TP_COMM_OVERLAP_RECIPES,
     SYNC_TP_BACKWARD_SOURCES,
     TP_ONLY_AMAX_SOURCES,
@@ -64,6 +65,8 @@ class TrainingCase:
     moe_token_drop: bool = False
     #: ``none`` (eager) or ``full`` (whole layers as CUDA graphs)
     cuda_graph: str = "none"
+    #: NCCL may use NVLink SHARP (False: the launcher sets ``NCCL_NVLS_ENABLE=0``)
+    nvls: bool = True
 
 
 #: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
@@ -242,6 +245,9 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
             recipe is not None and _whole_graphs(recipe)):
         cuda_graph = "full"
         assumptions.append("whole layers as CUDA graphs (the recipe's enable_cuda_graph)")
+    nvls = not any(s in source for s in NO_NVLS_SOURCES)
+    if not nvls:
+        assumptions.append("NCCL_NVLS_ENABLE=0 (the source's launcher: no NVLink SHARP)")
     if layout_search:
         assumptions = [a for a in assumptions if not a.startswith(("tp=", "pp=", "cp=", "vp=",
                                                                    "dp=", "sp on"))]
@@ -255,7 +261,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         assumptions=tuple(assumptions), layout_search=layout_search,
                         bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
                         amax_reduction=amax_reduction, moe_token_drop=moe_token_drop,
-                        cuda_graph=cuda_graph)
+                        cuda_graph=cuda_graph, nvls=nvls)
 
 
 def record_recipe(record: Mapping[str, Any]) -> Any:
@@ -367,7 +373,8 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
         "stage_split": case.stage_split, "zero_algorithm": case.zero_algorithm,
         "bf16_layers": case.bf16_layers, "mtp": case.mtp,
         "cross_entropy": case.cross_entropy, "amax_reduction": case.amax_reduction,
-        "moe_token_drop": case.moe_token_drop, "cuda_graph": case.cuda_graph}
+        "moe_token_drop": case.moe_token_drop, "cuda_graph": case.cuda_graph,
+        "nvls": case.nvls}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -452,7 +459,8 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
                 attention=case.attention, zero_algorithm=case.zero_algorithm,
                 bf16_layers=case.bf16_layers, mtp=case.mtp,
                 cross_entropy=case.cross_entropy, amax_reduction=case.amax_reduction,
-                moe_token_drop=case.moe_token_drop, cuda_graph=case.cuda_graph, **options)
+                moe_token_drop=case.moe_token_drop, cuda_graph=case.cuda_graph,
+                nvls=case.nvls, **options)
         except ZrtError:
             continue
         tried += 1
