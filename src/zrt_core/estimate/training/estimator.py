@@ -26,6 +26,7 @@ from zrt_core.estimate.training.capture import TrainingCapture, capture_dtype, c
 from zrt_core.estimate.training.compose import _compose
 from zrt_core.estimate.training.optimizer import _optimizer
 from zrt_core.estimate.training.pipeline import _pipeline
+from zrt_core.estimate.training.reuse import TrainingReuse
 from zrt_core.estimate.training.spec import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, MtpSpec
 from zrt_core.estimate.training.stages import _amax_reduction_s, _p2p_message_bytes, _stages
 from zrt_core.ir.graph import (
@@ -35,6 +36,7 @@ from zrt_core.ir.graph import (
 )
 from zrt_core.reports.training import TrainingReport
 from zrt_core.schedule.pipeline import (
+    SPLIT_BACKWARD,
     check_schedule,
     p2p_times_s,
     virtual_stages,
@@ -94,6 +96,7 @@ def estimate_training(
     amax_reduction: str = "dp_tp",
     moe_token_drop: bool = False,
     cuda_graph: str = "none",
+    reuse: TrainingReuse | None = None,
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -145,6 +148,9 @@ def estimate_training(
         hardware's ``host_launch_us``) or ``full`` (every layer's forward and backward
         replayed as CUDA graphs, Megatron-Core's ``enable_cuda_graph``: no host launches
         to wait for).
+    :param reuse: the per-layer work a search's layouts share (:class:`~zrt_core.estimate.
+        training.reuse.TrainingReuse`): layer graphs, node prices and the FLOP check made
+        by an earlier estimate with the same inputs are taken from it (same results).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -181,7 +187,10 @@ def estimate_training(
                 f"sequence {g.meta.get('seq_len')}, not the micro-batch "
                 f"{train.micro_batch} × {train.seq_len}",
                 "capture at the training micro-batch and sequence length")
-    check_flops(captured.config, {g.phase: g for g in (fwd0, bwd0)}, host, model=where)
+    if reuse is None or not reuse.flops_checked(captured, host):
+        check_flops(captured.config, {g.phase: g for g in (fwd0, bwd0)}, host, model=where)
+        if reuse is not None:
+            reuse.mark_flops_checked(captured, host)
     num_layers = int(fwd0.meta.get("num_layers") or dims.layers)
     notes: list[str] = []
     schedule = _schedule_name(parallel, train)
@@ -243,7 +252,8 @@ def estimate_training(
         before = len(notes)
         fwd, bwd, bwd_sync, inventory, applied = _transform(
             captured, fwd0, bwd0, ctx, notes, attention=attention, plan=plan, rules=rules,
-            zero_algorithm=zero_algorithm, dims=dims, mtp=mtp, cross_entropy=cross_entropy)
+            zero_algorithm=zero_algorithm, dims=dims, mtp=mtp, cross_entropy=cross_entropy,
+            reuse=reuse)
         if len(_TRANSFORMED) >= _TRANSFORMED_SIZE:
             _TRANSFORMED.pop(next(iter(_TRANSFORMED)))
         _TRANSFORMED[key] = (captured, fwd, bwd, bwd_sync, inventory, applied,
@@ -254,16 +264,21 @@ def estimate_training(
     t0 = time.perf_counter()
     from zrt_core.cost.pricing import build_backends, price_nodes
 
-    backends = build_backends(hw, host)
+    backends = build_backends(hw, host) if reuse is None else reuse.backends(hw, host)
     costs: dict[str, dict[int, NodeCost]] = {}
     for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
-        costs[label] = price_nodes(g.nodes, backends)
+        costs[label] = price_nodes(g.nodes, backends) if reuse is None \
+            else reuse.costs(g, backends)
     timings["price"] = time.perf_counter() - t0
 
     # -- stages -----------------------------------------------------------------------------
     t0 = time.perf_counter()
-    saved = saved_activation_bytes(fwd, bwd)
-    transient = transient_bytes(bwd)
+    if reuse is None:
+        saved = saved_activation_bytes(fwd, bwd)
+        transient = transient_bytes(bwd)
+    else:
+        saved, transient = reuse.of_graphs(fwd, bwd, "activations", lambda: (
+            saved_activation_bytes(fwd, bwd), transient_bytes(bwd)))
     amax_s = _amax_reduction_s(fwd, plan, parallel, hw, amax_reduction, len(stage_ranges))
     if amax_s:
         notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
@@ -277,7 +292,8 @@ def estimate_training(
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
-        microbatches=m)
+        microbatches=m, memo=None if reuse is None else reuse.of_graphs(
+            fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict))
     if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
         notes.append("EP all-to-all overlapped across micro-batches (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm): each pair of one micro-batch's "
@@ -324,16 +340,66 @@ _TRANSFORMED_SIZE = 8
 def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: TransformContext,
                notes: list[str], *, attention: str, plan: PrecisionPlan, rules: OverlapRules,
                zero_algorithm: str | None, dims: ModelDims, mtp: MtpSpec | None = None,
-               cross_entropy: str = "fused"
+               cross_entropy: str = "fused", reuse: TrainingReuse | None = None
                ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...]]:
     """Every graph transform of one estimate: forward, backward for every micro-batch, the
-    last micro-batch's backward with the gradient reduction, and the parameter inventory."""
+    last micro-batch's backward with the gradient reduction, and the parameter inventory.
+    The per-layer part (:func:`_layer_graphs`) comes from ``reuse`` when given."""
     train = ctx.train
     assert train is not None
     parallel = ctx.parallel
-    fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
-                                               config=captured.config,
-                                               tp_plan=None)
+    if reuse is None:
+        fwd, bwd, applied = _layer_graphs(captured, fwd0, bwd0, ctx, notes, attention=attention,
+                                          plan=plan, rules=rules, mtp=mtp,
+                                          cross_entropy=cross_entropy)
+    else:
+        # everything _layer_graphs reads besides the capture: the per-layer degrees, the
+        # recipe, the hardware and the plugins (not pp, vp, dp, the schedule or ZeRO)
+        key = ("layer", *_sharding_key(parallel, train, attention, ctx), train.recompute,
+               train.lora_rank, plan, rules, mtp, cross_entropy)
+        fwd, bwd, applied = reuse.shared(captured, key, notes, lambda made: _layer_graphs(
+            captured, fwd0, bwd0, ctx, made, attention=attention, plan=plan, rules=rules,
+            mtp=mtp, cross_entropy=cross_entropy, reuse=reuse))
+    inventory = param_inventory(fwd, parallel, dims)
+    if train.lora_rank:
+        from zrt_core.transforms.lora import lora_inventory
+
+        inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
+    sharded_grads = train.zero >= 1 or train.fsdp
+    zero3 = train.zero == 3 or train.fsdp
+    gdtype = grad_dtype(train.precision)
+    if zero3:
+        gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
+        fwd = apply_all(fwd, [gather], ctx)
+        bwd = apply_all(bwd, [gather], ctx)
+    sync = GradientSync(inventory.trainable or inventory, gdtype, sharded=sharded_grads,
+                        algorithm=zero_algorithm if zero3 else None)
+    per_microbatch_sync = train.zero >= 2 or train.fsdp
+    bwd_sync = apply_all(bwd, [sync], ctx)
+    if per_microbatch_sync:
+        bwd = bwd_sync
+    return fwd, bwd, bwd_sync, inventory, applied
+
+
+def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
+                  ctx: TransformContext, notes: list[str], *, attention: str,
+                  plan: PrecisionPlan, rules: OverlapRules, mtp: MtpSpec | None,
+                  cross_entropy: str, reuse: TrainingReuse | None = None
+                  ) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+    """The per-layer transforms: TP/SP/CP/EP, fusion, the loss kernel, MTP layers, the
+    precision recipe, LoRA and recompute (nothing here reads pp, vp, dp, the schedule or
+    ZeRO: :mod:`.reuse` shares the result across the layouts that differ in those; the
+    sharded and fused graphs, the costliest part, also across recompute and precision)."""
+    train = ctx.train
+    assert train is not None
+
+    def sharded(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+        return _platform_and_parallel(fwd0, bwd0, ctx, made, attention=attention,
+                                      config=captured.config, tp_plan=None)
+
+    fwd, bwd, applied = sharded(notes) if reuse is None else reuse.shared(
+        captured, ("sharded", *_sharding_key(ctx.parallel, train, attention, ctx)), notes,
+        sharded)
     if cross_entropy == "megatron":
         fwd, bwd = unfused_cross_entropy(fwd, bwd)
         notes.append("cross-entropy as Megatron's vocab_parallel_cross_entropy without loss "
@@ -358,25 +424,17 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
                      "they reduce gradients and keep optimizer states")
     bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
     bwd = tp_overlap_hints(bwd, fwd, rules)
-    inventory = param_inventory(fwd, parallel, dims)
-    if train.lora_rank:
-        from zrt_core.transforms.lora import lora_inventory
+    return fwd, bwd, applied
 
-        inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
-    sharded_grads = train.zero >= 1 or train.fsdp
-    zero3 = train.zero == 3 or train.fsdp
-    gdtype = grad_dtype(train.precision)
-    if zero3:
-        gather = ParamGather(inventory, plan.activation_dtype, zero_algorithm)
-        fwd = apply_all(fwd, [gather], ctx)
-        bwd = apply_all(bwd, [gather], ctx)
-    sync = GradientSync(inventory.trainable or inventory, gdtype, sharded=sharded_grads,
-                        algorithm=zero_algorithm if zero3 else None)
-    per_microbatch_sync = train.zero >= 2 or train.fsdp
-    bwd_sync = apply_all(bwd, [sync], ctx)
-    if per_microbatch_sync:
-        bwd = bwd_sync
-    return fwd, bwd, bwd_sync, inventory, applied
+
+def _sharding_key(parallel: Parallel, train: TrainSpec, attention: str,
+                  ctx: TransformContext) -> tuple[Any, ...]:
+    """What :func:`_platform_and_parallel` reads besides the capture: the per-layer degrees,
+    the micro-batch, the attention kernel, the hardware and the plugin host."""
+    return (parallel.tp, parallel.cp, parallel.ep, parallel.expert_tp,
+            parallel.sequence_parallel(training=True), parallel.cp_kind,
+            parallel.ep_dispatcher, train.micro_batch, train.seq_len, attention, ctx.hardware,
+            id(ctx.host))
 
 
 def default_overlap(parallel: Parallel, train: TrainSpec) -> OverlapRules:

@@ -43,13 +43,17 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             NodeCost]], rules: OverlapRules, schedule: str, parallel: Parallel,
             ranges: Sequence[range], saved: Mapping[int | str, float],
             transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
-            host_model: HostModel | None = None, microbatches: int = 1
+            host_model: HostModel | None = None, microbatches: int = 1,
+            memo: dict[Any, Any] | None = None
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
     stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``;
     ``host_model``: the host's launch time the device waits for (:mod:`.host`), counted as
-    exposed ``host``."""
+    exposed ``host``. ``memo``: what a stage's forward and backward give (all but the
+    last micro-batch's gradient reduction), kept by the caller for these ``fwd``/``bwd``
+    graphs, their costs, ``rules``, ``host_model`` and whether the schedule splits the
+    backward (:meth:`.reuse.TrainingReuse.stage_memo`)."""
     host_model = host_model or HostModel()
     fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
         if host_model.launch_s > 0 else {}
@@ -90,6 +94,15 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         first, last = v == 0, v == n_stages - 1
         signature = (tuple(kind_of.get(i, i) for i in layers), first, last)
         hit = cache.get(signature)
+        part = memo.get(signature) if hit is None and memo is not None else None
+        if hit is None and part is not None:
+            lay = list(layers)
+            st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
+                                embedding_side=first, head_side=last) \
+                if bwd_sync is not bwd and (lay or first or last) else part[1]
+            dp_busy = sum(v for k, v in st.stream_busy_s.items()
+                          if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
+            hit = cache[signature] = (*part[:2], st, *part[2:8], dp_busy, *part[8:])
         if hit is None:
             lay = list(layers)
             if lay or first or last:
@@ -139,6 +152,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             hit = (ft, bt, st, recompute, min(wgrad, bt.makespan_s), act, trans, ff, bf,
                    dp_busy, by_category, by_kind, host_f, host_b)
             cache[signature] = hit
+            if memo is not None:  # all but st and dp_busy (the gradient reduction's)
+                memo[signature] = (*hit[:2], *hit[3:9], *hit[10:])
         (ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind,
          host_f, host_b) = hit
         exposed: dict[str, float] = {}
