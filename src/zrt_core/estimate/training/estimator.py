@@ -348,18 +348,40 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
     train = ctx.train
     assert train is not None
     parallel = ctx.parallel
-    if reuse is None:
-        fwd, bwd, applied = _layer_graphs(captured, fwd0, bwd0, ctx, notes, attention=attention,
-                                          plan=plan, rules=rules, mtp=mtp,
-                                          cross_entropy=cross_entropy)
-    else:
-        # everything _layer_graphs reads besides the capture: the per-layer degrees, the
-        # recipe, the hardware and the plugins (not pp, vp, dp, the schedule or ZeRO)
-        key = ("layer", *_sharding_key(parallel, train, attention, ctx), train.recompute,
-               train.lora_rank, plan, rules, mtp, cross_entropy)
-        fwd, bwd, applied = reuse.shared(captured, key, notes, lambda made: _layer_graphs(
-            captured, fwd0, bwd0, ctx, made, attention=attention, plan=plan, rules=rules,
-            mtp=mtp, cross_entropy=cross_entropy, reuse=reuse))
+    if reuse is not None:
+        # everything the transforms read besides the capture: the per-layer degrees, the
+        # recipe, the hardware and the plugins (_layer_graphs), then pp and dp (the ZeRO
+        # gathers' and the gradient sync's groups) and the sharding (never vp or the
+        # schedule: they only split and order the stages)
+        layer_key = (*_sharding_key(parallel, train, attention, ctx), train.recompute,
+                     train.lora_rank, plan, rules, mtp, cross_entropy)
+
+        def layers(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+            return _layer_graphs(captured, fwd0, bwd0, ctx, made, attention=attention,
+                                 plan=plan, rules=rules, mtp=mtp, cross_entropy=cross_entropy,
+                                 reuse=reuse)
+
+        return reuse.shared(
+            captured, ("transform", *layer_key, parallel.pp, parallel.dp, train.zero,
+                       train.fsdp, train.precision, zero_algorithm), notes,
+            lambda made: _data_parallel(
+                *reuse.shared(captured, ("layer", *layer_key), made, layers), ctx, dims,
+                plan=plan, zero_algorithm=zero_algorithm))
+    fwd, bwd, applied = _layer_graphs(captured, fwd0, bwd0, ctx, notes, attention=attention,
+                                      plan=plan, rules=rules, mtp=mtp,
+                                      cross_entropy=cross_entropy)
+    return _data_parallel(fwd, bwd, applied, ctx, dims, plan=plan,
+                          zero_algorithm=zero_algorithm)
+
+
+def _data_parallel(fwd: OpGraph, bwd: OpGraph, applied: tuple[str, ...],
+                   ctx: TransformContext, dims: ModelDims, *, plan: PrecisionPlan,
+                   zero_algorithm: str | None
+                   ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...]]:
+    """The parameter inventory, the ZeRO-3/FSDP gathers and the gradient sync."""
+    train = ctx.train
+    assert train is not None
+    parallel = ctx.parallel
     inventory = param_inventory(fwd, parallel, dims)
     if train.lora_rank:
         from zrt_core.transforms.lora import lora_inventory

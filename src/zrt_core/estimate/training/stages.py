@@ -97,8 +97,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         part = memo.get(signature) if hit is None and memo is not None else None
         if hit is None and part is not None:
             lay = list(layers)
-            st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
-                                embedding_side=first, head_side=last) \
+            st = _sync_schedule(memo, signature, bwd_sync, costs["bwd_sync"], rules, lay,
+                                first, last) \
                 if bwd_sync is not bwd and (lay or first or last) else part[1]
             dp_busy = sum(v for k, v in st.stream_busy_s.items()
                           if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
@@ -107,12 +107,13 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             lay = list(layers)
             if lay or first or last:
                 ft = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
-                                    head_side=last)
+                                    head_side=last, regions=None if memo is None
+                                    else memo.setdefault(("regions", "fwd"), {}))
                 bt = schedule_phase(bwd, costs["bwd"], rules, layers=lay, embedding_side=first,
-                                    head_side=last)
-                st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
-                                    embedding_side=first, head_side=last) \
-                    if bwd_sync is not bwd else bt
+                                    head_side=last, regions=None if memo is None
+                                    else memo.setdefault(("regions", "bwd"), {}))
+                st = _sync_schedule(memo, signature, bwd_sync, costs["bwd_sync"], rules, lay,
+                                    first, last) if bwd_sync is not bwd else bt
             else:  # a layout's empty stage: it only passes activations on
                 ft = bt = st = Timeline.compose([])
             counts: dict[int, int] = {}
@@ -194,6 +195,34 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         weight_s=[r.weight_s for r in reports] if schedule in SPLIT_BACKWARD else None,
         activation_bytes=[r.activation_bytes for r in reports])
     return reports, times, dp_tails, timelines
+
+
+#: Last micro-batch backward schedules a stage memo keeps (one per gradient-sync graph).
+_SYNC_KEPT = 8
+
+
+def _sync_schedule(memo: dict[Any, Any] | None, signature: Any, bwd_sync: OpGraph,
+                   costs: Mapping[int, NodeCost], rules: OverlapRules, layers: list[int],
+                   first: bool, last: bool) -> Timeline:
+    """The stage's last backward with the gradient reduction, from ``memo`` when this
+    gradient-sync graph (held by identity) was scheduled for the stage before; its regions
+    (layer templates) are scheduled once per graph."""
+    if memo is None:
+        return schedule_phase(bwd_sync, costs, rules, layers=layers, embedding_side=first,
+                              head_side=last)
+    key = ("sync", id(bwd_sync))
+    hit = memo.get(key)
+    if hit is None or hit[0] is not bwd_sync:
+        kept = [k for k in memo if k[0] == "sync"]
+        for k in kept[:max(0, len(kept) - _SYNC_KEPT + 1)]:
+            del memo[k]
+        hit = memo[key] = (bwd_sync, {}, {})
+    st = hit[1].get(signature)
+    if st is None:
+        st = hit[1][signature] = schedule_phase(bwd_sync, costs, rules, layers=layers,
+                                                embedding_side=first, head_side=last,
+                                                regions=hit[2])
+    return st
 
 
 AMAX_REDUCTIONS = ("dp_tp", "tp", "none")
