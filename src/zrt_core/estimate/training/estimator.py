@@ -310,7 +310,9 @@ def estimate_training(
     # -- pipeline ---------------------------------------------------------------------------
     t0 = time.perf_counter()
     message = _p2p_message_bytes(fwd, parallel, train, dims, plan)
-    p2p, wrap = p2p_times_s(hw, parallel, message) if parallel.pp > 1 else ((0.0,), 0.0)
+    p2p, wrap = ((0.0,), 0.0) if parallel.pp == 1 else p2p_times_s(hw, parallel, message) \
+        if reuse is None else reuse.value(("p2p", hw, parallel, message),
+                                          lambda: p2p_times_s(hw, parallel, message))
     vp = parallel.vp if schedule == "interleaved" else 1
     summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap)
     timings["pipeline"] = time.perf_counter() - t0

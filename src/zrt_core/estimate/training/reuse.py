@@ -93,6 +93,7 @@ class TrainingReuse:
     _backends: dict[Any, tuple[Any, Any, list[Any]]] = field(factory=dict)
     _checked: dict[tuple[int, int], tuple[Any, Any]] = field(factory=dict)
     _of_graphs: dict[Any, tuple[Any, Any, Any]] = field(factory=dict)
+    _values: dict[Any, Any] = field(factory=dict)
     hits: int = 0
     misses: int = 0
 
@@ -146,6 +147,14 @@ class TrainingReuse:
         if hit is None or hit[0] is not fwd or hit[1] is not bwd:
             hit = _lru_put(self._of_graphs, full, (fwd, bwd, make()), PRICED_KEPT)
         return hit[2]
+
+    def value(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()`` once per hashable ``key`` that names all its inputs (values, not
+        objects held by identity)."""
+        hit = _lru_get(self._values, key)
+        if hit is None:
+            hit = _lru_put(self._values, key, (make(),), PRICED_KEPT)
+        return hit[0]
 
     def flops_checked(self, captured: Any, host: Any) -> bool:
         hit = self._checked.get((id(captured), id(host)))
