@@ -26,8 +26,6 @@ from attrs import define, field
 GROUPS_KEPT = 48
 #: Priced graphs kept (graph → node costs).
 PRICED_KEPT = 64
-#: Distinct node prices kept per hardware.
-PRICES_KEPT = 200_000
 
 
 def _lru_get(store: dict[Any, Any], key: Any) -> Any:
@@ -44,36 +42,6 @@ def _lru_put(store: dict[Any, Any], key: Any, value: Any, kept: int) -> Any:
         store.pop(next(iter(store)))
     store[key] = value
     return value
-
-
-@define
-class _PricedBackend:
-    """The contributed backends behind one price cache (key: ``node_price_key``, never node
-    ids): the first backend that prices a node gives the price, as ``price_nodes`` asks."""
-
-    backends: Sequence[Any]
-    cache: dict[Any, Any]
-    name: str = "reuse"
-
-    def price(self, node: Any) -> Any:
-        from zrt_core.cost.pricing import node_price_key
-
-        key = node_price_key(node)
-        try:
-            hit = self.cache.get(key)
-        except TypeError:  # an attr value that does not hash: by its repr, as price_nodes
-            key = repr(key)
-            hit = self.cache.get(key)
-        if hit is not None:
-            return hit
-        for backend in self.backends:
-            cost = backend.price(node)
-            if cost is not None:
-                if len(self.cache) >= PRICES_KEPT:
-                    self.cache.clear()
-                self.cache[key] = cost
-                return cost
-        return None
 
 
 @define
@@ -115,13 +83,16 @@ class TrainingReuse:
         return hit[1]
 
     def backends(self, hw: Any, host: Any) -> list[Any]:
-        """One backend list per (hardware spec, plugin host), its prices cached."""
+        """One backend list per (hardware spec, plugin host) behind the serving estimator's
+        price cache (key: ``node_price_key``, never node ids; the first backend that prices
+        a node gives its price, as ``price_nodes`` asks)."""
         from zrt_core.cost.pricing import build_backends
+        from zrt_core.estimate.inference import _CachedBackends
 
         key = (id(hw), id(host))
         hit = self._backends.get(key)
         if hit is None or hit[0] is not hw or hit[1] is not host:
-            hit = (hw, host, [_PricedBackend(build_backends(hw, host), {})])
+            hit = (hw, host, [_CachedBackends(hw, build_backends(hw, host))])
             self._backends[key] = hit
         return hit[2]
 
