@@ -7,8 +7,8 @@ zrt's best is predicted above it.
         [--max-gpus 64] [--dense-only | --moe-only] [--workers 1]
 
 The space around each record: tp ∈ {1, 2, 4, 8}, pp ∈ {1, 2, 4, 8}, cp ∈ {1, 2}, vp ∈
-{1, 2, 4}, micro-batch ∈ {1, 2} and, for MoE models, ep ∈ {1, 8}, each with the published
-value added; ZeRO-1 and FSDP
+{1, 2, 4}, micro-batch ∈ {1, 2} and, for MoE models, ep ∈ {1, 8} at the recipe's expert tp,
+each with the published value added; ZeRO-1 and FSDP
 plus the published sharding; the published recompute and precision; 1F1B and interleaved.
 Every candidate is estimated with the search's defaults (not the record's overlap or
 kernel options), the published layout included, so the ranking is like for like. Prints
@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             tp=_with((1, 2, 4, 8), p.tp), pp=_with((1, 2, 4, 8), p.pp),
             cp=_with((1, 2), p.cp), vp=_with((1, 2, 4), p.vp),
             ep=_with((1, 8), p.ep) if dims.is_moe else (1,),
+            # the recipe's expert tp (Megatron-Bridge MoE recipes: 1, experts not split over
+            # tp); unset, the search's etp follows tp and tp 2 × ep 64 on 64 GPUs is invalid
+            etp=(p.etp,) if dims.is_moe and p.etp is not None else None,
             micro_batch=_with((1, 2), t.micro_batch), recompute=(t.recompute,),
             sharding=tuple(dict.fromkeys(("zero1", "fsdp", sharding))),
             pp_schedule=("1f1b", "interleaved"), precision=(t.precision,),
