@@ -125,9 +125,13 @@ def external_pack(session: nox.Session) -> None:
 
 @nox.session(name="all", python=PYTHON)
 def all_packages(session: nox.Session) -> None:
-    """Every package installed together, the server's extra too (tests/serve runs here; the
-    core-alone ``tests`` session skips it); the core's and every plugin's tests in one run."""
-    _install(session, *(f"plugins/{p}" for p in PLUGINS), extras="test,onnx,serve,serve-test")
+    """Every package installed together, the server's and Ray's extras too (tests/serve and
+    the search on a local Ray instance run here; the core-alone ``tests`` session skips
+    them); the core's and every plugin's tests in one run."""
+    # ray: one 79 MB wheel (its other dependencies are mostly here already), ~15 s of CPU to
+    # install; cheaper than a session of its own, which would install torch again
+    _install(session, *(f"plugins/{p}" for p in PLUGINS),
+             extras="test,onnx,serve,serve-test,ray")
     # tests marked ``needs`` (they price on zrt-nvidia's packs) are skipped in the core-alone
     # session; here a missing distribution is an error, so every one of them runs somewhere
     session.env["ZRT_TESTS_NEED_ALL"] = "1"

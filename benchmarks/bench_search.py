@@ -1,11 +1,13 @@
 """Speed of ``zrt search`` (issue 11's targets).
 
-    python benchmarks/bench_search.py [--sample 120] [--full]
+    python benchmarks/bench_search.py [--groups 3] [--sample 20] [--full]
 
 1. Training: Llama-3-70B on 1,024 H100 at 4M tokens per batch (1,024 × 4,096): the space is
-   enumerated (every rule), then ``--sample`` valid layouts spread evenly over it are
-   estimated serially in this process after the captures are made — layouts/s on one core
-   (target ≥ 1,000). The whole space's time on 2 workers (target < 30 s) is measured with
+   enumerated (every rule), then every layout of ``--groups`` groups spread over it (a
+   group: the layouts sharing tp, cp, ep, micro-batch and precision, whose sharded layer
+   graphs are shared) is estimated serially in this process after the captures are
+   made, in the search's order — layouts/s on one core (target ≥ 1,000); ``--sample`` of
+   them again each from scratch (the rate without reuse). The whole space's time on 2 workers (target < 30 s) is measured with
    ``--full`` and otherwise extrapolated from the one-core rate (printed as such).
 2. Serving: Llama-3-70B on 8 H100 with TTFT/TPOT targets, the whole search in this process
    with the capture warm (target < 10 s).
@@ -30,7 +32,10 @@ MEMORY_TARGET_GIB = 1.0
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sample", type=int, default=120)
+    ap.add_argument("--groups", type=int, default=3,
+                    help="layer groups whose layouts are timed with reuse")
+    ap.add_argument("--sample", type=int, default=20,
+                    help="layouts timed each from scratch (the rate without reuse)")
     ap.add_argument("--full", action="store_true",
                     help="search the whole training space on 2 workers")
     args = ap.parse_args(argv)
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from zrt_core.modelinfo import ModelDims
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.search import ServeSpace, TrainSpace, search
-    from zrt_core.search.evaluate import TrainEvaluator
+    from zrt_core.search.evaluate import TrainEvaluator, layer_group
     from zrt_core.search.space import enumerate_train, train_space_size
 
     host = get_plugin_manager()
@@ -56,9 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     for key in sorted({(c.micro_batch, c.precision) for c in cands}):
         ev.capture(*key)
     print(f"captures (micro-batch 1, 2, 4): {time.perf_counter() - t0:.1f} s", flush=True)
-    step = max(1, len(cands) // args.sample)
-    sample = cands[::step][:args.sample]
-    ev.row(sample[0])  # first-estimate costs (formula tables, fusion rules) out of the rate
+    # every layout of every k-th group of layouts sharing tp, cp, ep, micro-batch and
+    # precision (the sharded layer graphs), in the order a search visits them: the shared
+    # per-layer work counts as often per layout as in the whole search
+    by_group: dict[tuple, list] = {}
+    for c in cands:
+        by_group.setdefault(layer_group(c)[:-1], []).append(c)
+    keys = sorted(by_group)
+    pick = keys[::max(1, len(keys) // args.groups)][:args.groups]
+    sample = [c for k in pick for c in by_group[k]]
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     for c in sample:
@@ -66,8 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     rate = len(sample) / cpu
-    print(f"{len(sample)} layouts in {wall:.2f} s wall, {cpu:.2f} s CPU "
-          f"({cpu / len(sample) * 1e3:.1f} ms CPU each)", flush=True)
+    print(f"{len(sample)} layouts of {len(pick)} of {len(keys)} groups in {wall:.2f} s "
+          f"wall, {cpu:.2f} s CPU ({cpu / len(sample) * 1e3:.1f} ms CPU each)", flush=True)
+    # the same estimates each from scratch (no shared per-layer work), on a slice
+    TrainEvaluator.reuse_layers = False
+    alone = sample[::max(1, len(sample) // args.sample)][:args.sample]
+    cpu0 = time.process_time()
+    for c in alone:
+        ev.row(c)
+    alone_rate = len(alone) / (time.process_time() - cpu0)
+    TrainEvaluator.reuse_layers = True
+    print(f"each layout alone (no reuse): {alone_rate:.1f} layouts per CPU-second "
+          f"({len(alone)} layouts); with reuse {rate / alone_rate:.1f}x", flush=True)
     result("training layouts per CPU-second (one core)", rate, TRAIN_RATE_TARGET, "layouts/s",
            higher_is_better=True)
     if args.full:
@@ -97,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     big = TrainSpace(gpus=(256, 512, 1024, 2048), global_batch=4096, seq_len=4096,
                      micro_batch=(1, 2, 4, 8), precision=("bf16", "fp8"))
     many, _ = enumerate_train(big, dims, 8)
-    row = ev.row(sample[0])
+    row = ev.row(cands[0])
     rows = [dict(row, tp=c.parallel.tp, pp=c.parallel.pp, dp=c.parallel.dp) for c in many]
     while len(rows) < 100_000:
         rows.extend(dict(r) for r in rows[:100_000 - len(rows)])

@@ -3,11 +3,12 @@
 and precision, and report where the published layout falls in zrt's ranking and how far
 zrt's best is predicted above it.
 
-    python benchmarks/bench_search_quality.py [public.yaml] [--only SUBSTR] [--max-gpus 64]
-        [--dense-only] [--workers 1]
+    python benchmarks/bench_search_quality.py [public.yaml] [--only SUBSTR[,SUBSTR...]]
+        [--max-gpus 64] [--dense-only | --moe-only] [--workers 1]
 
 The space around each record: tp ∈ {1, 2, 4, 8}, pp ∈ {1, 2, 4, 8}, cp ∈ {1, 2}, vp ∈
-{1, 2, 4} and micro-batch ∈ {1, 2}, each with the published value added; ZeRO-1 and FSDP
+{1, 2, 4}, micro-batch ∈ {1, 2} and, for MoE models, ep ∈ {1, 8} at the recipe's expert tp,
+each with the published value added; ZeRO-1 and FSDP
 plus the published sharding; the published recompute and precision; 1F1B and interleaved.
 Every candidate is estimated with the search's defaults (not the record's overlap or
 kernel options), the published layout included, so the ranking is like for like. Prints
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("file", nargs="?", type=Path, default=VALIDATION)
     ap.add_argument("--only", default=None)
     ap.add_argument("--max-gpus", type=int, default=64)
-    ap.add_argument("--dense-only", action="store_true")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--dense-only", action="store_true")
+    kind.add_argument("--moe-only", action="store_true")
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args(argv)
 
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [r for r in records if r.get("workload") == "train"
               and str(r.get("source", "")).startswith("NVIDIA Megatron-Bridge")
               and r["num_gpus"] <= args.max_gpus
-              and (args.only is None or args.only in r["id"])]
+              and (args.only is None or any(o in r["id"] for o in args.only.split(",")))]
     percentiles: list[float] = []
     for rec in chosen:
         try:
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if case.layout_search:
             continue
         dims = ModelDims.from_config(case.config)
-        if args.dense_only and dims.is_moe:
+        if (args.dense_only and dims.is_moe) or (args.moe_only and not dims.is_moe):
             continue
         p, t = case.parallel, case.train
         sharding = next((k for k, v in SHARDING.items() if v == (t.zero, t.fsdp)), "zero1")
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             tp=_with((1, 2, 4, 8), p.tp), pp=_with((1, 2, 4, 8), p.pp),
             cp=_with((1, 2), p.cp), vp=_with((1, 2, 4), p.vp),
             ep=_with((1, 8), p.ep) if dims.is_moe else (1,),
+            # the recipe's expert tp (Megatron-Bridge MoE recipes: 1, experts not split over
+            # tp); unset, the search's etp follows tp and tp 2 × ep 64 on 64 GPUs is invalid
+            etp=(p.etp,) if dims.is_moe and p.etp is not None else None,
             micro_batch=_with((1, 2), t.micro_batch), recompute=(t.recompute,),
             sharding=tuple(dict.fromkeys(("zero1", "fsdp", sharding))),
             pp_schedule=("1f1b", "interleaved"), precision=(t.precision,),

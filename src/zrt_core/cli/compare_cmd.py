@@ -6,8 +6,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zrt_core.cli._output import console, print_json, table
-from zrt_core.cli.search_cmd import _f, add_space_args, search_options, space_from_args
+from zrt_core.cli._output import console, table
+from zrt_core.cli.search_cmd import (
+    _f,
+    add_space_args,
+    print_written,
+    search_options,
+    space_from_args,
+    write_outputs,
+)
 from zrt_core.errors import SpecError
 
 
@@ -48,17 +55,10 @@ def run(args: argparse.Namespace) -> int:
     result = compare(args.model, hardware, space, prices=prices,
                      progress=None if args.json else (lambda h: con.print(f"searching {h}…")),
                      **options)
-    written = []
-    if args.out:
-        from zrt_core.cli._output import out_dir
-        from zrt_core.search.outputs import write_compare_outputs
+    from zrt_core.search.outputs import write_compare_outputs
 
-        written = write_compare_outputs(result, out_dir(args.out))
-    if args.json:
-        data = result.to_json()
-        if written:
-            data["files"] = [str(p) for p in written]
-        print_json(data)
+    written = write_outputs(args, lambda d: write_compare_outputs(result, d), result.to_json)
+    if written is None:
         return 0
     train = result.mode == "train"
     per_gpu = "tokens_per_s_per_gpu" if train else "output_tokens_per_s_per_gpu"
@@ -78,6 +78,5 @@ def run(args: argparse.Namespace) -> int:
     if not any(r.get("group") for r in result.results):  # a plain --hw list: no groups
         head, rows = head[1:], [row[1:] for row in rows]
     con.print(table(f"zrt compare: {result.model}", head, rows))
-    for path in written:
-        con.print(f"wrote {path}")
+    print_written(written)
     return 0

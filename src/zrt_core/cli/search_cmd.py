@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from zrt_core.cli._output import add_json_flag, console, positive_int, print_json, table
@@ -184,6 +185,27 @@ def _objective_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def write_outputs(args: argparse.Namespace, write: Callable[[Path], Sequence[Path]],
+                  data: Callable[[], dict[str, Any]]) -> list[Path] | None:
+    """``--out DIR``'s files (``write(DIR)``), then with ``--json`` the data and the files
+    printed: None (nothing more to print); else the files written, for :func:`print_written`."""
+    from zrt_core.cli._output import out_dir
+
+    written = list(write(out_dir(args.out))) if args.out else []
+    if not args.json:
+        return written
+    payload = data()
+    if written:
+        payload["files"] = [str(p) for p in written]
+    print_json(payload)
+    return None
+
+
+def print_written(written: Sequence[Path]) -> None:
+    for path in written:
+        console().print(f"wrote {path}")
+
+
 @contextmanager
 def progress_bar(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A rich progress bar on stderr (a terminal only); None elsewhere."""
@@ -225,21 +247,12 @@ def run(args: argparse.Namespace) -> int:
                             "relax the filters (zrt search --help)")
         emit_run(args, result.winner_report_object, **result.winner_spec)
         return 0
-    written = []
-    if args.out:
-        from zrt_core.cli._output import out_dir
-        from zrt_core.search.outputs import write_search_outputs
+    from zrt_core.search.outputs import write_search_outputs
 
-        written = write_search_outputs(result, out_dir(args.out))
-    if args.json:
-        data = result.to_json()
-        if written:
-            data["files"] = [str(p) for p in written]
-        print_json(data)
-        return 0
-    print_search(result)
-    for path in written:
-        console().print(f"wrote {path}")
+    written = write_outputs(args, lambda d: write_search_outputs(result, d), result.to_json)
+    if written is not None:
+        print_search(result)
+        print_written(written)
     return 0
 
 
@@ -253,18 +266,11 @@ def run_strategies(args: argparse.Namespace) -> int:
                               args.seq_len, micro_batch=args.micro_batch[0],
                               recompute=args.recompute[0], precision=args.precision[0],
                               use_cache=False if args.no_cache else None)
-    written = []
-    if args.out:
-        from zrt_core.cli._output import out_dir
-        from zrt_core.search.outputs import write_strategy_outputs
+    from zrt_core.search.outputs import write_strategy_outputs
 
-        written = write_strategy_outputs(rows, out_dir(args.out),
-                                         f"zrt search --strategies: {args.model}")
-    if args.json:
-        data: dict[str, Any] = {"strategies": rows}
-        if written:
-            data["files"] = [str(p) for p in written]
-        print_json(data)
+    written = write_outputs(args, lambda d: write_strategy_outputs(
+        rows, d, f"zrt search --strategies: {args.model}"), lambda: {"strategies": rows})
+    if written is None:
         return 0
     body = []
     for r in rows:
@@ -280,8 +286,7 @@ def run_strategies(args: argparse.Namespace) -> int:
     con.print(table(f"parallelism families on {args.gpus[0]} × {args.hw}",
                     ("family", "layout", "step s", "tok/s/GPU", "MFU", "GiB/dev", "fits"),
                     body))
-    for path in written:
-        con.print(f"wrote {path}")
+    print_written(written)
     return 0
 
 

@@ -419,6 +419,7 @@ def schedule_phase(
     layers: Iterable[int] | None = None,
     embedding_side: bool = True,
     head_side: bool = True,
+    regions: dict[tuple[int | None, int], Region] | None = None,
 ) -> Timeline:
     """The timeline of a whole phase graph (or one pipeline stage of it).
 
@@ -432,6 +433,9 @@ def schedule_phase(
         layers in forward, after them in backward) — the first stage has them.
     :param head_side: include the outer nodes on the head side (final norm, head, loss) —
         the last stage has them.
+    :param regions: the scheduled regions (one per layer template and outer segment),
+        kept by the caller across calls for this same ``graph``, ``costs`` and ``rules``
+        (the stages of one phase): each region is scheduled once.
     """
     rules = rules or OverlapRules.for_phase(graph.phase)
     by_id = graph.by_id()
@@ -442,7 +446,8 @@ def schedule_phase(
     first_layer = layer_positions[0] if layer_positions else len(segments)
     last_layer = layer_positions[-1] if layer_positions else -1
 
-    regions: dict[tuple[int | None, int], Region] = {}
+    if regions is None:
+        regions = {}
 
     def region_of(seg: _Segment) -> Region:
         key = (seg.representative, seg.node_ids[0])

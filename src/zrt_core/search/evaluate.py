@@ -24,6 +24,13 @@ def train_spec(cand: TrainCandidate, global_batch: int, seq_len: int) -> TrainSp
         precision=cand.precision, pp_schedule=cand.pp_schedule)
 
 
+def layer_group(cand: TrainCandidate) -> tuple[Any, ...]:
+    """What decides a training candidate's per-layer graphs: candidates evaluated group by
+    group reuse them (:class:`TrainEvaluator`)."""
+    p = cand.parallel
+    return (cand.micro_batch, cand.precision, p.tp, p.cp, p.ep, p.expert_tp, cand.recompute)
+
+
 def infer_spec(cand: ServeCandidate, input_len: int, output_len: int) -> InferSpec:
     """The :class:`InferSpec` ``zrt run --infer`` builds (fp8 KV cache with fp8/fp4)."""
     kv = "fp8" if cand.quant in ("fp8", "fp4") else None
@@ -33,7 +40,12 @@ def infer_spec(cand: ServeCandidate, input_len: int, output_len: int) -> InferSp
 
 class TrainEvaluator:
     """Prices training candidates of one model on one machine. Captures one micro-batch per
-    (micro-batch size, capture dtype) once and hands it to every estimate."""
+    (micro-batch size, capture dtype) once and hands it to every estimate, and shares the
+    per-layer graphs and node prices across layouts (:mod:`zrt_core.estimate.training.
+    reuse`: the same results as estimating each layout alone)."""
+
+    #: share per-layer work across layouts (False: every estimate from scratch)
+    reuse_layers = True
 
     def __init__(self, model: Any, hardware: Any, global_batch: int, seq_len: int, *,
                  host: Any = None, use_cache: bool | None = None) -> None:
@@ -47,6 +59,10 @@ class TrainEvaluator:
         self.seq_len = seq_len
         self.use_cache = use_cache
         self._captures: dict[tuple[int, str], Any] = {}
+        # the per-layer graphs and node prices layouts share (same results as without)
+        from zrt_core.estimate.training.reuse import TrainingReuse
+
+        self.reuse = TrainingReuse()
 
     def capture(self, micro_batch: int, precision: str) -> Any:
         from zrt_core.estimate.training import capture_dtype, capture_for_training
@@ -66,7 +82,8 @@ class TrainEvaluator:
         train = train_spec(cand, self.global_batch, self.seq_len)
         return estimate_training(self.model, self.hw, cand.parallel, train, host=self.host,
                                  captured=self.capture(cand.micro_batch, cand.precision),
-                                 num_gpus=cand.gpus, keep_timelines=keep_timelines)
+                                 num_gpus=cand.gpus, keep_timelines=keep_timelines,
+                                 reuse=self.reuse if self.reuse_layers else None)
 
     def row(self, cand: TrainCandidate) -> dict[str, Any]:
         """The candidate's flat row; ``rejected`` names the estimator's check when it

@@ -331,26 +331,27 @@ def _evaluate(args: tuple[Any, ...], cands: Sequence[Any], workers: int,
     if workers < 1:
         raise SpecError(f"--workers must be at least 1, got {workers}", "use --workers 1 or more")
     total = len(cands)
+    visit = _visit_order(args, cands)
     if ray_address is not None:
-        return _evaluate_ray(args, cands, ray_address, progress)
+        return _evaluate_ray(args, visit, ray_address, progress)
     if workers == 1:
         evaluator = _make_evaluator(args, host)
         rows: list[tuple[int, dict[str, Any]]] = []
         try:
-            for i, c in enumerate(cands):
+            for i, c in visit:
                 rows.append((i, evaluator.row(c)))
                 if progress:
                     progress(len(rows), total)
         except KeyboardInterrupt:
-            return rows, True
-        return rows, False
+            return sorted(rows, key=lambda r: r[0]), True
+        return sorted(rows, key=lambda r: r[0]), False
     import concurrent.futures as cf
     import multiprocessing
 
     # capture once here (the disk cache), so every worker loads instead of capturing
     _prime(args, cands, host)
     size = max(1, min(256, total // (workers * 8) or 1))
-    chunks = _chunks(list(enumerate(cands)), size)
+    chunks = _chunks(visit, size)
     results: dict[int, list[tuple[int, dict[str, Any]]]] = {}
     pool = cf.ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
                                   initargs=(args,),
@@ -372,7 +373,21 @@ def _evaluate(args: tuple[Any, ...], cands: Sequence[Any], workers: int,
 
 def _ordered(results: dict[int, list[tuple[int, dict[str, Any]]]]
              ) -> list[tuple[int, dict[str, Any]]]:
-    return [row for k in sorted(results) for row in results[k]]
+    """The rows back in the candidates' order."""
+    return sorted((row for rows in results.values() for row in rows), key=lambda r: r[0])
+
+
+def _visit_order(args: tuple[Any, ...], cands: Sequence[Any]) -> list[tuple[int, Any]]:
+    """``(index, candidate)`` in the order to estimate them: training candidates group by
+    group (:func:`~zrt_core.search.evaluate.layer_group`), so one process makes each
+    group's per-layer graphs once and every chunk of a pool holds few groups; the rows go
+    back in the candidates' order."""
+    indexed = list(enumerate(cands))
+    if args[0] != "train":
+        return indexed
+    from zrt_core.search.evaluate import layer_group
+
+    return sorted(indexed, key=lambda ic: (layer_group(ic[1]), ic[0]))
 
 
 def _prime(args: tuple[Any, ...], cands: Sequence[Any], host: Any) -> None:
@@ -384,7 +399,7 @@ def _prime(args: tuple[Any, ...], cands: Sequence[Any], host: Any) -> None:
         evaluator.capture()
 
 
-def _evaluate_ray(args: tuple[Any, ...], cands: Sequence[Any], address: str,
+def _evaluate_ray(args: tuple[Any, ...], visit: Sequence[tuple[int, Any]], address: str,
                   progress: Progress | None) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
     try:
         import ray
@@ -401,7 +416,7 @@ def _evaluate_ray(args: tuple[Any, ...], cands: Sequence[Any], address: str,
         _init_worker(a)
         return _rows_of(chunk)
 
-    chunks = _chunks(list(enumerate(cands)), max(1, min(256, len(cands) // 64 or 1)))
+    chunks = _chunks(visit, max(1, min(256, len(visit) // 64 or 1)))
     refs = [rows_of.remote(args, ch) for ch in chunks]
     index = {ref: k for k, ref in enumerate(refs)}
     results: dict[int, list[tuple[int, dict[str, Any]]]] = {}
@@ -414,7 +429,7 @@ def _evaluate_ray(args: tuple[Any, ...], cands: Sequence[Any], address: str,
                 results[index[ref]] = ray.get(ref)
                 done += len(results[index[ref]])
                 if progress:
-                    progress(done, len(cands))
+                    progress(done, len(visit))
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref)

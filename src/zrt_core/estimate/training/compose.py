@@ -5,7 +5,7 @@ identities, the model FLOPs and memory per device.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zrt_core.errors import ModelError
 from zrt_core.estimate.training.capture import TrainingCapture
@@ -182,8 +182,29 @@ def _ordered(values: Mapping[str, float]) -> dict[str, float]:
     return {k: values[k] for k in keys}
 
 
+#: The model FLOPs of the last few (capture, batch, sequence, plugin host), with the notes
+#: they gave: a search asks them once per layout, and they depend on nothing else.
+_MODEL_FLOPS: dict[tuple[int, ...], tuple[Any, Any, float, tuple[str, ...]]] = {}
+
+
 def _model_flops(captured: TrainingCapture, train: TrainSpec, notes: list[str],
                  host: PluginHost | None) -> float:
+    """3 × the reference training forward of the global batch (remembered per capture,
+    batch, sequence and host: :data:`_MODEL_FLOPS`)."""
+    key = (id(captured), train.global_batch, train.seq_len, train.micro_batch, id(host))
+    hit = _MODEL_FLOPS.get(key)
+    if hit is None or hit[0] is not captured or hit[1] is not host:
+        made: list[str] = []
+        flops = _count_model_flops(captured, train, made, host)
+        if len(_MODEL_FLOPS) >= 16:
+            _MODEL_FLOPS.pop(next(iter(_MODEL_FLOPS)))
+        hit = _MODEL_FLOPS[key] = (captured, host, flops, tuple(made))
+    notes.extend(hit[3])
+    return hit[2]
+
+
+def _count_model_flops(captured: TrainingCapture, train: TrainSpec, notes: list[str],
+                       host: PluginHost | None) -> float:
     """3 × the reference training forward of the global batch (causal attention, logits of
     every position): the core's analytic count, or a plugin's (``zrt_reference_flops``) for
     families the core does not describe; the captured forward where neither counts it."""

@@ -27,6 +27,7 @@ from zrt_core.estimate.training.compose import _compose
 from zrt_core.estimate.training.fsdp import apply_sharding, first_forward_delay_s
 from zrt_core.estimate.training.optimizer import _optimizer
 from zrt_core.estimate.training.pipeline import _pipeline
+from zrt_core.estimate.training.reuse import TrainingReuse
 from zrt_core.estimate.training.spec import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, MtpSpec
 from zrt_core.estimate.training.stages import _amax_reduction_s, _p2p_message_bytes, _stages
 from zrt_core.ir.graph import (
@@ -36,6 +37,7 @@ from zrt_core.ir.graph import (
 )
 from zrt_core.reports.training import TrainingReport
 from zrt_core.schedule.pipeline import (
+    SPLIT_BACKWARD,
     check_schedule,
     p2p_times_s,
     virtual_stages,
@@ -94,6 +96,7 @@ def estimate_training(
     moe_token_drop: bool = False,
     cuda_graph: str = "none",
     nvls: bool = True,
+    reuse: TrainingReuse | None = None,
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -148,6 +151,9 @@ def estimate_training(
     :param nvls: NCCL may use NVLink SHARP where the hardware pack's tiers offer it (NCCL's
         default, ``NCCL_NVLS_ENABLE`` unset); False prices as ``NCCL_NVLS_ENABLE=0`` (the
         NeMo / Megatron-Bridge performance launchers' setting). docs/collectives.md.
+    :param reuse: the per-layer work a search's layouts share (:class:`~zrt_core.estimate.
+        training.reuse.TrainingReuse`): layer graphs, node prices and the FLOP check made
+        by an earlier estimate with the same inputs are taken from it (same results).
     :raises LayoutError: a layout rule fails (named, with the numbers).
     :raises ModelError: the model cannot be captured or the capture does not match.
     """
@@ -186,7 +192,10 @@ def estimate_training(
                 f"sequence {g.meta.get('seq_len')}, not the micro-batch "
                 f"{train.micro_batch} × {train.seq_len}",
                 "capture at the training micro-batch and sequence length")
-    check_flops(captured.config, {g.phase: g for g in (fwd0, bwd0)}, host, model=where)
+    if reuse is None or not reuse.flops_checked(captured, host):
+        check_flops(captured.config, {g.phase: g for g in (fwd0, bwd0)}, host, model=where)
+        if reuse is not None:
+            reuse.mark_flops_checked(captured, host)
     num_layers = int(fwd0.meta.get("num_layers") or dims.layers)
     notes: list[str] = []
     schedule = _schedule_name(parallel, train)
@@ -248,7 +257,8 @@ def estimate_training(
         before = len(notes)
         fwd, bwd, bwd_sync, inventory, applied, fwd_first = _transform(
             captured, fwd0, bwd0, ctx, notes, attention=attention, plan=plan, rules=rules,
-            zero_algorithm=zero_algorithm, dims=dims, mtp=mtp, cross_entropy=cross_entropy)
+            zero_algorithm=zero_algorithm, dims=dims, mtp=mtp, cross_entropy=cross_entropy,
+            reuse=reuse)
         if len(_TRANSFORMED) >= _TRANSFORMED_SIZE:
             _TRANSFORMED.pop(next(iter(_TRANSFORMED)))
         _TRANSFORMED[key] = (captured, fwd, bwd, bwd_sync, inventory, applied,
@@ -260,18 +270,24 @@ def estimate_training(
     from zrt_core.cost.collective_table import collective_table
     from zrt_core.cost.pricing import build_backends, price_nodes
 
-    backends = build_backends(hw, host)
+    backends = build_backends(hw, host) if reuse is None else reuse.backends(hw, host)
     costs: dict[str, dict[int, NodeCost]] = {}
     for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
-        costs[label] = price_nodes(g.nodes, backends)
+        costs[label] = price_nodes(g.nodes, backends) if reuse is None \
+            else reuse.costs(g, backends)
     if fwd_first is not None:
-        costs["fwd_first"] = price_nodes(fwd_first.nodes, backends)
+        costs["fwd_first"] = price_nodes(fwd_first.nodes, backends) if reuse is None \
+            else reuse.costs(fwd_first, backends)
     timings["price"] = time.perf_counter() - t0
 
     # -- stages -----------------------------------------------------------------------------
     t0 = time.perf_counter()
-    saved = saved_activation_bytes(fwd, bwd)
-    transient = transient_bytes(bwd)
+    if reuse is None:
+        saved = saved_activation_bytes(fwd, bwd)
+        transient = transient_bytes(bwd)
+    else:
+        saved, transient = reuse.of_graphs(fwd, bwd, "activations", lambda: (
+            saved_activation_bytes(fwd, bwd), transient_bytes(bwd)))
     amax_s = _amax_reduction_s(fwd, plan, parallel, hw, amax_reduction, len(stage_ranges))
     if amax_s:
         notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
@@ -285,7 +301,8 @@ def estimate_training(
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
-        microbatches=m)
+        microbatches=m, memo=None if reuse is None else reuse.of_graphs(
+            fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict))
     if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
         notes.append("EP all-to-all overlapped across micro-batches (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm): each pair of one micro-batch's "
@@ -302,7 +319,9 @@ def estimate_training(
     # -- pipeline ---------------------------------------------------------------------------
     t0 = time.perf_counter()
     message = _p2p_message_bytes(fwd, parallel, train, dims, plan)
-    p2p, wrap = p2p_times_s(hw, parallel, message) if parallel.pp > 1 else ((0.0,), 0.0)
+    p2p, wrap = ((0.0,), 0.0) if parallel.pp == 1 else p2p_times_s(hw, parallel, message) \
+        if reuse is None else reuse.value(("p2p", hw, parallel, message),
+                                          lambda: p2p_times_s(hw, parallel, message))
     vp = parallel.vp if schedule == "interleaved" else 1
     summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap)
     gather_delay, gather_busy = first_forward_delay_s(
@@ -337,19 +356,84 @@ _TRANSFORMED_SIZE = 8
 def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: TransformContext,
                notes: list[str], *, attention: str, plan: PrecisionPlan, rules: OverlapRules,
                zero_algorithm: str | None, dims: ModelDims, mtp: MtpSpec | None = None,
-               cross_entropy: str = "fused"
+               cross_entropy: str = "fused", reuse: TrainingReuse | None = None
                ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...],
                           OpGraph | None]:
     """Every graph transform of one estimate: forward, backward for every micro-batch, the
     last micro-batch's backward with the gradient reduction, the parameter inventory, and
     the first micro-batch's forward where it alone gathers the parameters (FSDP without
-    re-sharding under a pipeline; None otherwise)."""
+    re-sharding under a pipeline; None otherwise). The per-layer part
+    (:func:`_layer_graphs`) comes from ``reuse`` when given."""
     train = ctx.train
     assert train is not None
     parallel = ctx.parallel
-    fwd, bwd, applied = _platform_and_parallel(fwd0, bwd0, ctx, notes, attention=attention,
-                                               config=captured.config,
-                                               tp_plan=None)
+    if reuse is not None:
+        # everything the transforms read besides the capture: the per-layer degrees, the
+        # recipe, the hardware and the plugins (_layer_graphs), then pp and dp (the ZeRO
+        # gathers' and the gradient sync's groups) and the sharding plan (never vp or the
+        # schedule: they only split and order the stages)
+        layer_key = (*_sharding_key(parallel, train, attention, ctx), train.recompute,
+                     train.lora_rank, plan, rules, mtp, cross_entropy)
+
+        def layers(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+            return _layer_graphs(captured, fwd0, bwd0, ctx, made, attention=attention,
+                                 plan=plan, rules=rules, mtp=mtp, cross_entropy=cross_entropy,
+                                 reuse=reuse)
+
+        return reuse.shared(
+            captured, ("transform", *layer_key, parallel.pp, parallel.dp, train.zero,
+                       train.fsdp, train.reshard_after_forward, train.hsdp, train.precision,
+                       zero_algorithm), notes,
+            lambda made: _data_parallel(
+                *reuse.shared(captured, ("layer", *layer_key), made, layers), ctx, dims,
+                plan=plan, zero_algorithm=zero_algorithm, notes=made))
+    fwd, bwd, applied = _layer_graphs(captured, fwd0, bwd0, ctx, notes, attention=attention,
+                                      plan=plan, rules=rules, mtp=mtp,
+                                      cross_entropy=cross_entropy)
+    return _data_parallel(fwd, bwd, applied, ctx, dims, plan=plan,
+                          zero_algorithm=zero_algorithm, notes=notes)
+
+
+def _data_parallel(fwd: OpGraph, bwd: OpGraph, applied: tuple[str, ...],
+                   ctx: TransformContext, dims: ModelDims, *, plan: PrecisionPlan,
+                   zero_algorithm: str | None, notes: list[str]
+                   ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...],
+                              OpGraph | None]:
+    """The parameter inventory, the ZeRO-3/FSDP gathers and the gradient sync
+    (:func:`~zrt_core.estimate.training.fsdp.apply_sharding`)."""
+    train = ctx.train
+    assert train is not None
+    parallel = ctx.parallel
+    inventory = param_inventory(fwd, parallel, dims)
+    if train.lora_rank:
+        from zrt_core.transforms.lora import lora_inventory
+
+        inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
+    fwd_first, fwd, bwd, bwd_sync = apply_sharding(
+        fwd, bwd, ctx, inventory, param_dtype=plan.activation_dtype,
+        grad_dtype=grad_dtype(train.precision), algorithm=zero_algorithm, notes=notes)
+    return fwd, bwd, bwd_sync, inventory, applied, fwd_first
+
+
+def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
+                  ctx: TransformContext, notes: list[str], *, attention: str,
+                  plan: PrecisionPlan, rules: OverlapRules, mtp: MtpSpec | None,
+                  cross_entropy: str, reuse: TrainingReuse | None = None
+                  ) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+    """The per-layer transforms: TP/SP/CP/EP, fusion, the loss kernel, MTP layers, the
+    precision recipe, LoRA and recompute (nothing here reads pp, vp, dp, the schedule or
+    ZeRO: :mod:`.reuse` shares the result across the layouts that differ in those; the
+    sharded and fused graphs, the costliest part, also across recompute and precision)."""
+    train = ctx.train
+    assert train is not None
+
+    def sharded(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
+        return _platform_and_parallel(fwd0, bwd0, ctx, made, attention=attention,
+                                      config=captured.config, tp_plan=None)
+
+    fwd, bwd, applied = sharded(notes) if reuse is None else reuse.shared(
+        captured, ("sharded", *_sharding_key(ctx.parallel, train, attention, ctx)), notes,
+        sharded)
     if cross_entropy == "megatron":
         fwd, bwd = unfused_cross_entropy(fwd, bwd)
         notes.append("cross-entropy as Megatron's vocab_parallel_cross_entropy without loss "
@@ -374,15 +458,17 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
                      "they reduce gradients and keep optimizer states")
     bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
     bwd = tp_overlap_hints(bwd, fwd, rules)
-    inventory = param_inventory(fwd, parallel, dims)
-    if train.lora_rank:
-        from zrt_core.transforms.lora import lora_inventory
+    return fwd, bwd, applied
 
-        inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
-    fwd_first, fwd, bwd, bwd_sync = apply_sharding(
-        fwd, bwd, ctx, inventory, param_dtype=plan.activation_dtype,
-        grad_dtype=grad_dtype(train.precision), algorithm=zero_algorithm, notes=notes)
-    return fwd, bwd, bwd_sync, inventory, applied, fwd_first
+
+def _sharding_key(parallel: Parallel, train: TrainSpec, attention: str,
+                  ctx: TransformContext) -> tuple[Any, ...]:
+    """What :func:`_platform_and_parallel` reads besides the capture: the per-layer degrees,
+    the micro-batch, the attention kernel, the hardware and the plugin host."""
+    return (parallel.tp, parallel.cp, parallel.ep, parallel.expert_tp,
+            parallel.sequence_parallel(training=True), parallel.cp_kind,
+            parallel.ep_dispatcher, train.micro_batch, train.seq_len, attention, ctx.hardware,
+            id(ctx.host))
 
 
 def default_overlap(parallel: Parallel, train: TrainSpec) -> OverlapRules:

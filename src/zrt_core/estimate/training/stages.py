@@ -43,13 +43,17 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             NodeCost]], rules: OverlapRules, schedule: str, parallel: Parallel,
             ranges: Sequence[range], saved: Mapping[int | str, float],
             transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
-            host_model: HostModel | None = None, microbatches: int = 1
+            host_model: HostModel | None = None, microbatches: int = 1,
+            memo: dict[Any, Any] | None = None
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
     stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``;
     ``host_model``: the host's launch time the device waits for (:mod:`.host`), counted as
-    exposed ``host``."""
+    exposed ``host``. ``memo``: what a stage's forward and backward give (all but the
+    last micro-batch's gradient reduction), kept by the caller for these ``fwd``/``bwd``
+    graphs, their costs, ``rules``, ``host_model`` and whether the schedule splits the
+    backward (:meth:`.reuse.TrainingReuse.stage_memo`)."""
     host_model = host_model or HostModel()
     fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
         if host_model.launch_s > 0 else {}
@@ -90,16 +94,26 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         first, last = v == 0, v == n_stages - 1
         signature = (tuple(kind_of.get(i, i) for i in layers), first, last)
         hit = cache.get(signature)
+        part = memo.get(signature) if hit is None and memo is not None else None
+        if hit is None and part is not None:
+            lay = list(layers)
+            st = _sync_schedule(memo, signature, bwd_sync, costs["bwd_sync"], rules, lay,
+                                first, last) \
+                if bwd_sync is not bwd and (lay or first or last) else part[1]
+            dp_busy = sum(v for k, v in st.stream_busy_s.items()
+                          if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
+            hit = cache[signature] = (*part[:2], st, *part[2:8], dp_busy, *part[8:])
         if hit is None:
             lay = list(layers)
             if lay or first or last:
                 ft = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
-                                    head_side=last)
+                                    head_side=last, regions=None if memo is None
+                                    else memo.setdefault(("regions", "fwd"), {}))
                 bt = schedule_phase(bwd, costs["bwd"], rules, layers=lay, embedding_side=first,
-                                    head_side=last)
-                st = schedule_phase(bwd_sync, costs["bwd_sync"], rules, layers=lay,
-                                    embedding_side=first, head_side=last) \
-                    if bwd_sync is not bwd else bt
+                                    head_side=last, regions=None if memo is None
+                                    else memo.setdefault(("regions", "bwd"), {}))
+                st = _sync_schedule(memo, signature, bwd_sync, costs["bwd_sync"], rules, lay,
+                                    first, last) if bwd_sync is not bwd else bt
             else:  # a layout's empty stage: it only passes activations on
                 ft = bt = st = Timeline.compose([])
             counts: dict[int, int] = {}
@@ -139,6 +153,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             hit = (ft, bt, st, recompute, min(wgrad, bt.makespan_s), act, trans, ff, bf,
                    dp_busy, by_category, by_kind, host_f, host_b)
             cache[signature] = hit
+            if memo is not None:  # all but st and dp_busy (the gradient reduction's)
+                memo[signature] = (*hit[:2], *hit[3:9], *hit[10:])
         (ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind,
          host_f, host_b) = hit
         exposed: dict[str, float] = {}
@@ -179,6 +195,34 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         weight_s=[r.weight_s for r in reports] if schedule in SPLIT_BACKWARD else None,
         activation_bytes=[r.activation_bytes for r in reports])
     return reports, times, dp_tails, timelines
+
+
+#: Last micro-batch backward schedules a stage memo keeps (one per gradient-sync graph).
+_SYNC_KEPT = 8
+
+
+def _sync_schedule(memo: dict[Any, Any] | None, signature: Any, bwd_sync: OpGraph,
+                   costs: Mapping[int, NodeCost], rules: OverlapRules, layers: list[int],
+                   first: bool, last: bool) -> Timeline:
+    """The stage's last backward with the gradient reduction, from ``memo`` when this
+    gradient-sync graph (held by identity) was scheduled for the stage before; its regions
+    (layer templates) are scheduled once per graph."""
+    if memo is None:
+        return schedule_phase(bwd_sync, costs, rules, layers=layers, embedding_side=first,
+                              head_side=last)
+    key = ("sync", id(bwd_sync))
+    hit = memo.get(key)
+    if hit is None or hit[0] is not bwd_sync:
+        kept = [k for k in memo if k[0] == "sync"]
+        for k in kept[:max(0, len(kept) - _SYNC_KEPT + 1)]:
+            del memo[k]
+        hit = memo[key] = (bwd_sync, {}, {})
+    st = hit[1].get(signature)
+    if st is None:
+        st = hit[1][signature] = schedule_phase(bwd_sync, costs, rules, layers=layers,
+                                                embedding_side=first, head_side=last,
+                                                regions=hit[2])
+    return st
 
 
 AMAX_REDUCTIONS = ("dp_tp", "tp", "none")
