@@ -27,7 +27,12 @@ from zrt_core.estimate.training.compose import _compose
 from zrt_core.estimate.training.optimizer import _optimizer
 from zrt_core.estimate.training.pipeline import _pipeline
 from zrt_core.estimate.training.spec import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, MtpSpec
-from zrt_core.estimate.training.stages import _amax_reduction_s, _p2p_message_bytes, _stages
+from zrt_core.estimate.training.stages import (
+    _amax_reduction_s,
+    _p2p_message_bytes,
+    _stages,
+    ep_comm_sm_share,
+)
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -60,6 +65,7 @@ from zrt_core.transforms.training import (
     tp_overlap_hints,
     unfused_cross_entropy,
 )
+from zrt_core.transforms.training.experts import expert_gemm_loop
 
 if TYPE_CHECKING:
     from zrt_core.capture.api import CaptureResult
@@ -277,7 +283,8 @@ def estimate_training(
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
-        microbatches=m)
+        microbatches=m,
+        ep_sm_share=ep_comm_sm_share(parallel.ep_dispatcher, hw.efficiency.parallel_units))
     if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
         notes.append("EP all-to-all overlapped across micro-batches (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm): each pair of one micro-batch's "
@@ -344,6 +351,8 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
             if max(i for t2 in fwd.templates.values() for i in t2.indices) in t.indices)
         fwd, bwd, _ = add_mtp_layers(fwd, bwd, kinds, mtp.depths,
                                      shared_weights=mtp.shared_weights)
+    # MoE experts as TE GroupedLinear runs them: one GEMM per expert over 4 streams
+    fwd, bwd = expert_gemm_loop(fwd), expert_gemm_loop(bwd)
     if plan.low_precision and plan.high_precision_layers:
         fwd, bwd = split_layer_templates(fwd, bwd, plan.high_precision_layers)
     fwd = apply_all(fwd, [Precision(plan)], ctx)
