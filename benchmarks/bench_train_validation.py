@@ -29,7 +29,7 @@ type — the x86 hosts of DGX A100/H100/H200/B200/B300 and the Grace CPUs of GB2
 every training record of that type, dense and MoE, and prints the in-sample,
 leave-one-source-out and leave-one-hardware-out step-time MAPE (docs/moe-training.md).
 
-``--fit-expert`` fits ``expert_gemm_us`` (device time per per-expert GEMM of
+``--fit-expert`` fits ``expert_kernel_us`` (device time per per-expert GEMM of
 TransformerEngine's ``GroupedLinear`` loop) the same way, one value for every NVIDIA GPU.
 """
 
@@ -186,32 +186,35 @@ def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]
                      HOST_TIE)
 
 
-#: One ``expert_gemm_us`` for every NVIDIA GPU: a device-side cost per kernel of
+#: One ``expert_kernel_us`` for every NVIDIA GPU: a device-side cost per kernel of
 #: TransformerEngine's per-expert GEMM loop (docs/moe-training.md).
 EXPERT_GPU_TYPES = {
     "nvidia": HOST_CPU_TYPES["x86"] + HOST_CPU_TYPES["grace"],
 }
-#: µs per per-expert GEMM, 0 … 10 in 1 µs steps: up to a few times the fixed cost of one
-#: GEMM kernel (launch 4 + fill and epilogue 1.5 µs, docs/cost-model.md); more would be
-#: fitting something other than a kernel's own overhead.
-EXPERT_GRID = tuple(float(v) for v in range(0, 11))
+#: µs per per-expert kernel, 0 … 30 in 2 µs steps: up to the cost of one per-expert GEMM of
+#: TE's multi-stream cuBLAS loop measured kernel against kernel on B200 (0.267 ms for 8
+#: experts of 128 rows, N = K = 2 048, NVFP4: ~33 µs each for ~1 GFLOP of work;
+#: NVIDIA/TransformerEngine PR 3134, docs/moe-training.md).
+EXPERT_GRID = tuple(float(v) for v in range(0, 31, 2))
 
 
 def fit_expert(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
-    """Fit ``expert_gemm_us`` (:data:`EXPERT_GPU_TYPES`, :data:`EXPERT_GRID`) on the
-    step-time MAPE of every training record, dense ones included (they do not move), with
-    the same leave-one-source-out and leave-one-hardware-out report as ``--fit-host``."""
-    return _grid_fit(path, only, cache, "expert_gemm_us", EXPERT_GRID, EXPERT_GPU_TYPES,
-                     HOST_TIE)
+    """Fit ``expert_kernel_us`` (:data:`EXPERT_GPU_TYPES`, :data:`EXPERT_GRID`) on the
+    step-time MAPE of the training records it moves (those with TransformerEngine grouped
+    GEMMs: the MoE records), with the same leave-one-source-out and leave-one-hardware-out
+    report (over every record) as ``--fit-host``."""
+    return _grid_fit(path, only, cache, "expert_kernel_us", EXPERT_GRID, EXPERT_GPU_TYPES,
+                     HOST_TIE, moved_only=True)
 
 
 def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
-              grid: tuple[float, ...], types: dict[str, tuple[str, ...]], tie: float
-              ) -> dict[str, Any]:
+              grid: tuple[float, ...], types: dict[str, tuple[str, ...]], tie: float,
+              moved_only: bool = False) -> dict[str, Any]:
     """Fit one efficiency ``field`` per hardware type (``types``) by grid search on the
-    step-time MAPE of every training record of that type (the smallest value within
-    ``tie`` of the best), and cross-validate: refit without each source (the record id's
-    first token) and without each hardware, and predict the records left out."""
+    step-time MAPE of every training record of that type (``moved_only``: of those the
+    field moves), the smallest value within ``tie`` of the best, and cross-validate: refit
+    without each source (the record id's first token) and without each hardware, and
+    predict the records left out."""
     from attrs import evolve as _evolve
 
     from zrt_core.errors import ZrtError
@@ -230,9 +233,14 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
             cap = captured(case, host, cache)
             hw = host.hardware_spec(case.hardware)
             row = {}
-            for v in grid:
+            # the step time is monotone in either field: equal at both ends, flat between
+            for v in (grid[0], grid[-1], *grid[1:-1]):
+                if v not in (grid[0], grid[-1]) and row[grid[0]] == row[grid[-1]]:
+                    row[v] = row[grid[0]]
+                    continue
                 spec = _evolve(hw, efficiency=_evolve(hw.efficiency, **{field: v}))
                 row[v] = (_estimate(case, cap, host, spec).step_time_s - measured) / measured
+            row = {v: row[v] for v in grid}
         except ZrtError:
             continue
         errors[record["id"]] = row
@@ -241,9 +249,11 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
         print(f"{record['id'][:72]:72s} " + " ".join(f"{e:+6.1%}" for e in row.values()),
               flush=True)
 
+    moves = {i for i, row in errors.items() if row[grid[0]] != row[grid[-1]]}
+
     def fitted(ids: list[str]) -> dict[str, float]:
-        return {kind: _grid_fit_value(errors, [i for i in ids if where[i][2] == kind], grid,
-                                      tie)
+        return {kind: _grid_fit_value(errors, [i for i in ids if where[i][2] == kind
+                                               and (not moved_only or i in moves)], grid, tie)
                 for kind in types}
 
     def mape(pairs: list[float]) -> float | None:
@@ -252,7 +262,8 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
     ids = list(errors)
     values = fitted(ids)
     value = {i: values.get(where[i][2], 0.0) for i in ids}
-    out: dict[str, Any] = {"fitted_us": values, "records": len(ids), "grid_us": grid}
+    out: dict[str, Any] = {"fitted_us": values, "records": len(ids), "grid_us": grid,
+                           "moved": len(moves)}
     out["in_sample"] = {"off": mape([errors[i][0.0] for i in ids]),
                         "fitted": mape([errors[i][value[i]] for i in ids])}
     for label, key in (("loso", 0), ("loho", 1)):
@@ -359,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="fit host_launch_us per host CPU type, with leave-one-source-"
                              "out and leave-one-hardware-out errors, instead")
     parser.add_argument("--fit-expert", action="store_true",
-                        help="fit expert_gemm_us (device time per per-expert GEMM of a "
+                        help="fit expert_kernel_us (device time per per-expert GEMM of a "
                              "training MoE layer), with leave-one-source-out and leave-one-"
                              "hardware-out errors, instead")
     args = parser.parse_args(argv)

@@ -188,11 +188,11 @@ class Efficiency:
     :param host_launch_us: host (CPU) time per kernel launch of an eager training step —
         PyTorch's dispatch, the module code around it and the driver call; a property of
         the machine's host CPU, fitted per CPU type (docs/moe-training.md); 0: not modelled.
-    :param expert_gemm_us: device time each per-expert GEMM of a training MoE layer adds
-        beyond its tiles' work (TransformerEngine's ``GroupedLinear`` loop of one cuBLAS
-        GEMM per expert: the kernel's fill and drain and the stream switches the other
-        streams do not hide); fitted on the MoE training records (docs/moe-training.md);
-        0: not modelled.
+    :param expert_kernel_us: device time each per-expert kernel of a training MoE layer
+        adds beyond its work (TransformerEngine's ``GroupedLinear`` loops of one cuBLAS GEMM
+        and one cast per expert over four streams: the kernel's fill and drain and the
+        stream switches the other streams do not hide); fitted on the training records
+        (docs/moe-training.md); 0: not modelled.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -216,7 +216,7 @@ class Efficiency:
     attention_kv_overhead: int = 256
     attention_d_overhead: int = 0
     host_launch_us: float = 0.0
-    expert_gemm_us: float = 0.0
+    expert_kernel_us: float = 0.0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

@@ -25,6 +25,11 @@ _GROUPED = GROUPED_GEMM_OPS = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
 #: many streams (TransformerEngine's ``GroupedLinear`` in training:
 #: :mod:`zrt_core.transforms.training.experts`); absent: one grouped kernel.
 EXPERT_STREAMS_ATTR = "expert_streams"
+#: With :data:`EXPERT_STREAMS_ATTR`: the groups (local experts) of the loop.
+EXPERT_GROUPS_ATTR = "expert_groups"
+#: With :data:`EXPERT_STREAMS_ATTR`: False when the loop is replayed from a CUDA graph (no
+#: per-kernel ``expert_kernel_us``).
+EXPERT_EAGER_ATTR = "expert_eager"
 
 
 def op_base(op: str) -> str:

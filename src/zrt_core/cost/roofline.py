@@ -29,7 +29,10 @@ GEMM (category ``matmul``: mm, addmm, bmm, linear, _grouped_mm, fused matmuls)
     :mod:`zrt_core.transforms.training.experts`) runs as ⌈G/S⌉ rounds of S concurrent
     per-expert GEMMs: each round's wave and split-K factors are those of S GEMMs' tiles,
     not of all G groups' at once; each round pays the GEMM fixed cost once (the concurrent
-    launches overlap), and each of the G GEMMs adds ``efficiency.expert_gemm_us``.
+    launches overlap), and each of the G GEMMs launched eagerly (not replayed from a CUDA
+    graph) adds ``efficiency.expert_kernel_us``. The
+    casts feeding it (marked with the groups) run one per group the same way: their bytes
+    at HBM speed, one launch per round and ``expert_kernel_us`` per kernel.
 
     With H100 numbers (132 units, 128×128 tiles, k_overhead 128, 0.86, 5.5 µs fixed) this
     reproduces OpenXLA's 192 published H100 bf16 GEMM timings (256..4096 per dimension) to
@@ -63,6 +66,8 @@ from zrt_core.cost.backend import NodeCost, PriceSource
 from zrt_core.cost.collectives import collective_cost
 from zrt_core.cost.errors import CostError
 from zrt_core.cost.opdims import (
+    EXPERT_EAGER_ATTR,
+    EXPERT_GROUPS_ATTR,
     EXPERT_STREAMS_ATTR,
     AttentionDims,
     GemmDims,
@@ -101,7 +106,7 @@ class RooflineBackend:
         self.vector_flops_per_s = hardware.compute.fp32_tflops * 1e12 * eff.vector
         self.launch_s = eff.launch_overhead_us * 1e-6
         self.gemm_fixed_s = self.launch_s + eff.matmul_overhead_us * 1e-6
-        self.expert_gemm_s = eff.expert_gemm_us * 1e-6
+        self.expert_kernel_s = eff.expert_kernel_us * 1e-6
         fp8 = eff.matmul_fp8 if eff.matmul_fp8 is not None else eff.matmul
         self._matmul_eff = {
             "fp32": eff.matmul, "tf32": eff.matmul, "bf16": eff.matmul, "fp16": eff.matmul,
@@ -171,7 +176,8 @@ class RooflineBackend:
         streams = node.attrs.get(EXPERT_STREAMS_ATTR)
         if dims is not None and dims.grouped and streams:
             return self._expert_loop(dims, int(streams), flops, peak, efficiency,
-                                     nbytes, detail)
+                                     nbytes, detail,
+                                     eager=bool(node.attrs.get(EXPERT_EAGER_ATTR, True)))
         if dims is not None:
             shape, parts = self.gemm_shape_efficiency(dims, peak / self._bf16_flops_per_s)
             detail.update(parts)
@@ -186,7 +192,8 @@ class RooflineBackend:
                             detail)
 
     def _expert_loop(self, dims: GemmDims, streams: int, flops: float, peak: float,
-                     efficiency: float, nbytes: float, detail: dict[str, Any]) -> NodeCost:
+                     efficiency: float, nbytes: float, detail: dict[str, Any], *,
+                     eager: bool = True) -> NodeCost:
         """A grouped GEMM run as one GEMM per group over ``streams`` streams (module
         docstring): ⌈G/S⌉ rounds, each priced with the shape factor of its own GEMMs."""
         groups = dims.batch
@@ -206,11 +213,12 @@ class RooflineBackend:
             compute_s += rounds * count * per_gemm / (peak * efficiency * shape * sustained)
         rounds = math.ceil(groups / s)
         detail.update(parts)
+        per_kernel_s = self.expert_kernel_s if eager else 0.0
         detail.update(batch=groups, expert_gemms=groups, streams=s, rounds=rounds,
-                      expert_gemm_us=self.expert_gemm_s * 1e6)
+                      expert_kernel_us=per_kernel_s * 1e6)
         if sustained != 1.0:
             detail["sustained"] = sustained
-        fixed_s = rounds * self.gemm_fixed_s + groups * self.expert_gemm_s
+        fixed_s = rounds * self.gemm_fixed_s + groups * per_kernel_s
         return self._finish("expert_gemm_loop", compute_s, nbytes / self.hbm_bytes_per_s,
                             fixed_s, detail)
 
@@ -308,6 +316,19 @@ class RooflineBackend:
         if bytes_from != "node":
             detail["bytes_from"] = bytes_from
         compute_s = node.flops / self.vector_flops_per_s if node.flops else 0.0
+        streams, groups = node.attrs.get(EXPERT_STREAMS_ATTR), node.attrs.get(
+            EXPERT_GROUPS_ATTR)
+        if streams and groups:
+            # one kernel per group over ``streams`` streams (TE's per-expert casts): a
+            # launch per round of concurrent kernels, ``expert_kernel_us`` per kernel
+            rounds = math.ceil(groups / max(1, min(int(streams), groups)))
+            per_kernel_s = self.expert_kernel_s if node.attrs.get(EXPERT_EAGER_ATTR, True) \
+                else 0.0
+            detail.update(expert_kernels=groups, streams=streams, rounds=rounds,
+                          expert_kernel_us=per_kernel_s * 1e6)
+            return self._finish("expert_loop_memory_bound", compute_s,
+                                nbytes / self.hbm_bytes_per_s,
+                                rounds * self.launch_s + groups * per_kernel_s, detail)
         return self._finish("memory_bound", compute_s, nbytes / self.hbm_bytes_per_s,
                             self.launch_s, detail)
 

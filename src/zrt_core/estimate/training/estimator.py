@@ -261,6 +261,12 @@ def estimate_training(
     from zrt_core.cost.pricing import build_backends, price_nodes
 
     backends = build_backends(hw, host)
+    if cuda_graph not in CUDA_GRAPH_MODES:
+        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
+                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
+    # MoE experts as TE GroupedLinear runs them: one GEMM (and cast) per expert, 4 streams
+    eager = cuda_graph == "none"
+    fwd, bwd, bwd_sync = (expert_gemm_loop(g, eager=eager) for g in (fwd, bwd, bwd_sync))
     costs: dict[str, dict[int, NodeCost]] = {}
     for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
         costs[label] = price_nodes(g.nodes, backends)
@@ -274,9 +280,6 @@ def estimate_training(
     if amax_s:
         notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
                      f"({amax_s * 1e6:.0f} µs) after every stage's forward and backward")
-    if cuda_graph not in CUDA_GRAPH_MODES:
-        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
-                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
     host_model = HostModel(
         launch_s=hw.efficiency.host_launch_us * 1e-6 if cuda_graph == "none" else 0.0,
         moe_sync=not moe_token_drop)
@@ -351,8 +354,6 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
             if max(i for t2 in fwd.templates.values() for i in t2.indices) in t.indices)
         fwd, bwd, _ = add_mtp_layers(fwd, bwd, kinds, mtp.depths,
                                      shared_weights=mtp.shared_weights)
-    # MoE experts as TE GroupedLinear runs them: one GEMM per expert over 4 streams
-    fwd, bwd = expert_gemm_loop(fwd), expert_gemm_loop(bwd)
     if plan.low_precision and plan.high_precision_layers:
         fwd, bwd = split_layer_templates(fwd, bwd, plan.high_precision_layers)
     fwd = apply_all(fwd, [Precision(plan)], ctx)
