@@ -189,9 +189,9 @@ class Efficiency:
         PyTorch's dispatch, the module code around it and the driver call; a property of
         the machine's host CPU, fitted per CPU type (docs/moe-training.md); 0: not modelled.
     :param expert_kernel_us: device time each per-expert kernel of a training MoE layer
-        adds beyond its work (TransformerEngine's ``GroupedLinear`` loops of one cuBLAS GEMM
-        and one cast per expert over four streams: the kernel's fill and drain and the
-        stream switches the other streams do not hide); fitted on the training records
+        adds beyond its work when launched eagerly (TransformerEngine's ``GroupedLinear``
+        loops of one cuBLAS GEMM and one cast per expert over four streams; not charged when
+        replayed from a CUDA graph); fitted on the MoE training records
         (docs/moe-training.md); 0: not modelled.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
