@@ -1,7 +1,7 @@
 """Predict every training record of a validation file and print the step-time errors.
 
     python benchmarks/bench_train_validation.py [FILE] [--only SUBSTR] [--json OUT]
-        [--cache DIR] [--verbose] [--fit | --fit-sustained | --fit-host]
+        [--cache DIR] [--verbose] [--fit | --fit-sustained | --fit-host | --fit-expert]
 
 For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
 fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
@@ -28,6 +28,9 @@ hardware at that precision with the same code (docs/training-model.md, "Calibrat
 type — the x86 hosts of DGX A100/H100/H200/B200/B300 and the Grace CPUs of GB200/GB300 — on
 every training record of that type, dense and MoE, and prints the in-sample,
 leave-one-source-out and leave-one-hardware-out step-time MAPE (docs/moe-training.md).
+
+``--fit-expert`` fits ``expert_kernel_us`` (device time per per-expert GEMM of
+TransformerEngine's ``GroupedLinear`` loop) the same way, one value for every NVIDIA GPU.
 """
 
 from __future__ import annotations
@@ -165,12 +168,13 @@ HOST_GRID = tuple(float(v) for v in range(0, 36, 5))
 HOST_TIE = 0.001
 
 
-def _host_fit_value(errors: dict[str, dict[float, float]], ids: list[str]) -> float:
+def _grid_fit_value(errors: dict[str, dict[float, float]], ids: list[str],
+                    grid: tuple[float, ...], tie: float) -> float:
     if not ids:
         return 0.0
-    scores = {v: statistics.fmean(abs(errors[i][v]) for i in ids) for v in HOST_GRID}
+    scores = {v: statistics.fmean(abs(errors[i][v]) for i in ids) for v in grid}
     best = min(scores.values())
-    return min(v for v, sc in scores.items() if sc <= best + HOST_TIE)
+    return min(v for v, sc in scores.items() if sc <= best + tie)
 
 
 def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
@@ -178,13 +182,46 @@ def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]
     (:data:`HOST_GRID`) on the step-time MAPE of every training record of that type, and
     cross-validate the fit: refit without each source (the record id's first token) and
     without each hardware, and predict the records left out."""
+    return _grid_fit(path, only, cache, "host_launch_us", HOST_GRID, HOST_CPU_TYPES,
+                     HOST_TIE)
+
+
+#: One ``expert_kernel_us`` for every NVIDIA GPU: a device-side cost per kernel of
+#: TransformerEngine's per-expert GEMM loop (docs/moe-training.md).
+EXPERT_GPU_TYPES = {
+    "nvidia": HOST_CPU_TYPES["x86"] + HOST_CPU_TYPES["grace"],
+}
+#: µs per per-expert kernel, 0 … 30 in 2 µs steps: up to the cost of one per-expert GEMM of
+#: TE's multi-stream cuBLAS loop measured kernel against kernel on B200 (0.267 ms for 8
+#: experts of 128 rows, N = K = 2 048, NVFP4: ~33 µs each for ~1 GFLOP of work;
+#: NVIDIA/TransformerEngine PR 3134, docs/moe-training.md).
+EXPERT_GRID = tuple(float(v) for v in range(0, 31, 2))
+
+
+def fit_expert(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
+    """Fit ``expert_kernel_us`` (:data:`EXPERT_GPU_TYPES`, :data:`EXPERT_GRID`) on the
+    step-time MAPE of the training records it moves (those with TransformerEngine grouped
+    GEMMs: the MoE records), with the same leave-one-source-out and leave-one-hardware-out
+    report (over every record) as ``--fit-host``."""
+    return _grid_fit(path, only, cache, "expert_kernel_us", EXPERT_GRID, EXPERT_GPU_TYPES,
+                     HOST_TIE, moved_only=True)
+
+
+def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
+              grid: tuple[float, ...], types: dict[str, tuple[str, ...]], tie: float,
+              moved_only: bool = False) -> dict[str, Any]:
+    """Fit one efficiency ``field`` per hardware type (``types``) by grid search on the
+    step-time MAPE of every training record of that type (``moved_only``: of those the
+    field moves), the smallest value within ``tie`` of the best, and cross-validate: refit
+    without each source (the record id's first token) and without each hardware, and
+    predict the records left out."""
     from attrs import evolve as _evolve
 
     from zrt_core.errors import ZrtError
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()
-    cpu_of = {hw: cpu for cpu, hws in HOST_CPU_TYPES.items() for hw in hws}
+    type_of = {hw: kind for kind, hws in types.items() for hw in hws}
     errors: dict[str, dict[float, float]] = {}
     where: dict[str, tuple[str, str, str]] = {}
     for record in load_records(path):
@@ -196,20 +233,28 @@ def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]
             cap = captured(case, host, cache)
             hw = host.hardware_spec(case.hardware)
             row = {}
-            for v in HOST_GRID:
-                spec = _evolve(hw, efficiency=_evolve(hw.efficiency, host_launch_us=v))
+            # the step time is monotone in either field: equal at both ends, flat between
+            for v in (grid[0], grid[-1], *grid[1:-1]):
+                if v not in (grid[0], grid[-1]) and row[grid[0]] == row[grid[-1]]:
+                    row[v] = row[grid[0]]
+                    continue
+                spec = _evolve(hw, efficiency=_evolve(hw.efficiency, **{field: v}))
                 row[v] = (_estimate(case, cap, host, spec).step_time_s - measured) / measured
+            row = {v: row[v] for v in grid}
         except ZrtError:
             continue
         errors[record["id"]] = row
         where[record["id"]] = (record["id"].split("-")[0], case.hardware,
-                               cpu_of.get(case.hardware, "other"))
+                               type_of.get(case.hardware, "other"))
         print(f"{record['id'][:72]:72s} " + " ".join(f"{e:+6.1%}" for e in row.values()),
               flush=True)
 
+    moves = {i for i, row in errors.items() if row[grid[0]] != row[grid[-1]]}
+
     def fitted(ids: list[str]) -> dict[str, float]:
-        return {cpu: _host_fit_value(errors, [i for i in ids if where[i][2] == cpu])
-                for cpu in HOST_CPU_TYPES}
+        return {kind: _grid_fit_value(errors, [i for i in ids if where[i][2] == kind
+                                               and (not moved_only or i in moves)], grid, tie)
+                for kind in types}
 
     def mape(pairs: list[float]) -> float | None:
         return statistics.fmean(abs(e) for e in pairs) if pairs else None
@@ -217,7 +262,8 @@ def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]
     ids = list(errors)
     values = fitted(ids)
     value = {i: values.get(where[i][2], 0.0) for i in ids}
-    out: dict[str, Any] = {"fitted_us": values, "records": len(ids), "grid_us": HOST_GRID}
+    out: dict[str, Any] = {"fitted_us": values, "records": len(ids), "grid_us": grid,
+                           "moved": len(moves)}
     out["in_sample"] = {"off": mape([errors[i][0.0] for i in ids]),
                         "fitted": mape([errors[i][value[i]] for i in ids])}
     for label, key in (("loso", 0), ("loho", 1)):
@@ -232,7 +278,7 @@ def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]
                             "off": mape([errors[i][0.0] for i in test]), "held_out": mape(errs)}
         out[label] = {"off": mape([errors[i][0.0] for i in ids]), "held_out": mape(held),
                       "folds": folds}
-    print(f"host_launch_us fitted: {values}")
+    print(f"{field} fitted: {values}")
     for label in ("in_sample", "loso", "loho"):
         r = out[label]
         after = r.get("fitted", r.get("held_out"))
@@ -323,12 +369,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-host", action="store_true",
                         help="fit host_launch_us per host CPU type, with leave-one-source-"
                              "out and leave-one-hardware-out errors, instead")
+    parser.add_argument("--fit-expert", action="store_true",
+                        help="fit expert_kernel_us (device time per per-expert GEMM of a "
+                             "training MoE layer), with leave-one-source-out and leave-one-"
+                             "hardware-out errors, instead")
     args = parser.parse_args(argv)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
-    if args.fit or args.fit_sustained or args.fit_host:
-        fitted = (fit_host if args.fit_host else fit_sustained if args.fit_sustained
-                  else fit)(args.file, args.only, args.cache)
+    if args.fit or args.fit_sustained or args.fit_host or args.fit_expert:
+        fitted = (fit_host if args.fit_host else fit_expert if args.fit_expert
+                  else fit_sustained if args.fit_sustained else fit)(
+            args.file, args.only, args.cache)
         if args.json:
             args.json.write_text(json.dumps(fitted, indent=1))
         return 0

@@ -201,6 +201,11 @@ class Efficiency:
     :param host_launch_us: host (CPU) time per kernel launch of an eager training step —
         PyTorch's dispatch, the module code around it and the driver call; a property of
         the machine's host CPU, fitted per CPU type (docs/moe-training.md); 0: not modelled.
+    :param expert_kernel_us: device time each per-expert kernel of a training MoE layer
+        adds beyond its work when launched eagerly (TransformerEngine's ``GroupedLinear``
+        loops of one cuBLAS GEMM and one cast per expert over four streams; not charged when
+        replayed from a CUDA graph); fitted on the MoE training records
+        (docs/moe-training.md); 0: not modelled.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -224,6 +229,7 @@ class Efficiency:
     attention_kv_overhead: int = 256
     attention_d_overhead: int = 0
     host_launch_us: float = 0.0
+    expert_kernel_us: float = 0.0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

@@ -20,7 +20,16 @@ _ACCUMULATE_FIRST = frozenset({"addmm", "baddbmm", "addbmm"})
 #: Ops whose batch dimension is a batch of independent matrices (not flattened into M).
 _BATCHED = frozenset({"bmm", "baddbmm"})
 #: Grouped GEMMs: the weight operand carries the group (expert) dimension.
-_GROUPED = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
+_GROUPED = GROUPED_GEMM_OPS = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
+#: Node attribute of a grouped GEMM run as one GEMM per group issued round-robin over this
+#: many streams (TransformerEngine's ``GroupedLinear`` in training:
+#: :mod:`zrt_core.transforms.training.experts`); absent: one grouped kernel.
+EXPERT_STREAMS_ATTR = "expert_streams"
+#: With :data:`EXPERT_STREAMS_ATTR`: the groups (local experts) of the loop.
+EXPERT_GROUPS_ATTR = "expert_groups"
+#: With :data:`EXPERT_STREAMS_ATTR`: False when the loop is replayed from a CUDA graph (no
+#: per-kernel ``expert_kernel_us``).
+EXPERT_EAGER_ATTR = "expert_eager"
 
 
 def op_base(op: str) -> str:

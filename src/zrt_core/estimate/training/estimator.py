@@ -29,7 +29,12 @@ from zrt_core.estimate.training.optimizer import _optimizer
 from zrt_core.estimate.training.pipeline import _pipeline
 from zrt_core.estimate.training.reuse import TrainingReuse
 from zrt_core.estimate.training.spec import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, MtpSpec
-from zrt_core.estimate.training.stages import _amax_reduction_s, _p2p_message_bytes, _stages
+from zrt_core.estimate.training.stages import (
+    _amax_reduction_s,
+    _p2p_message_bytes,
+    _stages,
+    ep_comm_sm_share,
+)
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -61,6 +66,7 @@ from zrt_core.transforms.training import (
     tp_overlap_hints,
     unfused_cross_entropy,
 )
+from zrt_core.transforms.training.experts import expert_gemm_loop
 
 if TYPE_CHECKING:
     from zrt_core.capture.api import CaptureResult
@@ -271,6 +277,22 @@ def estimate_training(
     from zrt_core.cost.pricing import build_backends, price_nodes
 
     backends = build_backends(hw, host) if reuse is None else reuse.backends(hw, host)
+    if cuda_graph not in CUDA_GRAPH_MODES:
+        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
+                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
+    # MoE experts as TE GroupedLinear runs them: one GEMM (and cast) per expert, 4 streams
+    eager = cuda_graph == "none"
+
+    def expert_loop(g: OpGraph) -> OpGraph:
+        if reuse is None:
+            return expert_gemm_loop(g, eager=eager)
+        # once per graph (held by identity), so a search's layouts keep sharing prices
+        return reuse.of_graphs(g, g, ("experts", eager),
+                               lambda: expert_gemm_loop(g, eager=eager))
+
+    fwd, bwd, bwd_sync = (expert_loop(g) for g in (fwd, bwd, bwd_sync))
+    if fwd_first is not None:
+        fwd_first = expert_loop(fwd_first)
     costs: dict[str, dict[int, NodeCost]] = {}
     for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
         costs[label] = price_nodes(g.nodes, backends) if reuse is None \
@@ -292,9 +314,6 @@ def estimate_training(
     if amax_s:
         notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
                      f"({amax_s * 1e6:.0f} µs) after every stage's forward and backward")
-    if cuda_graph not in CUDA_GRAPH_MODES:
-        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
-                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
     host_model = HostModel(
         launch_s=hw.efficiency.host_launch_us * 1e-6 if cuda_graph == "none" else 0.0,
         moe_sync=not moe_token_drop)
@@ -302,7 +321,8 @@ def estimate_training(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
         microbatches=m, memo=None if reuse is None else reuse.of_graphs(
-            fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict))
+            fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict),
+        ep_sm_share=ep_comm_sm_share(parallel.ep_dispatcher, hw.efficiency.parallel_units))
     if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
         notes.append("EP all-to-all overlapped across micro-batches (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm): each pair of one micro-batch's "

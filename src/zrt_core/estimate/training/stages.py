@@ -44,7 +44,7 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             ranges: Sequence[range], saved: Mapping[int | str, float],
             transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
             host_model: HostModel | None = None, microbatches: int = 1,
-            memo: dict[Any, Any] | None = None
+            memo: dict[Any, Any] | None = None, ep_sm_share: float = 0.0
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
@@ -53,7 +53,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
     exposed ``host``. ``memo``: what a stage's forward and backward give (all but the
     last micro-batch's gradient reduction), kept by the caller for these ``fwd``/``bwd``
     graphs, their costs, ``rules``, ``host_model`` and whether the schedule splits the
-    backward (:meth:`.reuse.TrainingReuse.stage_memo`)."""
+    backward (:meth:`.reuse.TrainingReuse.stage_memo`); ``ep_sm_share``: the SMs the EP
+    dispatch kernels hold under batch-level overlap (:func:`ep_comm_sm_share`)."""
     host_model = host_model or HostModel()
     fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
         if host_model.launch_s > 0 else {}
@@ -167,7 +168,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             idle = tl.idle_s
             if idle > 1e-12:
                 exposed["other"] = exposed.get("other", 0.0) + idle
-        ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches)
+        ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches,
+                                                     ep_sm_share)
         if ep_hidden_f + ep_hidden_b > 0:
             exposed["ep"] = exposed.get("ep", 0.0) - ep_hidden_f - ep_hidden_b
             hidden["ep"] = hidden.get("ep", 0.0) + ep_hidden_f + ep_hidden_b
@@ -259,8 +261,24 @@ def _p2p_message_bytes(fwd: OpGraph, parallel: Parallel, train: TrainSpec, dims:
     return elements * dtype_bytes(plan.activation_dtype) / (parallel.tp * parallel.cp)
 
 
-def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, m: int
-                      ) -> tuple[float, float]:
+#: SMs the deduplicating dispatchers' kernels hold while they run: Megatron-Core's
+#: ``TransformerConfig`` defaults ``moe_deepep_num_sms = 20`` and ``moe_hybridep_num_sms =
+#: 16`` (``megatron/core/transformer/transformer_config.py``). NCCL's all-to-all is not
+#: listed: its channel count is NCCL's choice at run time, not a recipe setting.
+EP_DISPATCH_SMS = {"deepep": 20, "hybridep": 16}
+
+
+def ep_comm_sm_share(dispatcher: str, parallel_units: int) -> float:
+    """The share of the GPU's SMs the EP dispatch kernels take from the compute they
+    overlap (0 where unknown: NCCL's all-to-all, or a device without ``parallel_units``)."""
+    sms = EP_DISPATCH_SMS.get(dispatcher, 0)
+    if not sms or parallel_units <= sms:
+        return 0.0
+    return sms / parallel_units
+
+
+def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, m: int,
+                      sm_share: float = 0.0) -> tuple[float, float]:
     """EP all-to-all time hidden per micro-batch by batch-level overlap (forward, backward).
 
     Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``,
@@ -269,7 +287,12 @@ def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, 
     computation: a pair lasts ``max(C, A)`` instead of ``C + A`` (C: both phases' compute,
     A: their exposed all-to-all), hiding ``min(A, C)``. The warm-up forwards and cool-down
     backwards of a pipeline stage have no partner: ``max(0, m − pp)`` of ``m`` micro-batches
-    pair. The hidden time is split over forward and backward as their all-to-all is."""
+    pair. The hidden time is split over forward and backward as their all-to-all is.
+
+    The dispatch kernels hold ``sm_share`` of the SMs while they run (DeepEP's and
+    HybridEP's kernels are persistent CTAs: :data:`EP_DISPATCH_SMS`); the compute beside
+    them runs on the rest, at ``1 - sm_share`` of its rate, so a pair lasts
+    ``max(C + A*sm_share, A)`` and hides ``min(A*(1 - sm_share), C)``."""
     if not rules.ep_batch_overlap or m <= 1:
         return 0.0, 0.0
     a_f = ft.exposed_comm_s.get("ep", 0.0)
@@ -278,5 +301,5 @@ def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, 
     if total <= 0:
         return 0.0, 0.0
     paired = max(0, m - pp) / m
-    hidden = min(total, ft.compute_s + bt.compute_s) * paired
+    hidden = min(total * (1.0 - sm_share), ft.compute_s + bt.compute_s) * paired
     return hidden * a_f / total, hidden * a_b / total
