@@ -129,6 +129,12 @@ def test_gathering_once_per_step_is_no_slower_than_every_micro_batch(tiny, host)
     deepspeed = _estimate(tiny, host, p, evolve(t, zero=3))
     assert once.step_time_s <= every.step_time_s <= deepspeed.step_time_s
     assert any("one parameter all-gather per stage per step" in n for n in once.notes)
+    # DeepSpeed's PipelineEngine asserts ZeRO stage < 2: the estimate says so (pp 2 here);
+    # without a pipeline, or with --fsdp, nothing to say
+    assert any("DeepSpeed's pipeline engine refuses ZeRO-2/3" in n for n in deepspeed.notes)
+    assert not any("pipeline engine refuses" in n for n in once.notes)
+    flat = _estimate(tiny, host, Parallel(dp=2), _train(zero=3))
+    assert not any("pipeline engine refuses" in n for n in flat.notes)
 
 
 @pytest.mark.needs("zrt-nvidia")

@@ -48,6 +48,13 @@ def apply_sharding(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
             bwd = apply_all(bwd, [ParamGather(inventory, param_dtype, algorithm, plan=plan,
                                               post_forward=plan.reshard == "partial")], ctx)
         notes.append(plan.describe())
+    if train.zero >= 2 and not train.fsdp and ctx.parallel.pp > 1:
+        # deepspeed/runtime/pipe/engine.py: PipelineEngine asserts zero_optimization_stage()
+        # < 2 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
+        notes.append(f"ZeRO-{train.zero} with pp {ctx.parallel.pp}: DeepSpeed's pipeline engine "
+                     "refuses ZeRO-2/3; priced as its per-micro-batch sharding would run. "
+                     "--fsdp is the sharded form that pipelines (torchtitan: gathers once per "
+                     "stage per step), --zero 1 Megatron's")
     sharded = train.zero >= 1 or train.fsdp
     sync = GradientSync(inventory.trainable or inventory, grad_dtype, sharded=sharded,
                         algorithm=algorithm if plan.gather else None, plan=plan)
