@@ -24,13 +24,12 @@ def run_weak_scaling(args: argparse.Namespace, estimate: Callable[..., Any], par
         raise SpecError("--emit writes one run's config, --gpus estimates several",
                         "drop --gpus or --emit")
     scaled_layouts(parallel, train, args.gpus)  # bad counts: one line before any estimate
-    keep = bool(args.out)
-    last = len(args.gpus) - 1
-    points = iter(range(len(args.gpus)))
+    largest = args.gpus[-1]
 
     def one(p: Any, t: Any) -> Any:
         # only the largest point's timelines go to the files
-        return estimate(p, t, num_gpus=None, keep_timelines=keep and next(points) == last)
+        return estimate(p, t, num_gpus=None,
+                        keep_timelines=bool(args.out) and p.world_size == largest)
 
     curve, reports = weak_scaling(one, parallel, train, args.gpus)
     written = []

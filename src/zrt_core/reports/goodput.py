@@ -57,18 +57,6 @@ def goodput_rows(g: Goodput) -> list[tuple[str, str]]:
     ]
 
 
-def render_goodput(g: Goodput, console: Any) -> None:
-    """Print the rows as a rich table."""
-    from rich.table import Table
-
-    t = Table(title="training run", title_justify="left", show_header=False)
-    t.add_column("", style="bold")
-    t.add_column("")
-    for label, value in goodput_rows(g):
-        t.add_row(label, value)
-    console.print(t)
-
-
 def goodput_section(g: Goodput) -> Any:
     """The HTML section: the rows and where the time goes."""
     from zrt_core.reports.html import Section, breakdown_figure, table_html

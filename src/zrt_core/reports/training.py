@@ -15,7 +15,7 @@ fields at the top (what ``zrt run --train --json`` promises).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -325,16 +325,24 @@ def stage_rows(report: TrainingReport) -> list[tuple[Any, ...]]:
     return rows
 
 
-def render(report: TrainingReport, console: Any) -> None:
-    """Print the summary and the per-stage table with rich."""
+def _key_value_table(title: str, rows: Sequence[tuple[str, str]]) -> Any:
+    """A rich table of (label, value) rows, labels bold, no header."""
     from rich.table import Table
 
-    summary = Table(title="training step", title_justify="left", show_header=False)
-    summary.add_column("", style="bold")
-    summary.add_column("")
-    for label, value in summary_rows(report):
-        summary.add_row(label, value)
-    console.print(summary)
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+    for label, value in rows:
+        t.add_row(label, value)
+    return t
+
+
+def render(report: TrainingReport, console: Any) -> None:
+    """Print the summary, the per-stage table and, when asked for, the whole run with
+    rich."""
+    from rich.table import Table
+
+    console.print(_key_value_table("training step", summary_rows(report)))
     stages = Table(title="stages (one micro-batch)", title_justify="left",
                    header_style="bold")
     for c in ("stage", "rank", "layers", "forward ms", "backward ms", "recompute ms",
@@ -347,9 +355,9 @@ def render(report: TrainingReport, console: Any) -> None:
         stages.add_row(*(str(v) for v in r))
     console.print(stages)
     if report.goodput is not None:
-        from zrt_core.reports.goodput import render_goodput
+        from zrt_core.reports.goodput import goodput_rows
 
-        render_goodput(report.goodput, console)
+        console.print(_key_value_table("training run", goodput_rows(report.goodput)))
 
 
 # -- HTML ----------------------------------------------------------------------------------------

@@ -253,8 +253,13 @@ def estimate_training(
     if cross_entropy not in CROSS_ENTROPY_KERNELS:
         raise SpecError(f"unknown cross-entropy kernel {cross_entropy!r}",
                         f"use one of {', '.join(CROSS_ENTROPY_KERNELS)}")
+    if cuda_graph not in CUDA_GRAPH_MODES:
+        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
+                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
+    # the host launches each per-expert kernel of an eager step (none replayed from graphs)
+    eager = cuda_graph == "none"
     key = (id(captured), captured.name, parallel, train, attention, stage_split,
-           zero_algorithm, rules, hw.id, hw.vendor, plan, mtp, cross_entropy, id(host))
+           zero_algorithm, rules, hw.id, hw.vendor, plan, mtp, cross_entropy, eager, id(host))
     hit = _TRANSFORMED.get(key)
     if hit is not None and hit[0] is captured:
         _, fwd, bwd, bwd_sync, inventory, applied, transform_notes, fwd_first = hit
@@ -264,7 +269,7 @@ def estimate_training(
         fwd, bwd, bwd_sync, inventory, applied, fwd_first = _transform(
             captured, fwd0, bwd0, ctx, notes, attention=attention, plan=plan, rules=rules,
             zero_algorithm=zero_algorithm, dims=dims, mtp=mtp, cross_entropy=cross_entropy,
-            reuse=reuse)
+            eager=eager, reuse=reuse)
         if len(_TRANSFORMED) >= _TRANSFORMED_SIZE:
             _TRANSFORMED.pop(next(iter(_TRANSFORMED)))
         _TRANSFORMED[key] = (captured, fwd, bwd, bwd_sync, inventory, applied,
@@ -277,22 +282,6 @@ def estimate_training(
     from zrt_core.cost.pricing import build_backends, price_nodes
 
     backends = build_backends(hw, host) if reuse is None else reuse.backends(hw, host)
-    if cuda_graph not in CUDA_GRAPH_MODES:
-        raise SpecError(f"unknown CUDA graph mode {cuda_graph!r}",
-                        f"use one of {', '.join(CUDA_GRAPH_MODES)}")
-    # MoE experts as TE GroupedLinear runs them: one GEMM (and cast) per expert, 4 streams
-    eager = cuda_graph == "none"
-
-    def expert_loop(g: OpGraph) -> OpGraph:
-        if reuse is None:
-            return expert_gemm_loop(g, eager=eager)
-        # once per graph (held by identity), so a search's layouts keep sharing prices
-        return reuse.of_graphs(g, g, ("experts", eager),
-                               lambda: expert_gemm_loop(g, eager=eager))
-
-    fwd, bwd, bwd_sync = (expert_loop(g) for g in (fwd, bwd, bwd_sync))
-    if fwd_first is not None:
-        fwd_first = expert_loop(fwd_first)
     costs: dict[str, dict[int, NodeCost]] = {}
     for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
         costs[label] = price_nodes(g.nodes, backends) if reuse is None \
@@ -376,14 +365,17 @@ _TRANSFORMED_SIZE = 8
 def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: TransformContext,
                notes: list[str], *, attention: str, plan: PrecisionPlan, rules: OverlapRules,
                zero_algorithm: str | None, dims: ModelDims, mtp: MtpSpec | None = None,
-               cross_entropy: str = "fused", reuse: TrainingReuse | None = None
+               cross_entropy: str = "fused", eager: bool = True,
+               reuse: TrainingReuse | None = None
                ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...],
                           OpGraph | None]:
     """Every graph transform of one estimate: forward, backward for every micro-batch, the
     last micro-batch's backward with the gradient reduction, the parameter inventory, and
     the first micro-batch's forward where it alone gathers the parameters (FSDP without
-    re-sharding under a pipeline; None otherwise). The per-layer part
-    (:func:`_layer_graphs`) comes from ``reuse`` when given."""
+    re-sharding under a pipeline; None otherwise), the MoE experts' grouped GEMMs and casts
+    marked as TransformerEngine's per-expert loop (``eager``: launched from the host, not
+    replayed from CUDA graphs). The per-layer part (:func:`_layer_graphs`) comes from
+    ``reuse`` when given."""
     train = ctx.train
     assert train is not None
     parallel = ctx.parallel
@@ -403,15 +395,34 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
         return reuse.shared(
             captured, ("transform", *layer_key, parallel.pp, parallel.dp, train.zero,
                        train.fsdp, train.reshard_after_forward, train.hsdp, train.precision,
-                       zero_algorithm), notes,
-            lambda made: _data_parallel(
+                       zero_algorithm, eager), notes,
+            lambda made: _expert_loops(_data_parallel(
                 *reuse.shared(captured, ("layer", *layer_key), made, layers), ctx, dims,
-                plan=plan, zero_algorithm=zero_algorithm, notes=made))
+                plan=plan, zero_algorithm=zero_algorithm, notes=made), eager))
     fwd, bwd, applied = _layer_graphs(captured, fwd0, bwd0, ctx, notes, attention=attention,
                                       plan=plan, rules=rules, mtp=mtp,
                                       cross_entropy=cross_entropy)
-    return _data_parallel(fwd, bwd, applied, ctx, dims, plan=plan,
-                          zero_algorithm=zero_algorithm, notes=notes)
+    return _expert_loops(_data_parallel(fwd, bwd, applied, ctx, dims, plan=plan,
+                                        zero_algorithm=zero_algorithm, notes=notes), eager)
+
+
+def _expert_loops(transformed: tuple[OpGraph, OpGraph, OpGraph, ParamInventory,
+                                     tuple[str, ...], OpGraph | None], eager: bool
+                  ) -> tuple[OpGraph, OpGraph, OpGraph, ParamInventory, tuple[str, ...],
+                             OpGraph | None]:
+    """:func:`_data_parallel`'s graphs with the experts as TE's ``GroupedLinear`` runs them
+    (:func:`~zrt_core.transforms.training.experts.expert_gemm_loop`), each distinct graph
+    once, so a backward that is also the gradient-sync graph stays one graph."""
+    fwd, bwd, bwd_sync, inventory, applied, fwd_first = transformed
+    made: dict[int, OpGraph] = {}
+
+    def loop(g: OpGraph) -> OpGraph:
+        if id(g) not in made:
+            made[id(g)] = expert_gemm_loop(g, eager=eager)
+        return made[id(g)]
+
+    return (loop(fwd), loop(bwd), loop(bwd_sync), inventory, applied,
+            None if fwd_first is None else loop(fwd_first))
 
 
 def _data_parallel(fwd: OpGraph, bwd: OpGraph, applied: tuple[str, ...],

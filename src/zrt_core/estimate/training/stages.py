@@ -53,7 +53,7 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
     exposed ``host``. ``memo``: what a stage's forward and backward give (all but the
     last micro-batch's gradient reduction), kept by the caller for these ``fwd``/``bwd``
     graphs, their costs, ``rules``, ``host_model`` and whether the schedule splits the
-    backward (:meth:`.reuse.TrainingReuse.stage_memo`); ``ep_sm_share``: the SMs the EP
+    backward (:meth:`.reuse.TrainingReuse.of_graphs`); ``ep_sm_share``: the SMs the EP
     dispatch kernels hold under batch-level overlap (:func:`ep_comm_sm_share`)."""
     host_model = host_model or HostModel()
     fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
@@ -101,9 +101,7 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             st = _sync_schedule(memo, signature, bwd_sync, costs["bwd_sync"], rules, lay,
                                 first, last) \
                 if bwd_sync is not bwd and (lay or first or last) else part[1]
-            dp_busy = sum(v for k, v in st.stream_busy_s.items()
-                          if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
-            hit = cache[signature] = (*part[:2], st, *part[2:8], dp_busy, *part[8:])
+            hit = cache[signature] = (*part[:2], st, *part[2:8], _dp_busy_s(st), *part[8:])
         if hit is None:
             lay = list(layers)
             if lay or first or last:
@@ -136,8 +134,7 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             bf = sum(bwd_flops.get(rep, 0) * c for rep, c in counts.items()) + \
                 (outer_bwd_flops["embedding"] if first else 0) + \
                 (outer_bwd_flops["head"] if last else 0)
-            dp_busy = sum(v for k, v in st.stream_busy_s.items()
-                          if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
+            dp_busy = _dp_busy_s(st)
             by_category: dict[str, float] = {}
             by_kind: dict[str, float] = {}
             for tl in (ft, bt):
@@ -197,6 +194,12 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         weight_s=[r.weight_s for r in reports] if schedule in SPLIT_BACKWARD else None,
         activation_bytes=[r.activation_bytes for r in reports])
     return reports, times, dp_tails, timelines
+
+
+def _dp_busy_s(st: Timeline) -> float:
+    """The time a stage's last backward keeps its data-parallel streams busy."""
+    return sum(v for k, v in st.stream_busy_s.items()
+               if k in ("comm.dp", "comm.dp_cp", "comm.edp"))
 
 
 #: Last micro-batch backward schedules a stage memo keeps (one per gradient-sync graph).
