@@ -80,7 +80,8 @@ def _export(tmp_path, phases=("prefill",), **kwargs):
     raw = {p: _raw(p) for p in phases}
     fused = {p: fuse(g, [PACK]) for p, g in raw.items()}
     result = export_graphs(tmp_path, raw, fused=fused, platform="generic", model="tiny",
-                           config={"hidden_size": 8, "rope_parameters": {"rope_theta": 1e4}},
+                           config={"hidden_size": 8, "rope_parameters": {"rope_theta": 1e4},
+                                   "note": "=1+1\x07"},
                            analytic_flops={"prefill": 2_752}, **kwargs)
     return raw, fused, result
 
@@ -126,12 +127,12 @@ def test_workbook_sheets_rows_and_styles(tmp_path):
                              "Summary", "By Layer", "Fusion Rules"]
     rows = {ws.title: list(ws.iter_rows(values_only=True)) for ws in wb}
     # Model Config: header + phase + 3 meta keys (model, batch, seq_len) + 4 fusion rows
-    # (platform, packs, nodes before, after) + 2 config keys = 11
+    # (platform, packs, nodes before, after) + 3 config keys = 12
     # Fused Operators: header + 6 raw − 3 fused + 1 = 5; Raw: header + 6 = 7;
     # Summary: header + raw + fused = 3; By Layer: header + 3 kinds = 4;
     # Fusion Rules: header + 1 fused node = 2
     assert {k: len(v) for k, v in rows.items()} == {
-        "Model Config": 11, "Fused Operators": 5, "Raw Operator Sequence": 7, "Summary": 3,
+        "Model Config": 12, "Fused Operators": 5, "Raw Operator Sequence": 7, "Summary": 3,
         "By Layer": 4, "Fusion Rules": 2}
     columns = {"Model Config": workbook_mod.CONFIG_COLUMNS,
                "Fused Operators": workbook_mod.FUSED_COLUMNS,
@@ -156,6 +157,10 @@ def test_workbook_sheets_rows_and_styles(tmp_path):
     assert config[("fusion", "packs")] == "test"
     assert (config[("fusion", "nodes_before")], config[("fusion", "nodes_after")]) == (6, 4)
     assert config[("config", "rope_parameters")] == '{"rope_theta": 10000.0}'
+    # the user's text stays text (no formula), less the control character a cell refuses
+    assert config[("config", "note")] == "=1+1"
+    note = next(r for r in wb["Model Config"].iter_rows() if r[1].value == "note")
+    assert note[2].data_type == "s"  # a formula reads back as "=1+1" too, typed "f"
 
     summary = {r[0]: r for r in rows["Summary"][1:]}
     assert summary["raw"][1:5] == (14, 2_752, 2_720, 2_752)

@@ -61,7 +61,7 @@ def write_phase_workbook(path: Path, raw: OpGraph, fused: OpGraph,
 
     wb = Workbook(write_only=True)
     _table(wb, "Model Config", CONFIG_COLUMNS, _config_rows(raw, fused, platform, config),
-           widths=(10, 32, MAX_WIDTH))
+           widths=(10, 32, MAX_WIDTH), literal=True)
     by_fused = {r.fused_node: r for r in records}
     _table(wb, "Fused Operators", FUSED_COLUMNS,
            [[*op_row(fused, n), *_made_by(by_fused.get(n.id))] for n in fused.nodes],
@@ -78,9 +78,11 @@ def write_phase_workbook(path: Path, raw: OpGraph, fused: OpGraph,
 
 
 def _table(wb: Any, title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
-           freeze: str = "A2", widths: Sequence[int] | None = None) -> None:
+           freeze: str = "A2", widths: Sequence[int] | None = None,
+           literal: bool = False) -> None:
     """One sheet: the styled header, then ``rows``; panes frozen at ``freeze`` and an
-    autofilter over header and rows."""
+    autofilter over header and rows. ``literal``: strings are text even where they start
+    with ``=`` (cells of the user's config)."""
     from openpyxl.cell import WriteOnlyCell
     from openpyxl.styles import Alignment, Border, Font, PatternFill, Side
     from openpyxl.utils import get_column_letter
@@ -107,7 +109,18 @@ def _table(wb: Any, title: str, columns: Sequence[str], rows: Iterable[Sequence[
         header.append(cell)
     ws.append(header)
     for row in rows:
+        if literal:  # user text: "=..." stays text, never a formula
+            row = [_literal(ws, v) if isinstance(v, str) and v.startswith("=") else v
+                   for v in row]
         ws.append(row)
+
+
+def _literal(ws: Any, text: str) -> Any:
+    from openpyxl.cell import WriteOnlyCell
+
+    cell = WriteOnlyCell(ws, value=text)
+    cell.data_type = "s"
+    return cell
 
 
 def _text(value: Any) -> str:
