@@ -1,6 +1,7 @@
 """``zrt capture`` end to end as a user runs it: a new process that imports torch and
 transformers, captures all four phases of DeepSeek-V3 (61 layers, two layer kinds) and
-writes the graphs, op tables and workbook into a temporary ``--out`` folder.
+writes the raw and fused graphs, op tables, workbooks and DOT files into a temporary
+``--out`` folder.
 
     python benchmarks/bench_cli_capture.py [--model deepseek-v3] [--seq-len 4096]
 

@@ -1,12 +1,25 @@
-"""Write captured graphs to a directory: graph JSON, op tables (CSV and Excel), ONNX.
+"""Write captured graphs to a directory: graph JSON, op tables (CSV and Excel), fusion
+provenance, DOT and ONNX.
 
-For each phase ``DIR`` gets ``<phase>.graph.json`` (:meth:`OpGraph.dumps`, loadable with
-:meth:`OpGraph.loads`) and ``<phase>.ops.csv`` (one row per captured op). ``ops.xlsx`` holds
-a summary sheet (per phase: whole-model ops, FLOPs and bytes, missing formulas, the
-analytic FLOPs and the gap to them), a per-layer sheet (per phase and layer kind) and one
-full op list per phase. ``<phase>.onnx`` is a structural export for graph viewers such as
-Netron (ops as nodes of the ``zrt`` domain, tensors with their shapes; it does not run),
-written only when the optional ``onnx`` package is installed.
+For each phase ``DIR`` gets:
+
+- ``<phase>.graph.json``: the captured (raw) graph, :meth:`OpGraph.dumps` (read back with
+  :meth:`OpGraph.loads`); ``<phase>.fused.graph.json``: the same after the fusion pass of
+  the platform's rule packs;
+- ``<phase>.ops.csv``: one row per raw op;
+- ``<phase>.ops.xlsx``: the op workbook (:mod:`zrt_core.capture.workbook`): Model Config,
+  Fused Operators, Raw Operator Sequence, Summary, By Layer and Fusion Rules;
+- ``<phase>.layer-<kind>.dot``: one decoder layer per layer kind as Graphviz text, fused
+  regions as clusters (:mod:`zrt_core.capture.dot`);
+- ``<phase>.onnx`` and ``<phase>.fused.onnx``: structural ONNX for graph viewers
+  (:mod:`zrt_core.capture.onnx_export`), only when the optional ``onnx`` package is
+  installed.
+
+and once: ``ops.xlsx`` (every phase: a summary sheet with the analytic FLOPs and the gap to
+them, a per-layer sheet and one op list per phase) and ``fusion_rules.json`` (which rule
+fused which raw nodes into which fused node, per phase). Without fused graphs (the library
+call with ``fused=None``) the fused files, the per-phase workbooks and ``fusion_rules.json``
+are skipped with a note.
 
 Totals count every layer: a node inside a layer template runs ``template.count`` times.
 """
@@ -14,77 +27,37 @@ Totals count every layer: a node inside a layer template runs ``template.count``
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Mapping
+import json
+import os
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from attrs import field, frozen
 
-from zrt_core.errors import ZrtError
-from zrt_core.ir.graph import OpGraph, OpNode, TensorMeta
-
-#: A gap to the analytic FLOPs above this fraction is flagged in every output.
-GAP_THRESHOLD = 0.10
-
-OP_COLUMNS = (
-    "id", "op", "category", "layer_index", "layer_kind", "module_path", "module_class",
-    "runs", "flops", "bytes_read", "bytes_written", "formula", "zero_cost",
-    "input_shapes", "output_shapes", "dtypes",
+from zrt_core.capture.dot import write_layer_dots
+from zrt_core.capture.fusion_records import FusionRecord, fusion_records
+from zrt_core.capture.onnx_export import write_onnx
+from zrt_core.capture.tables import (  # noqa: F401  (the names this module always had)
+    GAP_THRESHOLD,
+    OP_COLUMNS,
+    LayerKindRow,
+    PhaseSummary,
+    layer_kind_rows,
+    op_row,
+    summarize,
 )
+from zrt_core.capture.workbook import write_phase_workbook
+from zrt_core.errors import ZrtError
+from zrt_core.ir.graph import OpGraph
+
+#: The name of the provenance file: every phase's fusions.
+FUSION_RULES_FILE = "fusion_rules.json"
 
 
 class ExportError(ZrtError):
     """The output directory cannot be written."""
-
-
-@frozen
-class PhaseSummary:
-    """Whole-model counts of one captured phase, next to its analytic reference.
-
-    :param analytic_flops: the analytic FLOPs of the phase, or None without a model.
-    :param gap: ``(flops − analytic) / analytic``; None without an analytic count.
-    :param capture_s: seconds the capture of this phase took, when known.
-    """
-
-    phase: str
-    ops: int
-    flops: int
-    bytes: int
-    missing_formulas: tuple[str, ...] = field(converter=tuple)
-    analytic_flops: int | None = None
-    capture_s: float | None = None
-
-    @property
-    def gap(self) -> float | None:
-        if not self.analytic_flops:
-            return None
-        return (self.flops - self.analytic_flops) / self.analytic_flops
-
-    @property
-    def gap_flagged(self) -> bool:
-        return self.gap is not None and abs(self.gap) > GAP_THRESHOLD
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ops": self.ops, "flops": self.flops, "bytes": self.bytes,
-            "missing_formulas": list(self.missing_formulas),
-            "analytic_flops": self.analytic_flops,
-            "gap": None if self.gap is None else round(self.gap, 6),
-            "gap_over_threshold": self.gap_flagged,
-            "capture_s": None if self.capture_s is None else round(self.capture_s, 3),
-        }
-
-
-@frozen
-class LayerKindRow:
-    """Whole-model counts of one layer kind (or the ops outside the layers) in one phase."""
-
-    phase: str
-    kind: str
-    layers: int
-    ops: int
-    flops: int
-    bytes: int
 
 
 @frozen
@@ -96,99 +69,86 @@ class ExportResult:
     notes: tuple[str, ...] = field(converter=tuple)
 
 
-def summarize(graphs: Mapping[str, OpGraph], *,
-              analytic_flops: Mapping[str, int | None] | None = None,
-              capture_s: Mapping[str, float] | None = None) -> list[PhaseSummary]:
-    """A :class:`PhaseSummary` per phase, in the order of ``graphs``."""
-    out = []
-    for phase, graph in graphs.items():
-        totals = graph.totals()
-        out.append(PhaseSummary(
-            phase=phase, ops=totals.ops, flops=totals.flops, bytes=totals.bytes,
-            missing_formulas=graph.missing_formulas,
-            analytic_flops=(analytic_flops or {}).get(phase),
-            capture_s=(capture_s or {}).get(phase),
-        ))
-    return out
-
-
-def layer_kind_rows(graph: OpGraph) -> list[LayerKindRow]:
-    """Counts per layer kind; ops outside decoder layers are ``(before layers)`` or
-    ``(after layers)`` by their position relative to the layer ops in execution order."""
-    layer_positions = [i for i, n in enumerate(graph.nodes) if n.layer_index is not None]
-    first = layer_positions[0] if layer_positions else len(graph.nodes)
-    layers_of: dict[str, int] = {}
-    for template in graph.templates.values():
-        layers_of[template.kind] = layers_of.get(template.kind, 0) + template.count
-    acc: dict[str, list[int]] = {}
-    for position, node in enumerate(graph.nodes):
-        if node.layer_index is None:
-            kind = "(before layers)" if position < first else "(after layers)"
-        else:
-            kind = _node_kind(graph, node)
-        m = graph.multiplicity(node)
-        row = acc.setdefault(kind, [0, 0, 0])
-        row[0] += m
-        row[1] += m * node.flops
-        row[2] += m * node.bytes
-    return [LayerKindRow(phase=graph.phase, kind=kind,
-                         layers=layers_of.get(kind, 0) if not kind.startswith("(") else 0,
-                         ops=v[0], flops=v[1], bytes=v[2])
-            for kind, v in acc.items()]
-
-
-def _node_kind(graph: OpGraph, node: OpNode) -> str:
-    if node.layer_kind:
-        return node.layer_kind
-    template = graph.templates.get(node.layer_index)  # type: ignore[arg-type]
-    return template.kind if template is not None else f"layer {node.layer_index}"
-
-
-def op_row(graph: OpGraph, node: OpNode) -> list[Any]:
-    """One op-table row, in :data:`OP_COLUMNS` order."""
-    return [
-        node.id, node.op, node.category, node.layer_index, node.layer_kind or "",
-        node.module_path, node.module_class, graph.multiplicity(node), node.flops,
-        node.bytes_read, node.bytes_written, node.formula or "", node.zero_cost,
-        _shapes(node.inputs), _shapes(node.outputs),
-        ";".join(sorted({t.dtype for t in (*node.inputs, *node.outputs)})),
-    ]
-
-
-def _shapes(tensors: Iterable[TensorMeta]) -> str:
-    return ";".join("x".join(str(d) for d in t.shape) or "scalar" for t in tensors)
-
-
 # -- writing ----------------------------------------------------------------------------
 
 
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """Create ``out_dir`` (and its parents) and check that a file can be written in it: what
+    the CLI calls before it spends time capturing.
+
+    :raises ExportError: the path is an existing file, or the directory cannot be created
+        or written.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: is a file, not a directory",
+                          "pass a directory (new or existing) as --out DIR")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # Create and remove a file: permissions, read-only mounts and full disks all fail here.
+        fd, probe = tempfile.mkstemp(prefix=".zrt-write-check-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ExportError(f"{out}: cannot create or write the output directory "
+                          f"({exc.strerror or exc})", "pass a writable --out DIR") from None
+    return out
+
+
 def export_graphs(out_dir: str | Path, graphs: Mapping[str, OpGraph], *,
+                  fused: Mapping[str, OpGraph] | None = None,
+                  platform: str | None = None,
+                  config: Mapping[str, Any] | None = None,
                   model: str = "",
                   analytic_flops: Mapping[str, int | None] | None = None,
                   capture_s: Mapping[str, float] | None = None,
                   onnx: bool | None = None) -> ExportResult:
-    """Write every file for ``graphs`` (phase → graph) into ``out_dir``.
+    """Write every file for ``graphs`` (phase → raw graph) into ``out_dir``.
 
+    :param fused: phase → the fusion pass's output for that phase's graph (``zrt capture``
+        fuses with the rule packs of ``--platform``); None skips the fused outputs.
+    :param platform: the platform the fused graphs' rules were chosen for (recorded).
+    :param config: the model config, shown in each workbook's Model Config sheet.
     :param onnx: True requires ONNX export (an error without the ``onnx`` package), False
         skips it, None writes it when ``onnx`` is importable and notes the skip otherwise.
     :raises ExportError: the directory cannot be created or written.
     """
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ExportError(f"{out}: cannot create the output directory "
-                          f"({exc.strerror or exc})", "pass a writable --out DIR") from None
+    out = prepare_out_dir(out_dir)
     files: list[Path] = []
     notes: list[str] = []
     summaries = summarize(graphs, analytic_flops=analytic_flops, capture_s=capture_s)
+    fused = dict(fused) if fused is not None else None
+    if fused is not None and set(fused) != set(graphs):
+        raise ValueError(f"fused phases {sorted(fused)} differ from {sorted(graphs)}")
+    records: dict[str, list[FusionRecord]] = {
+        phase: fusion_records(graphs[phase], g) for phase, g in (fused or {}).items()}
     try:
         for phase, graph in graphs.items():
             path = out / f"{phase}.graph.json"
             path.write_text(graph.dumps(), encoding="utf-8")
             files.append(path)
+            if fused is not None:
+                path = out / f"{phase}.fused.graph.json"
+                path.write_text(fused[phase].dumps(), encoding="utf-8")
+                files.append(path)
             files.append(_write_csv(out / f"{phase}.ops.csv", graph))
         files.append(_write_workbook(out / "ops.xlsx", graphs, summaries, model))
+        if fused is not None:
+            # the fused graph was not captured: no capture time of its own
+            fused_summaries = summarize(fused, analytic_flops=analytic_flops)
+            for raw_summary, fused_summary in zip(summaries, fused_summaries, strict=True):
+                phase = raw_summary.phase
+                files.append(write_phase_workbook(
+                    out / f"{phase}.ops.xlsx", graphs[phase], fused[phase], records[phase],
+                    raw_summary=raw_summary, fused_summary=fused_summary, platform=platform,
+                    config=config))
+            files.append(_write_fusion_rules(out / FUSION_RULES_FILE, graphs, fused,
+                                             records, platform=platform, model=model))
+        else:
+            notes.append("no fused graphs given: the per-phase workbooks, fused graphs and "
+                         f"{FUSION_RULES_FILE} were not written")
+        for phase, graph in graphs.items():
+            files.extend(write_layer_dots(out, graph, records=records.get(phase, ())))
     except OSError as exc:
         raise ExportError(f"{out}: cannot write ({exc.strerror or exc})",
                           "pass a writable --out DIR") from None
@@ -202,20 +162,23 @@ def export_graphs(out_dir: str | Path, graphs: Mapping[str, OpGraph], *,
                          "(pip install 'zrt-core[onnx]')")
         else:
             for phase, graph in graphs.items():
-                path = out / f"{phase}.onnx"
-                write_onnx(graph, path, model=model)
-                files.append(path)
+                files.append(write_onnx(graph, out / f"{phase}.onnx", model=model))
+                if fused is not None:
+                    files.append(write_onnx(fused[phase], out / f"{phase}.fused.onnx",
+                                            model=model))
     return ExportResult(out_dir=out, files=files, notes=notes)
 
 
 def export_capture(result: Any, out_dir: str | Path, *,
+                   fused: Mapping[str, OpGraph] | None = None,
+                   platform: str | None = None,
                    analytic_flops: Mapping[str, int | None] | None = None,
                    onnx: bool | None = None) -> ExportResult:
     """Write a :class:`~zrt_core.capture.api.CaptureResult` into ``out_dir``.
 
-    Reads ``graphs``, and when present ``model``, ``timings_s`` (seconds per phase) and
-    ``flops_checks`` (the analytic FLOPs per phase, used unless ``analytic_flops`` is
-    given); see :func:`export_graphs`.
+    Reads ``graphs``, and when present ``model``, ``config``, ``timings_s`` (seconds per
+    phase) and ``flops_checks`` (the analytic FLOPs per phase, used unless
+    ``analytic_flops`` is given); ``fused`` and ``platform`` as in :func:`export_graphs`.
     """
     timings = getattr(result, "timings_s", None)
     capture_s = {k: float(v) for k, v in timings.items()} if isinstance(timings, Mapping) \
@@ -224,8 +187,28 @@ def export_capture(result: Any, out_dir: str | Path, *,
         checks = getattr(result, "flops_checks", None) or {}
         analytic_flops = {phase: check.analytic for phase, check in checks.items()}
     model = getattr(result, "model", "") or ""
-    return export_graphs(out_dir, result.graphs, model=str(model),
-                         analytic_flops=analytic_flops, capture_s=capture_s, onnx=onnx)
+    config = getattr(result, "config", None)
+    return export_graphs(out_dir, result.graphs, fused=fused, platform=platform,
+                         config=config if isinstance(config, Mapping) else None,
+                         model=str(model), analytic_flops=analytic_flops,
+                         capture_s=capture_s, onnx=onnx)
+
+
+def _write_fusion_rules(path: Path, graphs: Mapping[str, OpGraph],
+                        fused: Mapping[str, OpGraph], records: Mapping[str, list[FusionRecord]], *, platform: str | None,
+                        model: str) -> Path:
+    packs: dict[str, None] = {}
+    for graph in fused.values():
+        packs.update(dict.fromkeys((graph.meta.get("fusion") or {}).get("packs", ())))
+    data = {
+        "model": model, "platform": platform, "packs": list(packs),
+        "phases": {phase: {"raw_nodes": len(graphs[phase].nodes),
+                           "fused_nodes": len(fused[phase].nodes),
+                           "fusions": len(records[phase])} for phase in fused},
+        "fusions": [r.to_json() for phase in fused for r in records[phase]],
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return path
 
 
 def _write_csv(path: Path, graph: OpGraph) -> Path:
@@ -284,72 +267,3 @@ def _onnx_module() -> Any:
     except ImportError:
         return None
     return onnx
-
-
-_ONNX_DTYPES = {
-    "float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT16", "bfloat16": "BFLOAT16",
-    "int64": "INT64", "int32": "INT32", "int16": "INT16", "int8": "INT8", "uint8": "UINT8",
-    "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "bool": "BOOL",
-    "complex64": "COMPLEX64", "complex128": "COMPLEX128",
-    "float8_e4m3fn": "FLOAT8E4M3FN", "float8_e5m2": "FLOAT8E5M2",
-    "float8_e4m3fnuz": "FLOAT8E4M3FNUZ", "float8_e5m2fnuz": "FLOAT8E5M2FNUZ",
-}
-
-
-def write_onnx(graph: OpGraph, path: str | Path, *, model: str = "") -> Path:
-    """Write ``graph`` as a structural ONNX model: each op a node in the ``zrt`` domain
-    (its op name as the type, category, layer and FLOPs as attributes), each tensor a
-    value with its shape and dtype. For viewing, not for running."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    def elem_type(dtype: str) -> int:
-        return getattr(TensorProto, _ONNX_DTYPES.get(dtype, "UNDEFINED"))
-
-    infos: dict[str, Any] = {}
-    produced: set[str] = set()
-    consumed: set[str] = set()
-    nodes = []
-
-    def name_of(t: TensorMeta, node: OpNode, slot: str) -> str:
-        name = f"t{t.tensor_id}" if t.tensor_id is not None else f"n{node.id}_{slot}"
-        if name not in infos:
-            infos[name] = helper.make_tensor_value_info(name, elem_type(t.dtype), list(t.shape))
-        return name
-
-    for node in graph.nodes:
-        inputs = [name_of(t, node, f"in{i}") for i, t in enumerate(node.inputs)]
-        outputs = [name_of(t, node, f"out{i}") for i, t in enumerate(node.outputs)]
-        # A tensor written twice (in-place ops) keeps one producer: later writes get a suffix.
-        outputs = [o if o not in produced else f"{o}_n{node.id}" for o in outputs]
-        for o, t in zip(outputs, node.outputs, strict=True):
-            if o not in infos:
-                infos[o] = helper.make_tensor_value_info(o, elem_type(t.dtype), list(t.shape))
-        consumed.update(inputs)
-        produced.update(outputs)
-        attributes: dict[str, Any] = {"category": node.category, "flops": int(node.flops),
-                                      "runs": graph.multiplicity(node)}
-        if node.module_path:
-            attributes["module_path"] = node.module_path
-        if node.layer_index is not None:
-            attributes["layer_index"] = int(node.layer_index)
-        nodes.append(helper.make_node(
-            _op_type(node.op), inputs, outputs, name=f"{node.id}:{node.op}", domain="zrt",
-            **attributes))
-    graph_inputs = [infos[n] for n in infos if n in consumed and n not in produced]
-    graph_outputs = [infos[n] for n in infos if n in produced and n not in consumed]
-    value_info = [infos[n] for n in infos if n in produced and n in consumed]
-    onnx_graph = helper.make_graph(nodes, f"{model or 'model'}:{graph.phase}", graph_inputs,
-                                   graph_outputs, value_info=value_info)
-    proto = helper.make_model(onnx_graph, producer_name="zrt",
-                              opset_imports=[helper.make_opsetid("zrt", 1)])
-    proto.doc_string = (f"zrt structural export of {model or 'a model'}, phase "
-                        f"{graph.phase}: ops as nodes, not runnable")
-    path = Path(path)
-    onnx.save(proto, str(path))
-    return path
-
-
-def _op_type(op: str) -> str:
-    """``aten.mm.default`` → ``aten_mm_default``: ONNX op types are identifiers."""
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in op)

@@ -3,7 +3,8 @@ analytic FLOPs.
 
 MODEL is a bundled name (``zrt models``), a directory holding ``config.json`` or the file
 itself, or a HuggingFace id already in the local cache. Counts are for the whole model
-(every layer). ``--out DIR`` writes the graphs and op tables (see
+(every layer). ``--out DIR`` writes the raw and fused graphs (fused with ``--platform``'s
+rule packs), op tables and workbooks, fusion provenance, DOT and ONNX (see
 :mod:`zrt_core.capture.export`).
 """
 
@@ -20,6 +21,7 @@ from zrt_core.cli._output import (
     styled,
     table,
 )
+from zrt_core.transforms.base import PLATFORMS
 
 CAPTURED_PHASES = ("prefill", "decode", "train_forward", "train_backward")
 GAP_THRESHOLD = 0.10
@@ -66,8 +68,11 @@ def register(sub) -> None:
                    help="tokens per sequence; decode attends to S cached tokens "
                         "(default 2048)")
     p.add_argument("--out", metavar="DIR",
-                   help="write <phase>.graph.json, op tables (CSV, ops.xlsx) and ONNX "
-                        "(with the onnx extra) here")
+                   help="write per phase the raw and fused graph JSON, the op workbook "
+                        "<phase>.ops.xlsx, a DOT file per layer kind and ONNX (with the onnx "
+                        "extra), plus ops.xlsx, the CSV op lists and fusion_rules.json here")
+    p.add_argument("--platform", choices=PLATFORMS, default="cuda",
+                   help="whose fusion rules make the fused graphs of --out (default cuda)")
     p.add_argument("--full-depth", action="store_true",
                    help="capture every decoder layer instead of one per kind")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
@@ -86,6 +91,10 @@ def run(args) -> int:
     # Find the config (or say how to get it) and check its numbers before paying for the
     # torch import: transformers would fill a missing hidden size with a default.
     check_capture_request(args.model, args.phases, args.seq_len, host)
+    if args.out:
+        from zrt_core.capture.export import prepare_out_dir
+
+        prepare_out_dir(args.out)  # a bad --out fails now, not after the capture
     from zrt_core.capture.api import capture
 
     result = capture(args.model, phases=args.phases, batch=args.batch, seq_len=args.seq_len,
@@ -96,7 +105,13 @@ def run(args) -> int:
     analytic = {phase: check.analytic for phase, check in result.flops_checks.items()}
     timings = {k: float(v) for k, v in result.timings_s.items()}
     summaries = summarize(result.graphs, analytic_flops=analytic, capture_s=timings)
-    exported = export_capture(result, args.out) if args.out else None
+    exported = None
+    if args.out:
+        from zrt_core.transforms.fusion import fuse, packs_for_platform
+
+        packs = packs_for_platform(args.platform, host.fusion_rules)
+        fused = {phase: fuse(graph, packs) for phase, graph in result.graphs.items()}
+        exported = export_capture(result, args.out, fused=fused, platform=args.platform)
 
     if args.json:
         print_json(capture_json(result, summaries, exported, timings))
