@@ -74,6 +74,9 @@ def register(sub) -> None:
                    help="parameter and activation dtype (default bfloat16)")
     p.add_argument("--moe-imbalance", type=_imbalance, default=1.0, metavar="X",
                    help="busiest expert's load over the mean (default 1.0, balanced)")
+    from zrt_core.cli.run_cmd import add_fusion_rules_flag
+
+    add_fusion_rules_flag(p)
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -83,6 +86,11 @@ def run(args) -> int:
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()
+    user_pack = None
+    if args.fusion_rules:  # the pack is read (and refused) before the capture
+        from zrt_core.transforms.fusion.user import add_user_pack
+
+        user_pack = add_user_pack(host, args.fusion_rules)
     # Find the config (or say how to get it) and check its numbers before paying for the
     # torch import: transformers would fill a missing hidden size with a default.
     check_capture_request(args.model, args.phases, args.seq_len, host)
@@ -97,12 +105,45 @@ def run(args) -> int:
     timings = {k: float(v) for k, v in result.timings_s.items()}
     summaries = summarize(result.graphs, analytic_flops=analytic, capture_s=timings)
     exported = export_capture(result, args.out) if args.out else None
+    fusion = _fusion(result.graphs, user_pack, host) if user_pack is not None else None
 
     if args.json:
-        print_json(capture_json(result, summaries, exported, timings))
+        data = capture_json(result, summaries, exported, timings)
+        if fusion is not None:
+            data["fusion"] = fusion
+        print_json(data)
         return 0
     _print(result, summaries, exported, timings)
+    if fusion is not None:
+        _print_fusion(fusion)
     return 0
+
+
+def _fusion(graphs, pack, host) -> dict:
+    """Each phase fused with the user's pack ahead of the installed packs of its platform:
+    nodes before and after, and the fused nodes per ``pack/rule``."""
+    from zrt_core.transforms.fusion import fuse, packs_for_platform
+
+    packs = packs_for_platform(pack.platform, host.fusion_rules)
+    phases = {}
+    for phase, graph in graphs.items():
+        fused = fuse(graph, packs)
+        phases[phase] = {"nodes_before": len(graph.nodes), "nodes_after": len(fused.nodes),
+                         "fused": dict(fused.meta.get("fusion", {}).get("fused", {}))}
+    return {"pack": pack.name, "source": pack.source, "platform": pack.platform,
+            "packs": [p.name for p in packs], "phases": phases}
+
+
+def _print_fusion(fusion: dict) -> None:
+    out = console()
+    rows = [(phase, f"{f['nodes_before']:,}", f"{f['nodes_after']:,}",
+             ", ".join(f"{rule.split('/', 1)[1]} {n}" for rule, n in f["fused"].items()
+                       if rule.startswith(fusion["pack"] + "/")))
+            for phase, f in fusion["phases"].items()]
+    out.print(table(f"fusion: {fusion['pack']} ({fusion['source']}) ahead of "
+                    f"{', '.join(fusion['packs'][1:]) or 'no installed pack'}",
+                    ("phase", "nodes", "fused", f"{fusion['pack']} rules"), rows,
+                    justify=("left", "right", "right", "left")))
 
 
 def _print(result, summaries, exported, timings) -> None:
