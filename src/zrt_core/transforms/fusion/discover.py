@@ -63,6 +63,9 @@ class Group:
 
     :param descendants: merged into this module from its sub-modules (stage two).
     :param node_ids: the non-view ops, in execution order.
+    :param inside: for a stage-one group inside a merged one, the merged module's path
+        (its rule fuses what the merged rule leaves); ``""`` for the groups that partition
+        the graph's ops.
     """
 
     phase: str
@@ -72,6 +75,7 @@ class Group:
     node_ids: tuple[int, ...] = field(converter=tuple)
     ops: tuple[str, ...] = field(converter=tuple)
     categories: tuple[str, ...] = field(converter=tuple)
+    inside: str = ""
 
     @property
     def side(self) -> str:
@@ -142,11 +146,11 @@ def group_ops(graph: OpGraph, max_parent_ops: int = MAX_PARENT_OPS) -> list[Grou
         else:
             out.append([n])
             last_path = t
-    def group(path: str, members: list[OpNode], descendants: bool) -> Group:
+    def group(path: str, members: list[OpNode], descendants: bool, inside: str = "") -> Group:
         return Group(phase=graph.phase, module_path=path, module_class=classes.get(path, ""),
                      descendants=descendants, node_ids=[n.id for n in members],
                      ops=[op_token(n.op) for n in members],
-                     categories=[n.category for n in members])
+                     categories=[n.category for n in members], inside=inside)
 
     groups, inner = [], []
     for members in out:
@@ -156,10 +160,10 @@ def group_ops(graph: OpGraph, max_parent_ops: int = MAX_PARENT_OPS) -> list[Grou
             run: list[OpNode] = []
             for n in members:
                 if run and n.module_path != run[-1].module_path:
-                    inner.append(group(run[-1].module_path, run, False))
+                    inner.append(group(run[-1].module_path, run, False, path))
                     run = []
                 run.append(n)
-            inner.append(group(run[-1].module_path, run, False))
+            inner.append(group(run[-1].module_path, run, False, path))
     return groups + inner
 
 

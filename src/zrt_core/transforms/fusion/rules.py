@@ -313,17 +313,17 @@ class FusionRulePack:
 
 def packs_for_platform(platform: str, packs: Iterable[FusionRulePack]
                        ) -> tuple[FusionRulePack, ...]:
-    """The packs that apply on ``platform``, in application order: the user's packs of
-    that platform or ``generic`` (``--fusion-rules``), then the platform's own (descending
-    priority, then name), then the generic ones (same order)."""
+    """The packs that apply on ``platform``, in application order: the user's packs
+    (``--fusion-rules``), then the installed ones; in each, the platform's own (descending
+    priority, then name) before the generic ones (same order)."""
     if platform not in PLATFORMS:
         raise SpecError(f"unknown fusion platform {platform!r}",
                         f"use one of {', '.join(PLATFORMS)}")
     packs = list(packs)
 
-    def ordered(plats: tuple[str, ...], user: bool) -> list[FusionRulePack]:
-        return sorted((p for p in packs if p.platform in plats and p.user == user),
+    def ordered(plat: str, user: bool) -> list[FusionRulePack]:
+        return sorted((p for p in packs if p.platform == plat and p.user == user),
                       key=lambda p: (-p.priority, p.name))
 
-    own = ordered((platform,), False) if platform != "generic" else []
-    return (*ordered((platform, "generic"), True), *own, *ordered(("generic",), False))
+    plats = (platform, "generic") if platform != "generic" else ("generic",)
+    return tuple(p for user in (True, False) for plat in plats for p in ordered(plat, user))
