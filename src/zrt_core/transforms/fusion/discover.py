@@ -391,7 +391,8 @@ class Discovery:
 
 def _rule_lines(c: Candidate) -> list[str]:
     q = json.dumps
-    where = c.paths[0] + (f" and {len(c.paths) - 1} more" if len(c.paths) > 1 else "")
+    where = (c.paths[0] or "the top level") + (
+        f" and {len(c.paths) - 1} more" if len(c.paths) > 1 else "")
     what = "and its sub-modules" if c.descendants else "own ops"
     scope = f"{{module_class: {q(c.module_class)}" + (", descendants: true}"
                                                       if c.descendants else "}")
