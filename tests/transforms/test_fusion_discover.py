@@ -215,6 +215,39 @@ def test_a_user_pack_may_not_take_an_installed_name(tmp_path):
     with pytest.raises(SpecError, match="name 'cuda' is already an installed fusion rule"):
         add_user_pack(host, path)
     path.write_text("name: mine\nplatform: cuda\nrules: []\n")
-    add_user_pack(host, path)
+    pack = add_user_pack(host, path)
     assert [p.name for p in packs_for_platform("cuda", host.fusion_rules)] == ["mine", "cuda"]
+    assert add_user_pack(host, path) is pack  # the same file again: loaded once
+    other = tmp_path / "other.yaml"
+    other.write_text("name: other\nplatform: cuda\nrules: []\n")
+    with pytest.raises(SpecError, match="is loaded already"):
+        add_user_pack(host, other)
 
+
+
+def test_an_estimate_spec_names_a_user_pack(model_dir, tmp_path, capsys, toy_yaml):
+    from zrt_core.analytic.spec import EstimateSpec
+
+    rules = tmp_path / "packs" / "rules.yaml"
+    rules.parent.mkdir()
+    norm = {**RULE, "scope": {"module_class": "*RMSNorm"}, "requires": ["aten.rsqrt"],
+            "ops": ["aten._to_copy", "aten.pow", "aten.mean", "aten.add", "aten.rsqrt",
+                    "aten.mul"]}
+    rules.write_text(yaml.safe_dump({"name": "mine", "platform": "generic", "rules": [norm]}))
+    (tmp_path / "toy.yaml").write_text(toy_yaml)
+    spec = {"model": str(model_dir), "hardware": str(tmp_path / "toy.yaml"),
+            "infer": {"input_len": 16, "output_len": 4, "batch": 1}}
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump(spec))
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({**spec, "fusion_rules": "packs/rules.yaml"}))
+    assert EstimateSpec.from_yaml(mine).fusion_rules == str(rules)  # from the spec's folder
+    reports = []
+    for path in (plain, mine):
+        assert main(["estimate", "--config", str(path), "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    # the pack fuses each RMSNorm's eight ops into one: same FLOPs, less traffic
+    assert reports[1]["prefill"]["flops"] == reports[0]["prefill"]["flops"]
+    assert reports[1]["prefill"]["bytes"] < reports[0]["prefill"]["bytes"]
+    with pytest.raises(SpecError, match="fusion_rules names a file"):
+        EstimateSpec.from_mapping({**spec, "fusion_rules": "rules.yaml"}, where="request")

@@ -38,12 +38,7 @@ def register(sub: Any) -> None:
                         "of the installed rules that fuse them today)")
     add_json_flag(d)
     d.set_defaults(func=run_discover)
-    p.set_defaults(func=lambda _args: _usage(p))
-
-
-def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_help(sys.stderr)
-    return 2
+    p.set_defaults(func=lambda _args: p.error("choose an action: discover"))
 
 
 def run_discover(args: argparse.Namespace) -> int:

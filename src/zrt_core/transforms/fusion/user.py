@@ -36,8 +36,16 @@ def add_user_pack(host: PluginHost, path: str | Path) -> FusionRulePack:
     """Load ``path`` and contribute it to ``host`` (plugin ``user-fusion-rules``), so every
     fusion on that host applies it before the installed packs of its platform.
 
+    The same file twice is loaded once; another file is refused (one user pack per host).
+
     :raises SpecError: as :func:`load_user_pack`, or the pack's name is an installed pack's.
     """
+    if host.pm.has_plugin(USER_PLUGIN):
+        loaded = host.pm.get_plugin(USER_PLUGIN).pack
+        if loaded.source == str(path):
+            return loaded
+        raise SpecError(f"--fusion-rules {path}: {loaded.source} is loaded already",
+                        "give one user rule pack")
     pack = load_user_pack(path)
     if pack.name in host.fusion_rules:
         raise SpecError(f"{path}: name {pack.name!r} is already an installed fusion rule pack "
@@ -48,6 +56,6 @@ def add_user_pack(host: PluginHost, path: str | Path) -> FusionRulePack:
     def zrt_fusion_rules() -> list[FusionRulePack]:
         return [pack]
 
-    host.register(SimpleNamespace(zrt_fusion_rules=zrt_fusion_rules), USER_PLUGIN,
+    host.register(SimpleNamespace(zrt_fusion_rules=zrt_fusion_rules, pack=pack), USER_PLUGIN,
                   distribution=f"--fusion-rules {path}")
     return pack
