@@ -380,7 +380,8 @@ class Discovery:
     def pack(self, include_covered: bool = False) -> FusionRulePack:
         """The pack :meth:`to_yaml` writes, read back as zrt reads a ``--fusion-rules``
         file."""
-        return FusionRulePack.from_mapping(yaml.safe_load(self.to_yaml(include_covered)),
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where built
+        return FusionRulePack.from_mapping(yaml.load(self.to_yaml(include_covered), loader),
                                            source=f"<discovered {self.model}>", user=True)
 
     def to_json(self) -> dict[str, Any]:
