@@ -20,7 +20,8 @@ from attrs import frozen
 from zrt_core.errors import SpecError, ZrtError
 from zrt_core.strategy import InferSpec, Parallel, TrainSpec
 
-TOP_KEYS = ("model", "hardware", "parallel", "train", "infer", "frontend", "num_gpus")
+TOP_KEYS = ("model", "hardware", "parallel", "train", "infer", "frontend", "num_gpus",
+            "fusion_rules")
 NUMBER_KEYS = ("family", "hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab",
                "experts", "top_k", "moe_ffn", "dense_layers", "norm_topk", "tie_embeddings",
                "max_positions", "sliding_window")
@@ -51,6 +52,8 @@ class EstimateSpec:
     frontend: str = "analytic"
     num_gpus: int | None = None
     source: str = ""
+    #: a user fusion-rule pack (``--fusion-rules``), relative paths from the spec's folder
+    fusion_rules: str | None = None
 
     @property
     def workload(self) -> str:
@@ -62,7 +65,7 @@ class EstimateSpec:
                 "train": self.train.to_json() if self.train else None,
                 "infer": self.infer.to_json() if self.infer else None,
                 "engine": self.engine if self.infer else None, "frontend": self.frontend,
-                "file": self.source}
+                "file": self.source, "fusion_rules": self.fusion_rules}
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> EstimateSpec:
@@ -81,10 +84,13 @@ class EstimateSpec:
             raise SpecError(f"{p}: cannot read the estimate file ({exc.strerror})",
                             "pass a YAML file as docs/estimate.md describes") from None
         data = load_yaml_text(text, str(p))
-        return cls.from_mapping(data, where=str(p))
+        return cls.from_mapping(data, where=str(p), folder=p.parent)
 
     @classmethod
-    def from_mapping(cls, data: Any, *, where: str = "estimate") -> EstimateSpec:
+    def from_mapping(cls, data: Any, *, where: str = "estimate",
+                     folder: Path | None = None) -> EstimateSpec:
+        """Read a spec mapping; ``fusion_rules`` (a file) only with the ``folder`` of a
+        spec file, which relative paths are taken from (a served request names none)."""
         if not isinstance(data, Mapping):
             raise SpecError(f"{where}: expected a mapping with model, hardware, parallel and "
                             "train or infer", "see docs/estimate.md")
@@ -108,9 +114,18 @@ class EstimateSpec:
         num_gpus = data.get("num_gpus")
         if num_gpus is not None and (not isinstance(num_gpus, int) or num_gpus <= 0):
             raise SpecError(f"{where}: num_gpus must be a positive integer, got {num_gpus!r}")
+        rules = data.get("fusion_rules")
+        if rules is not None:
+            if not isinstance(rules, str) or not rules:
+                raise SpecError(f"{where}: fusion_rules must be the path of a rule pack "
+                                f"YAML, got {rules!r}", "see docs/fusion.md")
+            if folder is None:
+                raise SpecError(f"{where}: fusion_rules names a file, which a spec sent as "
+                                "data cannot", "run zrt estimate --config FILE locally")
+            rules = str(folder / rules)
         common = {"model": model, "model_label": label, "hardware": data["hardware"],
                   "parallel": parallel, "frontend": frontend, "num_gpus": num_gpus,
-                  "source": where}
+                  "source": where, "fusion_rules": rules}
         if train_raw is not None:
             return cls(train=_train(train_raw, parallel, where), **common)
         infer, engine = _infer(infer_raw, where)

@@ -71,14 +71,18 @@ def register(sub) -> None:
                    help="write per phase the raw and fused graph JSON, the op workbook "
                         "<phase>.ops.xlsx, a DOT file per layer kind and ONNX (with the onnx "
                         "extra), plus ops.xlsx, the CSV op lists and fusion_rules.json here")
-    p.add_argument("--platform", choices=PLATFORMS, default="cuda",
-                   help="whose fusion rules make the fused graphs of --out (default cuda)")
+    p.add_argument("--platform", choices=PLATFORMS, default=None,
+                   help="whose fusion rules make the fused graphs of --out (default: the "
+                        "--fusion-rules pack's platform, else cuda)")
     p.add_argument("--full-depth", action="store_true",
                    help="capture every decoder layer instead of one per kind")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                    help="parameter and activation dtype (default bfloat16)")
     p.add_argument("--moe-imbalance", type=_imbalance, default=1.0, metavar="X",
                    help="busiest expert's load over the mean (default 1.0, balanced)")
+    from zrt_core.cli.run_cmd import add_fusion_rules_flag
+
+    add_fusion_rules_flag(p)
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -88,6 +92,11 @@ def run(args) -> int:
     from zrt_core.plugins import get_plugin_manager
 
     host = get_plugin_manager()
+    user_pack = None
+    if args.fusion_rules:  # the pack is read (and refused) before the capture
+        from zrt_core.transforms.fusion.user import add_user_pack
+
+        user_pack = add_user_pack(host, args.fusion_rules)
     # Find the config (or say how to get it) and check its numbers before paying for the
     # torch import: transformers would fill a missing hidden size with a default.
     check_capture_request(args.model, args.phases, args.seq_len, host)
@@ -109,15 +118,52 @@ def run(args) -> int:
     if args.out:
         from zrt_core.transforms.fusion import fuse, packs_for_platform
 
-        packs = packs_for_platform(args.platform, host.fusion_rules)
+        platform = args.platform
+        if platform is None:  # the user pack's platform, else cuda
+            platform = (user_pack.platform if user_pack is not None
+                        and user_pack.platform != "generic" else "cuda")
+        packs = packs_for_platform(platform, host.fusion_rules)
         fused = {phase: fuse(graph, packs) for phase, graph in result.graphs.items()}
-        exported = export_capture(result, args.out, fused=fused, platform=args.platform)
+        exported = export_capture(result, args.out, fused=fused, platform=platform)
+    fusion = _fusion(result.graphs, user_pack, host) if user_pack is not None else None
 
     if args.json:
-        print_json(capture_json(result, summaries, exported, timings))
+        data = capture_json(result, summaries, exported, timings)
+        if fusion is not None:
+            data["fusion"] = fusion
+        print_json(data)
         return 0
     _print(result, summaries, exported, timings)
+    if fusion is not None:
+        _print_fusion(fusion)
     return 0
+
+
+def _fusion(graphs, pack, host) -> dict:
+    """Each phase fused with the user's pack ahead of the installed packs of its platform:
+    nodes before and after, and the fused nodes per ``pack/rule``."""
+    from zrt_core.transforms.fusion import fuse, packs_for_platform
+
+    packs = packs_for_platform(pack.platform, host.fusion_rules)
+    phases = {}
+    for phase, graph in graphs.items():
+        fused = fuse(graph, packs)
+        phases[phase] = {"nodes_before": len(graph.nodes), "nodes_after": len(fused.nodes),
+                         "fused": dict(fused.meta.get("fusion", {}).get("fused", {}))}
+    return {"pack": pack.name, "source": pack.source, "platform": pack.platform,
+            "packs": [p.name for p in packs], "phases": phases}
+
+
+def _print_fusion(fusion: dict) -> None:
+    out = console()
+    rows = [(phase, f"{f['nodes_before']:,}", f"{f['nodes_after']:,}",
+             ", ".join(f"{rule.split('/', 1)[1]} {n}" for rule, n in f["fused"].items()
+                       if rule.startswith(fusion["pack"] + "/")))
+            for phase, f in fusion["phases"].items()]
+    out.print(table(f"fusion: {fusion['pack']} ({fusion['source']}) ahead of "
+                    f"{', '.join(fusion['packs'][1:]) or 'no installed pack'}",
+                    ("phase", "nodes", "fused", f"{fusion['pack']} rules"), rows,
+                    justify=("left", "right", "right", "left")))
 
 
 def _print(result, summaries, exported, timings) -> None:

@@ -22,6 +22,7 @@ COMMANDS = (
     "zrt_core.cli.hw_cmd",
     "zrt_core.cli.models_cmd",
     "zrt_core.cli.capture_cmd",
+    "zrt_core.cli.fusion_cmd",
     "zrt_core.cli.run_cmd",
     "zrt_core.cli.estimate_cmd",
     "zrt_core.cli.validate_cmd",

@@ -112,12 +112,27 @@ def register(sub: Any) -> None:
     p.add_argument("--tables", metavar="DIR", default=None,
                    help="measured kernel tables (*.csv, zrt profile) to price from first; "
                         "the report says what share they priced and the biggest misses")
+    add_fusion_rules_flag(p)
     p.add_argument("--no-cache", action="store_true",
                    help="capture again instead of using the capture cache")
     p.add_argument("--server", metavar="URL", help="compute on a `zrt serve` at URL "
                    "(prints JSON; token from $ZRT_TOKEN; docs/serve.md)")
     add_json_flag(p)
     p.set_defaults(func=run, mode=None)
+
+
+def add_fusion_rules_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fusion-rules", metavar="FILE", default=None,
+                   help="a fusion-rule pack YAML applied ahead of the installed packs "
+                        "(zrt fusion discover drafts one; docs/fusion.md)")
+
+
+def use_fusion_rules(host: Any, args: argparse.Namespace) -> None:
+    """``--fusion-rules FILE``: the user's pack into ``host``, ahead of the installed ones."""
+    if getattr(args, "fusion_rules", None):
+        from zrt_core.transforms.fusion.user import add_user_pack
+
+        add_user_pack(host, args.fusion_rules)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_unused(args)
     if args.server:
+        if args.fusion_rules:
+            raise ZrtError("--fusion-rules is not sent to a zrt serve",
+                           "run it without --server")
         from zrt_core.cli.serve_cmd import run_remote
 
         return run_remote(args)
@@ -154,6 +172,7 @@ def run_infer(args: argparse.Namespace) -> int:
     from zrt_core.strategy import InferSpec
 
     host = get_plugin_manager()
+    use_fusion_rules(host, args)
     hw = host.hardware_spec(args.hw)
     if args.tables:
         from zrt_core.profile.tables import register_tables

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zrt_core.cli._output import console, out_dir, positive_int, print_json
-from zrt_core.cli.run_cmd import add_mode, parallel_from_args
+from zrt_core.cli.run_cmd import add_mode, parallel_from_args, use_fusion_rules
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -120,6 +120,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     run_spec = goodput_spec_from_args(args)  # the run's flags, before anything slow
     host = get_plugin_manager()
+    use_fusion_rules(host, args)
     hw = host.hardware_spec(args.hw)
     if getattr(args, "tables", None):
         from zrt_core.profile.tables import register_tables

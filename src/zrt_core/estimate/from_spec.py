@@ -9,11 +9,16 @@ from typing import Any
 def estimate_from_spec(spec: Any, host: Any, hw: Any, *, keep_timelines: bool = False) -> Any:
     """The report of an :class:`~zrt_core.analytic.spec.EstimateSpec`: graphs from its
     front-end, then :func:`~zrt_core.estimate.training.estimate_training` or
-    :func:`~zrt_core.estimate.estimate_inference`."""
+    :func:`~zrt_core.estimate.estimate_inference`; the spec's ``fusion_rules`` pack goes
+    into ``host`` first (once per host)."""
     from zrt_core.capture.sources import raw_config
     from zrt_core.checks import check_infer_request, check_train_request
     from zrt_core.ir.graph import Phase
 
+    if getattr(spec, "fusion_rules", None):
+        from zrt_core.transforms.fusion.user import add_user_pack
+
+        add_user_pack(host, spec.fusion_rules)
     config, where = raw_config(spec.model, host)
     if spec.workload == "train":
         check_train_request(config, spec.parallel, spec.train, num_gpus=spec.num_gpus,

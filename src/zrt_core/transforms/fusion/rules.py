@@ -245,7 +245,8 @@ class FusionRulePack:
     """A named set of fusion rules for one platform (``cuda``, ``ascend``, ``generic``).
 
     Packs of a platform run in descending ``priority`` (then by name) before the generic
-    packs; rules run in their listed order, each seeing the graph the previous left.
+    packs; rules run in their listed order, each seeing the graph the previous left. A
+    ``user`` pack (``--fusion-rules FILE``) runs ahead of every installed pack.
     """
 
     name: str
@@ -254,6 +255,7 @@ class FusionRulePack:
     source: str = ""
     priority: int = 0
     description: str = ""
+    user: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.platform not in PLATFORMS:
@@ -270,14 +272,16 @@ class FusionRulePack:
             seen.add(rule.name)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> FusionRulePack:
-        """Load a pack; a bad key or value raises :class:`SpecError` naming file and field."""
+    def from_yaml(cls, path: str | Path, *, user: bool = False) -> FusionRulePack:
+        """Load a pack; a bad key or value raises :class:`SpecError` naming the file, the
+        field and the rule. A ``user`` pack is named by the path as given."""
         path = Path(path)
-        return cls.from_mapping(load_yaml(path), source=str(path), where=path.name)
+        return cls.from_mapping(load_yaml(path), source=str(path),
+                                where=str(path) if user else path.name, user=user)
 
     @classmethod
     def from_mapping(cls, data: Any, *, source: str = "<mapping>",
-                     where: str | None = None) -> FusionRulePack:
+                     where: str | None = None, user: bool = False) -> FusionRulePack:
         label = where or source
         top = Fields(data, f"{label}: ", {"name", "platform", "priority", "description",
                                           "rules"})
@@ -290,7 +294,13 @@ class FusionRulePack:
         rules = []
         names: dict[str, int] = {}
         for i, raw in enumerate(raw_rules):
-            rule = FusionRule.from_mapping(raw, f"{label}: rules[{i}]")
+            try:
+                rule = FusionRule.from_mapping(raw, f"{label}: rules[{i}]")
+            except SpecError as exc:
+                named = raw.get("name") if isinstance(raw, Mapping) else None
+                if not isinstance(named, str):
+                    raise
+                raise SpecError(f"{exc.message} (rule {named!r})", exc.hint) from None
             if rule.name in names:
                 raise SpecError(f"{label}: rules[{i}].name {rule.name!r} is also "
                                 f"rules[{names[rule.name]}]", "rule names must be unique")
@@ -298,21 +308,22 @@ class FusionRulePack:
             rules.append(rule)
         return cls(name=str(name), platform=str(platform), rules=rules, source=source,
                    priority=int(top.integer("priority", 0) or 0),
-                   description=top.str("description", "") or "")
+                   description=top.str("description", "") or "", user=user)
 
 
 def packs_for_platform(platform: str, packs: Iterable[FusionRulePack]
                        ) -> tuple[FusionRulePack, ...]:
-    """The packs that apply on ``platform``, in application order: the platform's own
-    (descending priority, then name), then the generic ones (same order)."""
+    """The packs that apply on ``platform``, in application order: the user's packs
+    (``--fusion-rules``), then the installed ones; in each, the platform's own (descending
+    priority, then name) before the generic ones (same order)."""
     if platform not in PLATFORMS:
         raise SpecError(f"unknown fusion platform {platform!r}",
                         f"use one of {', '.join(PLATFORMS)}")
     packs = list(packs)
 
-    def ordered(plat: str) -> list[FusionRulePack]:
-        return sorted((p for p in packs if p.platform == plat),
+    def ordered(plat: str, user: bool) -> list[FusionRulePack]:
+        return sorted((p for p in packs if p.platform == plat and p.user == user),
                       key=lambda p: (-p.priority, p.name))
 
-    own = ordered(platform) if platform != "generic" else []
-    return (*own, *ordered("generic"))
+    plats = (platform, "generic") if platform != "generic" else ("generic",)
+    return tuple(p for user in (True, False) for plat in plats for p in ordered(plat, user))
