@@ -17,6 +17,7 @@ from attrs import evolve, field, frozen, validators
 from zrt_core.errors import LayoutError, SpecError
 from zrt_core.limits import LIMITS, check_count
 from zrt_core.modelinfo import ModelDims
+from zrt_core.moe_load import ExpertLoad
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
@@ -98,6 +99,8 @@ class Parallel:
         None means "on when tp > 1" for training (Megatron's default) and off for serving.
     :param cp_kind: ``ring`` or ``ulysses`` context parallelism.
     :param ep_dispatcher: one of :data:`EP_DISPATCHERS`.
+    :param moe_load: routing skew and EPLB redundant experts over the EP ranks
+        (:class:`~zrt_core.moe_load.ExpertLoad`); None is balanced routing.
     """
 
     tp: int = field(default=1, validator=_degree)
@@ -111,6 +114,9 @@ class Parallel:
     cp_kind: str = field(default="ring", validator=_one_of(CP_KINDS, LayoutError))
     ep_dispatcher: str = field(default="alltoall",
                                validator=_one_of(EP_DISPATCHERS, LayoutError))
+    moe_load: ExpertLoad | None = field(
+        default=None, validator=validators.optional(validators.instance_of(ExpertLoad)),
+        converter=lambda v: None if v is None or v.is_default else v)
 
     @property
     def world_size(self) -> int:
@@ -161,7 +167,8 @@ class Parallel:
     def to_json(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "vp": self.vp, "cp": self.cp, "ep": self.ep,
                 "etp": self.expert_tp, "dp": self.dp, "sp": self.sp, "cp_kind": self.cp_kind,
-                "ep_dispatcher": self.ep_dispatcher}
+                "ep_dispatcher": self.ep_dispatcher,
+                **({"moe_load": self.moe_load.to_json()} if self.moe_load else {})}
 
 
 @frozen
