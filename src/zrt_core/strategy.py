@@ -84,6 +84,15 @@ def _rank(_inst: Any, attribute: Any, value: Any) -> None:
 _degree = _count("degree", LayoutError)
 
 
+def _expert_load(value: Any) -> Any:
+    """``Parallel.moe_load``: None for balanced routing; a spec's mapping
+    (``{imbalance, distribution, redundant}``) becomes an :class:`ExpertLoad`."""
+    if isinstance(value, dict):
+        value = ExpertLoad(**value)
+    return None if value is None or (isinstance(value, ExpertLoad) and value.is_default) \
+        else value
+
+
 @frozen
 class Parallel:
     """A parallel layout.
@@ -116,7 +125,7 @@ class Parallel:
                                validator=_one_of(EP_DISPATCHERS, LayoutError))
     moe_load: ExpertLoad | None = field(
         default=None, validator=validators.optional(validators.instance_of(ExpertLoad)),
-        converter=lambda v: None if v is None or v.is_default else v)
+        converter=lambda v: _expert_load(v))
 
     @property
     def world_size(self) -> int:
@@ -259,6 +268,8 @@ def check_layout(
             f"but the run has {num_gpus} GPUs",
             "choose degrees whose product is the GPU count",
         )
+    if p.moe_load is not None:
+        p.moe_load.check(dims.experts, p.ep)
     _divides(p.tp, dims.heads, "tp", "attention heads (num_attention_heads)")
     if dims.kv_heads % p.tp and p.tp % dims.kv_heads:
         raise LayoutError(

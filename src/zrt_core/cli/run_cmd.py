@@ -53,6 +53,9 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--sp", dest="sp", action="store_const", const=True, default=None,
                     help="sequence parallelism (default: off for serving, on for training)")
     sp.add_argument("--no-sp", dest="sp", action="store_const", const=False)
+    from zrt_core.cli.moe_args import add_moe_args
+
+    add_moe_args(g)
 
 
 def add_infer_args(p: argparse.ArgumentParser) -> None:
@@ -140,11 +143,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parallel_from_args(args: argparse.Namespace) -> Any:
+    from zrt_core.cli.moe_args import moe_load_from_args
     from zrt_core.strategy import Parallel
 
     return Parallel(tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep,
                     etp=args.etp, dp=args.dp, sp=args.sp, cp_kind=args.cp_kind,
-                    ep_dispatcher=args.ep_dispatcher)
+                    ep_dispatcher=args.ep_dispatcher, moe_load=moe_load_from_args(args))
 
 
 def run_infer(args: argparse.Namespace) -> int:

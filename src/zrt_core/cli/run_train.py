@@ -89,6 +89,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="Megatron's layout string, one |-separated entry per virtual stage: "
                         "E embedding, t decoder layer, m MTP layer, L loss, e.g. "
                         "'Et|(tt|)*30mL'")
+    from zrt_core.cli.moe_args import add_mtp_args
+
+    add_mtp_args(g)
     from zrt_core.cli.goodput_args import add_goodput_args
 
     add_goodput_args(p)
@@ -142,6 +145,9 @@ def run_train(args: argparse.Namespace) -> int:
                              embedding_loss=args.embedding_loss_stages)
     # the config's numbers and the layout, before the estimator (and torch) is imported
     config, where = raw_config(args.model, host)
+    from zrt_core.cli.moe_args import mtp_from_args
+
+    config, mtp = mtp_from_args(args, config)
     check_train_request(config, parallel, train, num_gpus=args.num_gpus,
                         stage_split=stage_split, where=where)
     if run_spec is not None:
@@ -160,7 +166,7 @@ def run_train(args: argparse.Namespace) -> int:
         return estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
                                  num_gpus=num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                  attention=args.attention, keep_timelines=keep_timelines,
-                                 stage_split=stage_split, nvls=not args.no_nvls,
+                                 stage_split=stage_split, nvls=not args.no_nvls, mtp=mtp,
                                  use_cache=False if args.no_cache else None)
 
     if args.gpus is not None:
