@@ -30,6 +30,38 @@ def add_mtp_args(g: Any) -> None:
                         "config's num_nextn_predict_layers; default: none)")
 
 
+def add_mtp_serving_args(g: Any) -> None:
+    """Add serving's ``--mtp-draft`` and ``--mtp-acceptance`` (speculative decoding with
+    the model's MTP head)."""
+    g.add_argument("--mtp-draft", type=_count("--mtp-draft"), default=None, metavar="N",
+                   help="speculative decoding with the model's MTP head: N draft tokens a "
+                        "step, verified in one forward (needs --batch and a config with "
+                        "num_nextn_predict_layers)")
+    g.add_argument("--mtp-acceptance", type=_probability, default=None, metavar="P",
+                   help="probability a draft token is accepted (default 0.85: DeepSeek-V3 "
+                        "report, 85-90%% for the second token)")
+
+
+def serve_with_mtp(args: argparse.Namespace, report: Any, config: Any, hw: Any,
+                   parallel: Any, infer: Any, host: Any) -> Any:
+    """``report`` under MTP speculative decoding (:mod:`zrt_core.estimate.speculative`)."""
+    from attrs import evolve
+
+    from zrt_core.estimate import estimate_inference
+    from zrt_core.estimate.speculative import DEFAULT_ACCEPTANCE, with_mtp
+
+    n = args.mtp_draft
+    if n == 0:
+        return report
+    if args.batch is None:
+        raise SpecError("--mtp-draft prices a fixed batch", "give --batch B")
+    wide = estimate_inference(args.model, hw, parallel, evolve(infer, batch=args.batch * (n + 1)),
+                              host=host, engine=args.engine,
+                              use_cache=False if args.no_cache else None)
+    acceptance = DEFAULT_ACCEPTANCE if args.mtp_acceptance is None else args.mtp_acceptance
+    return with_mtp(report, wide, n, acceptance, config)
+
+
 def mtp_from_args(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     """``(config, MtpSpec | None)`` for ``--mtp N``: the config with
     ``num_nextn_predict_layers = N`` and the MTP that Megatron-Bridge trains for it; without
@@ -72,3 +104,14 @@ def _count(flag: str):
         return value
 
     return parse
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"--mtp-acceptance must be a probability from 0 to "
+                                         f"1, got {text!r}")
+    return value
