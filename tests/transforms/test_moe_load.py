@@ -151,7 +151,8 @@ def test_dense_model_is_untouched_by_a_skew(host, captured):  # noqa: F811
 def test_cli_flags_build_the_load_and_the_mtp():
     from zrt_core.cli.moe_args import moe_load_from_args, mtp_from_args
 
-    args = argparse.Namespace(moe_imbalance="2.75", eplb=4, mode="infer", mtp=2)
+    args = argparse.Namespace(moe_imbalance="2.75", eplb=4, mode="infer", mtp=2,
+                              mtp_acceptance=None)
     assert moe_load_from_args(args) == ExpertLoad(imbalance=2.75, redundant=4)
     with pytest.raises(SpecError, match="does not apply to --train"):
         moe_load_from_args(argparse.Namespace(moe_imbalance=None, eplb=4, mode="train"))

@@ -22,24 +22,18 @@ def add_moe_args(g: Any) -> None:
                         "(replicate the heaviest, pack balanced over the EP ranks)")
 
 
-def add_mtp_args(g: Any) -> None:
-    """Add ``--mtp`` to the training group: the MTP modules the step trains."""
+def add_mtp_args(p: Any) -> None:
+    """Add ``--mtp`` (both modes) and ``--mtp-acceptance`` (serving) in their own group."""
+    g = p.add_argument_group("multi-token prediction (--train and --infer)")
     g.add_argument("--mtp", type=_count("--mtp"), default=None, metavar="N",
-                   help="multi-token prediction: train N MTP modules, each a block of the "
-                        "last layer kind with its own LM head and loss (overrides the "
-                        "config's num_nextn_predict_layers; default: none)")
-
-
-def add_mtp_serving_args(g: Any) -> None:
-    """Add serving's ``--mtp-draft`` and ``--mtp-acceptance`` (speculative decoding with
-    the model's MTP head)."""
-    g.add_argument("--mtp-draft", type=_count("--mtp-draft"), default=None, metavar="N",
-                   help="speculative decoding with the model's MTP head: N draft tokens a "
-                        "step, verified in one forward (needs --batch and a config with "
-                        "num_nextn_predict_layers)")
+                   help="--train: train N MTP modules, each a block of the last layer kind "
+                        "with its own LM head and loss (overrides the config's "
+                        "num_nextn_predict_layers; default none). --infer: speculative "
+                        "decoding with the model's MTP head, N draft tokens a step verified "
+                        "in one forward (needs --batch and a config with MTP layers)")
     g.add_argument("--mtp-acceptance", type=_probability, default=None, metavar="P",
-                   help="probability a draft token is accepted (default 0.85: DeepSeek-V3 "
-                        "report, 85-90%% for the second token)")
+                   help="--infer --mtp: probability a draft token is accepted (default 0.85: "
+                        "DeepSeek-V3 report, 85-90%% for the second token)")
 
 
 def serve_with_mtp(args: argparse.Namespace, report: Any, config: Any, hw: Any,
@@ -50,11 +44,14 @@ def serve_with_mtp(args: argparse.Namespace, report: Any, config: Any, hw: Any,
     from zrt_core.estimate import estimate_inference
     from zrt_core.estimate.speculative import DEFAULT_ACCEPTANCE, with_mtp
 
-    n = args.mtp_draft
+    n = args.mtp
+    if n is None:
+        raise SpecError("--mtp-acceptance needs --mtp N (draft tokens a step)",
+                        "add --mtp 1, or drop --mtp-acceptance")
     if n == 0:
         return report
     if args.batch is None:
-        raise SpecError("--mtp-draft prices a fixed batch", "give --batch B")
+        raise SpecError("--mtp in serving prices a fixed batch", "give --batch B")
     wide = estimate_inference(args.model, hw, parallel, evolve(infer, batch=args.batch * (n + 1)),
                               host=host, engine=args.engine,
                               use_cache=False if args.no_cache else None)
@@ -66,6 +63,9 @@ def mtp_from_args(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     """``(config, MtpSpec | None)`` for ``--mtp N``: the config with
     ``num_nextn_predict_layers = N`` and the MTP that Megatron-Bridge trains for it; without
     the flag the config unchanged and None (no MTP modules, as before the flag)."""
+    if getattr(args, "mtp_acceptance", None) is not None:
+        raise SpecError("--mtp-acceptance is a serving flag (speculative decoding)",
+                        "drop it with --train")
     n = getattr(args, "mtp", None)
     if n is None:
         return config, None

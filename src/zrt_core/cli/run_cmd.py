@@ -78,9 +78,9 @@ def add_infer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=sorted(ENGINES), default="trtllm",
                    help="serving engine whose memory and batching rules apply "
                         "(default trtllm)")
-    from zrt_core.cli.moe_args import add_mtp_serving_args
+    from zrt_core.cli.moe_args import add_mtp_args
 
-    add_mtp_serving_args(g)
+    add_mtp_args(p)
 
 
 #: modules that register further modes with :func:`add_mode` when imported, loaded by name
@@ -181,7 +181,7 @@ def run_infer(args: argparse.Namespace) -> int:
     report = estimate_inference(args.model, hw, parallel, infer, host=host,
                                 engine=args.engine,
                                 use_cache=False if args.no_cache else None)
-    if args.mtp_draft is not None:
+    if args.mtp is not None or args.mtp_acceptance is not None:
         from zrt_core.cli.moe_args import serve_with_mtp
 
         report = serve_with_mtp(args, report, config, hw, parallel, infer, host)

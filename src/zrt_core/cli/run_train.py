@@ -89,9 +89,6 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="Megatron's layout string, one |-separated entry per virtual stage: "
                         "E embedding, t decoder layer, m MTP layer, L loss, e.g. "
                         "'Et|(tt|)*30mL'")
-    from zrt_core.cli.moe_args import add_mtp_args
-
-    add_mtp_args(g)
     from zrt_core.cli.goodput_args import add_goodput_args
 
     add_goodput_args(p)

@@ -102,9 +102,9 @@ def run_spec(args: argparse.Namespace) -> dict[str, Any]:
                             "parallel": {k: v for k, v in parallel.items() if v is not None},
                             "frontend": "capture"}
     if mode == "infer":
-        if getattr(args, "mtp_draft", None) is not None:
-            raise ZrtError("--mtp-draft is not available with --server (an estimate spec has "
-                           "no key for it)", "drop --mtp-draft, or run without --server")
+        if getattr(args, "mtp", None) is not None:
+            raise ZrtError("--mtp is not available with --server (an estimate spec has "
+                           "no key for it)", "drop --mtp, or run without --server")
         kv = args.kv_dtype or ("fp8" if args.quant in ("fp8", "fp4") else None)
         spec["infer"] = {"input_len": args.input_len, "output_len": args.output_len,
                          "batch": args.batch, "quant": args.quant, "kv_dtype": kv,
