@@ -160,3 +160,13 @@ def test_cli_flags_build_the_load_and_the_mtp():
                                        "num_nextn_predict_layers": 1})
     assert config["num_nextn_predict_layers"] == 2 and mtp.depths == 2
     assert mtp_from_args(argparse.Namespace(mtp=None), {"a": 1}) == ({"a": 1}, None)
+
+
+def test_estimate_spec_carries_the_load_in_parallel():
+    from zrt_core.analytic.spec import _parallel
+
+    p = _parallel({"ep": 4, "dp": 4, "moe_load": {"imbalance": 2.75, "redundant": 4}}, "s.yaml")
+    assert p.moe_load == ExpertLoad(imbalance=2.75, redundant=4)
+    assert p.to_json()["moe_load"] == {"imbalance": 2.75, "distribution": None, "redundant": 4}
+    with pytest.raises(SpecError, match=r"s\.yaml: bad parallel"):
+        _parallel({"ep": 4, "moe_load": {"hot": 4}}, "s.yaml")
