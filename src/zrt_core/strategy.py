@@ -17,6 +17,7 @@ from attrs import evolve, field, frozen, validators
 from zrt_core.errors import LayoutError, SpecError
 from zrt_core.limits import LIMITS, check_count
 from zrt_core.modelinfo import ModelDims
+from zrt_core.moe_load import ExpertLoad
 
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
@@ -83,6 +84,15 @@ def _rank(_inst: Any, attribute: Any, value: Any) -> None:
 _degree = _count("degree", LayoutError)
 
 
+def _expert_load(value: Any) -> Any:
+    """``Parallel.moe_load``: None for balanced routing; a spec's mapping
+    (``{imbalance, distribution, redundant}``) becomes an :class:`ExpertLoad`."""
+    if isinstance(value, dict):
+        value = ExpertLoad(**value)
+    return None if value is None or (isinstance(value, ExpertLoad) and value.is_default) \
+        else value
+
+
 @frozen
 class Parallel:
     """A parallel layout.
@@ -98,6 +108,8 @@ class Parallel:
         None means "on when tp > 1" for training (Megatron's default) and off for serving.
     :param cp_kind: ``ring`` or ``ulysses`` context parallelism.
     :param ep_dispatcher: one of :data:`EP_DISPATCHERS`.
+    :param moe_load: routing skew and EPLB redundant experts over the EP ranks
+        (:class:`~zrt_core.moe_load.ExpertLoad`); None is balanced routing.
     """
 
     tp: int = field(default=1, validator=_degree)
@@ -111,6 +123,9 @@ class Parallel:
     cp_kind: str = field(default="ring", validator=_one_of(CP_KINDS, LayoutError))
     ep_dispatcher: str = field(default="alltoall",
                                validator=_one_of(EP_DISPATCHERS, LayoutError))
+    moe_load: ExpertLoad | None = field(
+        default=None, validator=validators.optional(validators.instance_of(ExpertLoad)),
+        converter=lambda v: _expert_load(v))
 
     @property
     def world_size(self) -> int:
@@ -161,7 +176,8 @@ class Parallel:
     def to_json(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "vp": self.vp, "cp": self.cp, "ep": self.ep,
                 "etp": self.expert_tp, "dp": self.dp, "sp": self.sp, "cp_kind": self.cp_kind,
-                "ep_dispatcher": self.ep_dispatcher}
+                "ep_dispatcher": self.ep_dispatcher,
+                **({"moe_load": self.moe_load.to_json()} if self.moe_load else {})}
 
 
 @frozen
@@ -252,6 +268,8 @@ def check_layout(
             f"but the run has {num_gpus} GPUs",
             "choose degrees whose product is the GPU count",
         )
+    if p.moe_load is not None:
+        p.moe_load.check(dims.experts, p.ep)
     _divides(p.tp, dims.heads, "tp", "attention heads (num_attention_heads)")
     if dims.kv_heads % p.tp and p.tp % dims.kv_heads:
         raise LayoutError(

@@ -26,7 +26,7 @@ NUMBER_KEYS = ("family", "hidden", "layers", "heads", "kv_heads", "head_dim", "f
                "experts", "top_k", "moe_ffn", "dense_layers", "norm_topk", "tie_embeddings",
                "max_positions", "sliding_window")
 MODEL_KEYS = ("name", "config")
-PARALLEL_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind")
+PARALLEL_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind", "moe_load")
 TRAIN_KEYS = ("micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp",
               "optimizer", "precision", "pp_schedule", "offload_optimizer")
 INFER_KEYS = ("input_len", "output_len", "batch", "quant", "kv_dtype", "dtype", "engine")

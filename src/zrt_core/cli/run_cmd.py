@@ -53,6 +53,9 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
     sp.add_argument("--sp", dest="sp", action="store_const", const=True, default=None,
                     help="sequence parallelism (default: off for serving, on for training)")
     sp.add_argument("--no-sp", dest="sp", action="store_const", const=False)
+    from zrt_core.cli.moe_args import add_moe_args
+
+    add_moe_args(g)
 
 
 def add_infer_args(p: argparse.ArgumentParser) -> None:
@@ -75,6 +78,9 @@ def add_infer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=sorted(ENGINES), default="trtllm",
                    help="serving engine whose memory and batching rules apply "
                         "(default trtllm)")
+    from zrt_core.cli.moe_args import add_mtp_args
+
+    add_mtp_args(p)
 
 
 #: modules that register further modes with :func:`add_mode` when imported, loaded by name
@@ -158,11 +164,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parallel_from_args(args: argparse.Namespace) -> Any:
+    from zrt_core.cli.moe_args import moe_load_from_args
     from zrt_core.strategy import Parallel
 
     return Parallel(tp=args.tp, pp=args.pp, vp=args.vp, cp=args.cp, ep=args.ep,
                     etp=args.etp, dp=args.dp, sp=args.sp, cp_kind=args.cp_kind,
-                    ep_dispatcher=args.ep_dispatcher)
+                    ep_dispatcher=args.ep_dispatcher, moe_load=moe_load_from_args(args))
 
 
 def run_infer(args: argparse.Namespace) -> int:
@@ -193,6 +200,10 @@ def run_infer(args: argparse.Namespace) -> int:
     report = estimate_inference(args.model, hw, parallel, infer, host=host,
                                 engine=args.engine,
                                 use_cache=False if args.no_cache else None)
+    if args.mtp is not None or args.mtp_acceptance is not None:
+        from zrt_core.cli.moe_args import serve_with_mtp
+
+        report = serve_with_mtp(args, report, config, hw, parallel, infer, host)
     written = write_outputs(report, args.out) if args.out else []
     from zrt_core.cli.run_frameworks import emit_run
 

@@ -61,6 +61,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep-overlap", action="store_true",
                    help="overlap one micro-batch's EP all-to-all with another's compute "
                         "(Megatron-Core --overlap-moe-expert-parallel-comm)")
+    g.add_argument("--moe-shared-expert-overlap", action="store_true",
+                   help="run the shared experts on their own stream under the EP "
+                        "all-to-all (Megatron-Core --moe-shared-expert-overlap; off by "
+                        "default, as in Megatron-Core)")
     g.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: flash (default) or unfused (Megatron-LM before "
                         "FlashAttention)")
@@ -143,6 +147,9 @@ def run_train(args: argparse.Namespace) -> int:
                              embedding_loss=args.embedding_loss_stages)
     # the config's numbers and the layout, before the estimator (and torch) is imported
     config, where = raw_config(args.model, host)
+    from zrt_core.cli.moe_args import mtp_from_args
+
+    config, mtp = mtp_from_args(args, config)
     check_train_request(config, parallel, train, num_gpus=args.num_gpus,
                         stage_split=stage_split, where=where)
     if run_spec is not None:
@@ -154,14 +161,15 @@ def run_train(args: argparse.Namespace) -> int:
     def estimate(parallel: Any, train: Any, num_gpus: int | None = args.num_gpus,
                  keep_timelines: bool = bool(args.out)) -> Any:
         overlap = None
-        if args.ep_overlap:
+        if args.ep_overlap or args.moe_shared_expert_overlap:
             from attrs import evolve
 
-            overlap = evolve(default_overlap(parallel, train), ep_batch_overlap=True)
+            overlap = evolve(default_overlap(parallel, train), ep_batch_overlap=args.ep_overlap,
+                             ep_async=args.moe_shared_expert_overlap)
         return estimate_training(args.model, hw, parallel, train, host=host, overlap=overlap,
                                  num_gpus=num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                  attention=args.attention, keep_timelines=keep_timelines,
-                                 stage_split=stage_split, nvls=not args.no_nvls,
+                                 stage_split=stage_split, nvls=not args.no_nvls, mtp=mtp,
                                  use_cache=False if args.no_cache else None)
 
     if args.gpus is not None:

@@ -84,7 +84,7 @@ _LOCAL_ONLY = {"lora_rank": 0, "host_link_gbps": None, "attention": "flash",
                "embedding_loss_stages": False, "decoder_first_pipeline_num_layers": None,
                "decoder_last_pipeline_num_layers": None,
                "pipeline_model_parallel_layout": None, "no_cache": False,
-               "reshard_after_forward": None, "hsdp": None, "gpus": None}
+               "reshard_after_forward": None, "hsdp": None, "gpus": None, "mtp": None}
 
 
 def run_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,10 +93,18 @@ def run_spec(args: argparse.Namespace) -> dict[str, Any]:
     mode = args.mode or "infer"
     parallel = {"tp": args.tp, "pp": args.pp, "vp": args.vp, "cp": args.cp, "ep": args.ep,
                 "etp": args.etp, "dp": args.dp, "sp": args.sp, "cp_kind": args.cp_kind}
+    from zrt_core.cli.moe_args import moe_load_from_args
+
+    load = moe_load_from_args(args)
+    if load is not None:
+        parallel["moe_load"] = load.to_json()
     spec: dict[str, Any] = {"model": args.model, "hardware": args.hw,
                             "parallel": {k: v for k, v in parallel.items() if v is not None},
                             "frontend": "capture"}
     if mode == "infer":
+        if getattr(args, "mtp", None) is not None:
+            raise ZrtError("--mtp is not available with --server (an estimate spec has "
+                           "no key for it)", "drop --mtp, or run without --server")
         kv = args.kv_dtype or ("fp8" if args.quant in ("fp8", "fp4") else None)
         spec["infer"] = {"input_len": args.input_len, "output_len": args.output_len,
                          "batch": args.batch, "quant": args.quant, "kv_dtype": kv,

@@ -35,7 +35,8 @@ class EstimateRequest(BaseModel):
                                         "{...}, name: LABEL}, or model numbers")
     hardware: str = Field(description="a hardware id or alias (GET /v1/hardware)")
     parallel: dict[str, Any] | None = Field(None, description="tp, pp, vp, cp, ep, etp, dp, "
-                                            "sp, cp_kind")
+                                            "sp, cp_kind, moe_load ({imbalance, "
+                                            "distribution, redundant})")
     train: dict[str, Any] | None = Field(None, description="micro_batch, seq_len, ... "
                                          "(exactly one of train and infer)")
     infer: dict[str, Any] | None = Field(None, description="input_len, output_len, batch, "

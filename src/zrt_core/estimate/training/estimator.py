@@ -498,8 +498,8 @@ def _sharding_key(parallel: Parallel, train: TrainSpec, attention: str,
     the micro-batch, the attention kernel, the hardware and the plugin host."""
     return (parallel.tp, parallel.cp, parallel.ep, parallel.expert_tp,
             parallel.sequence_parallel(training=True), parallel.cp_kind,
-            parallel.ep_dispatcher, train.micro_batch, train.seq_len, attention, ctx.hardware,
-            id(ctx.host))
+            parallel.ep_dispatcher, parallel.moe_load, train.micro_batch, train.seq_len,
+            attention, ctx.hardware, id(ctx.host))
 
 
 def default_overlap(parallel: Parallel, train: TrainSpec) -> OverlapRules:

@@ -20,7 +20,8 @@ from zrt_core.ir.graph import (
 )
 from zrt_core.transforms.parallel._ops.matrix_ops import _matmul_operands
 from zrt_core.transforms.parallel.engine import ShapePass, reprice, scaled_layout
-from zrt_core.transforms.parallel.layout import Layout, _layout, _without
+from zrt_core.transforms.parallel.expert_load import expert_share, rank_load_factor
+from zrt_core.transforms.parallel.layout import Layout, _layout, _scaled, _without
 from zrt_core.transforms.parallel.op_families import (
     _MATMUL,
     _PARTIAL_SAFE,
@@ -107,6 +108,7 @@ class _ParallelPass(ShapePass):
         self.serving = graph.phase in (Phase.PREFILL, Phase.DECODE)
         self.backward = graph.phase == Phase.TRAIN_BACKWARD
         self.experts = dims.experts if dims is not None else 0
+        self.moe_load = p.moe_load
         self.kv_heads = dims.kv_heads if dims is not None else 0
         self.head_dim = dims.head_dim if dims is not None else 0
         self.cache_inputs = _cache_inputs(graph)
@@ -178,7 +180,7 @@ class _ParallelPass(ShapePass):
         factors: dict[int, tuple[str, Fraction]] = {}
         is_expert = nd == 3 and self.experts and meta.shape[0] == self.experts
         if is_expert and self.ep > 1:
-            factors[0] = ("ep", Fraction(1, self.ep))
+            factors[0] = ("ep", expert_share(self.experts, self.ep, self.moe_load))
         style = self.plan.style_of(name) if (self.tp > 1 or self.etp > 1) else None
         if style is not None:
             kind, _packed = style
@@ -261,6 +263,9 @@ class _ParallelPass(ShapePass):
                                                                  strict=True)]
         if base == "moe_dispatch" and self.ep_shared > 1:
             f = Fraction(1, self.ep_shared)
+            if self.ep_shared >= self.ep:  # no all-to-all: the busiest rank's rows here
+                rows = _scaled(node.outputs[0].shape[0], (("ep", f),))
+                f *= rank_load_factor(self.moe_load, self.experts, self.ep, rows * self.ep)
             outs = [_layout(node.outputs[k].shape,
                             [(*lay, ("ep", f)) if i == 0 else lay
                              for i, lay in enumerate(o.axes)])
@@ -571,6 +576,14 @@ class _ParallelPass(ShapePass):
         lay = outs[0]
         self.state[t.tensor_id] = lay  # type: ignore[index]
         src = evolve(t, shape=lay.shape)
+        if op_base(node.op) == "moe_dispatch" and lay.shape:
+            # the busiest EP rank receives more than the rows it sends (docs/moe-training.md)
+            load = rank_load_factor(self.moe_load, self.experts, self.ep,
+                                    lay.shape[0] * self.ep)
+            if load != 1:
+                axes = (lay.axes[0] + (("ep", load),), *lay.axes[1:])
+                lay = _layout(t.shape, axes, lay.partial)
+                outs = [lay, *outs[1:]]
         out = self.new_tensor(t, Layout(lay.shape, lay.axes, lay.partial))
         self.insert(collective(self.new_node_id(), "all_to_all", "ep", self.p,
                                _nbytes(lay.shape, t.dtype), [src], [out], node,
