@@ -187,3 +187,21 @@ def test_cli_bad_module_is_one_line_exit_2(tmp_path: Path, capsys, monkeypatch) 
     err = capsys.readouterr().err
     assert err.startswith("zrt: error: unknown recompute module 'bogus'")
     assert err.count("\n") == 1
+
+
+def test_the_estimate_spec_takes_recompute_modules(tmp_path: Path) -> None:
+    import yaml
+
+    from zrt_core.analytic.spec import EstimateSpec
+
+    spec = {"model": "llama3-8b", "hardware": "h100",
+            "parallel": {"tp": 1, "pp": 1, "dp": 1},
+            "train": {"micro_batch": 1, "seq_len": 4096, "recompute": "selective",
+                      "recompute_modules": ["moe_act", "layernorm"]}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert EstimateSpec.from_yaml(path).train.recompute_modules == ("moe_act", "layernorm")
+    spec["train"]["recompute_modules"] = ["moe_ac"]
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError, match="unknown recompute module 'moe_ac'"):
+        EstimateSpec.from_yaml(path)
