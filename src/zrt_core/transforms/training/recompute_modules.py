@@ -28,6 +28,8 @@ _MOE_CATEGORIES = (Category.MOE_ROUTER, Category.MOE_DISPATCH, Category.MOE_COMB
 
 
 def _under(path: str, prefix: str) -> bool:
+    if not prefix:
+        return True
     return path == prefix or path.startswith(prefix + ".")
 
 
@@ -180,11 +182,16 @@ def _mla_up_proj(layer: LayerFlow, core: list[OpNode]) -> list[OpNode]:
     """``qkv_up_proj_and_rope_apply``: from the latents (the outputs of the first-level
     down-projection GEMMs) to the core attention's inputs — the q/kv latent norms TE fuses
     into the up-projections, the up-projection GEMMs with their sequence-parallel gathers,
-    RoPE and the concatenation. Empty unless an up-projection GEMM exists (not MLA)."""
+    RoPE and the concatenation. Empty unless an up-projection GEMM exists (not MLA).
+    GEMMs are read inside the attention module only: a GEMM ahead of it (a hyper-connection
+    mixer) does not make the attention's down-projections "up" ones."""
     anc = layer.ancestors(core)
-    matmuls = [n for n in layer.ordered(anc) if n.category == Category.MATMUL]
+    attn = _common_prefix(n.module_path for n in core)
+    matmuls = [n for n in layer.ordered(anc)
+               if n.category == Category.MATMUL and _under(n.module_path, attn)]
     first = [m for m in matmuls
              if not any(layer.nodes[layer.pos[a]].category == Category.MATMUL
+                        and _under(layer.nodes[layer.pos[a]].module_path, attn)
                         for a in layer.ancestors([m]))]
     if len(first) == len(matmuls):
         return []
