@@ -205,3 +205,47 @@ def test_the_estimate_spec_takes_recompute_modules(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(SpecError, match="unknown recompute module 'moe_ac'"):
         EstimateSpec.from_yaml(path)
+
+
+def _public_record(rid: str) -> dict:
+    import yaml
+
+    from zrt_core import recipes
+
+    path = Path(recipes.__file__).parent / "data" / "validation" / "public.yaml"
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return next(r for r in yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+                if r["id"] == rid)
+
+
+@pytest.mark.parametrize(("rid", "modules"), [
+    # gpt_oss/h100: GPT_OSS_120B_H100_BF16_BASE_CONFIG, recompute_modules=[layernorm, moe_act]
+    ("mbridge-26.04-pre-training-gpt-oss-120b-h100-64gpu-bf16-gbs1280",
+     ("layernorm", "moe_act")),
+    # deepseek/gb200 MXFP8 (26.08): ["mla_up_proj"]; gb300 MXFP8: [] (selective, nothing)
+    ("mbridge-26.08-pre-training-deepseek-v3-gb200-256gpu-mxfp8-gbs4096", ("mla_up_proj",)),
+    ("mbridge-26.08-pre-training-deepseek-v3-gb300-256gpu-mxfp8-gbs4096", ()),
+])
+def test_megatron_bridge_records_take_their_recipes_recompute(rid: str, modules) -> None:
+    from zrt_core.estimate.training import case_from_record
+
+    case = case_from_record(_public_record(rid))
+    assert (case.train.recompute, case.train.recompute_modules) == ("selective", modules)
+    assert any(a.startswith(f"recompute=selective [{', '.join(modules)}] (Megatron-Bridge")
+               for a in case.assumptions)
+
+
+def test_a_granularity_left_to_the_provider_is_no_recompute() -> None:
+    from zrt_core import recipes
+    from zrt_core.estimate.training.records import record_recompute
+
+    # 25.11's GPT-OSS B200 config writes recompute_modules but leaves the granularity to the
+    # provider (unresolved in the table): Megatron-Core's None, no recompute
+    row = next(r for r in recipes.load_rows() if (r.release, r.model, r.gpu, r.precision)
+               == ("25.11", "gpt_oss_120b", "b200", "bf16"))
+    assert row.recompute_modules == ("layernorm", "moe_act")
+    notes: list[str] = []
+    assert record_recompute(row, notes) == ("none", None)
+    assert "provider default not resolved" in notes[0]
+    notes = []
+    assert record_recompute(None, notes) == ("none", None) and notes == ["recompute=none"]
