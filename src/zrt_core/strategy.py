@@ -20,6 +20,10 @@ from zrt_core.modelinfo import ModelDims
 from zrt_core.moe_load import ExpertLoad
 
 RECOMPUTE = ("none", "selective", "full")
+#: Megatron-Core ``TransformerConfig.recompute_modules`` names (r0.14 – r0.18's allowed list),
+#: for ``recompute = "selective"`` (docs/training-model.md, "Selective recompute modules")
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe", "dualpipev")
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd")
@@ -57,6 +61,29 @@ def _text(_inst: Any, attribute: Any, value: Any) -> None:
     if value is not None and not isinstance(value, str):
         raise SpecError(f"{attribute.name} must be a name, got {value!r}",
                         "e.g. bfloat16 or fp8")
+
+
+def _modules(value: Any) -> tuple[str, ...] | None:
+    if value is None or isinstance(value, tuple):
+        return value
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, list):
+        return tuple(value)
+    raise SpecError(f"recompute_modules must be a list of module names, got {value!r}",
+                    f"e.g. [moe_act, layernorm]; names: {', '.join(RECOMPUTE_MODULES)}")
+
+
+def _recompute_modules(inst: Any, _attribute: Any, value: Any) -> None:
+    if value is None:
+        return
+    for m in value:
+        if m not in RECOMPUTE_MODULES:
+            raise SpecError(f"unknown recompute module {m!r}",
+                            f"use Megatron-Core's names: {', '.join(RECOMPUTE_MODULES)}")
+    if inst.recompute != "selective":
+        raise SpecError(f"recompute modules need recompute=selective, not {inst.recompute}",
+                        "add --recompute selective, or drop --recompute-modules")
 
 
 def _flag(_inst: Any, attribute: Any, value: Any) -> None:
@@ -188,6 +215,10 @@ class TrainSpec:
     global_batch: int = field(validator=_count("batch"))
     seq_len: int = field(validator=_count("tokens"))
     recompute: str = field(default="none", validator=_one_of(RECOMPUTE))
+    #: under ``selective``: the Megatron-Core modules re-run in the backward (None: its
+    #: default, ``["core_attn"]``; ``()`` re-runs nothing)
+    recompute_modules: tuple[str, ...] | None = field(
+        default=None, converter=_modules, validator=_recompute_modules)
     zero: int = field(default=0, validator=_one_of((0, 1, 2, 3)))
     fsdp: bool = field(default=False, validator=_flag)
     optimizer: str = field(default="adamw", validator=_one_of(OPTIMIZERS))
@@ -214,8 +245,8 @@ class TrainSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
-            "micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp", "optimizer",
-            "precision", "pp_schedule", "offload_optimizer", "lora_rank",
+            "micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules", "zero",
+            "fsdp", "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
             "reshard_after_forward", "hsdp")}
 
 

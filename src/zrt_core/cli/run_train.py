@@ -32,6 +32,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="tokens per sequence (default 4096)")
     g.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recomputation (default none)")
+    g.add_argument("--recompute-modules", default=None, metavar="LIST",
+                   help="with --recompute selective: Megatron-Core's recompute_modules, "
+                        "comma-separated (core_attn, moe_act, layernorm, mla_up_proj, mlp, "
+                        "moe, shared_experts; default core_attn)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1,
                    help="ZeRO stage; 1 is Megatron's distributed optimizer (default 1)")
     g.add_argument("--fsdp", action="store_true", help="FSDP (parameters sharded, as ZeRO-3)")
@@ -140,6 +144,8 @@ def run_train(args: argparse.Namespace) -> int:
         "reshard_after_forward": args.reshard_after_forward, "hsdp": args.hsdp}
     if args.pp_schedule:
         fields["pp_schedule"] = args.pp_schedule
+    if args.recompute_modules is not None:
+        fields["recompute_modules"] = args.recompute_modules
     train = train_spec_defaults(parallel, **fields)
     stage_split = StageSplit(first_layers=args.decoder_first_pipeline_num_layers,
                              last_layers=args.decoder_last_pipeline_num_layers,

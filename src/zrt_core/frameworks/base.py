@@ -18,7 +18,8 @@ from zrt_core.strategy import InferSpec, Parallel, TrainSpec, train_spec_default
 #: ``mode`` (``train`` or ``infer``)
 PARALLEL_FIELDS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind",
                    "ep_dispatcher")
-TRAIN_FIELDS = ("micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp",
+TRAIN_FIELDS = ("micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules",
+                "zero", "fsdp",
                 "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                 "pipeline_model_parallel_layout", "embedding_loss_stages",
@@ -55,7 +56,15 @@ class RunRequest:
         split = self.stage_split
         if split == StageSplit():
             split = None
-        return evolve(self, parallel=p, stage_split=split, num_gpus=p.world_size)
+        train = self.train
+        if train is not None and train.recompute == "selective":
+            # Megatron-Core's default list; an empty list re-runs nothing
+            mods = ("core_attn",) if train.recompute_modules is None else \
+                train.recompute_modules
+            train = evolve(train, recompute="selective" if mods else "none",
+                           recompute_modules=mods or None)
+        return evolve(self, parallel=p, stage_split=split, num_gpus=p.world_size,
+                      train=train)
 
 
 @frozen
@@ -141,6 +150,8 @@ def request_from_values(values: Mapping[str, Any]) -> RunRequest:
         "reshard_after_forward": v.get("reshard_after_forward"), "hsdp": v.get("hsdp")}
     if v.get("pp_schedule"):
         fields["pp_schedule"] = v["pp_schedule"]
+    if v.get("recompute_modules") is not None and fields["recompute"] == "selective":
+        fields["recompute_modules"] = tuple(v["recompute_modules"])
     train = train_spec_defaults(parallel, **fields)
     split = StageSplit(first_layers=v.get("decoder_first_pipeline_num_layers"),
                        last_layers=v.get("decoder_last_pipeline_num_layers"),

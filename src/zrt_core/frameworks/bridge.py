@@ -130,11 +130,11 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
         if values["recompute"] == "full":
             raise SpecError(f"{where}: --recompute_modules (selective) and "
                             "--recompute_num_layers (full) are both given", "keep one")
-        mods = str(args["--recompute_modules"]).split(",")
         values["recompute"] = "selective"
-        if mods != ["core_attn"]:
-            notes.append(f"--recompute_modules {','.join(mods)}: priced as zrt's selective "
-                         "recompute (core attention)")
+        mods = tuple(m.strip() for m in str(args["--recompute_modules"]).split(",")
+                     if m.strip())
+        # the only way to say selective here; core_attn alone is Megatron-Core's default
+        values["recompute_modules"] = None if mods == ("core_attn",) else mods
     if "--moe_flex_dispatcher_backend" not in args and values.get("ep", 1) > 1:
         notes.append("--moe_flex_dispatcher_backend not given: the recipe's own dispatcher "
                      "is not read from a launch line; priced as alltoall (give the flag for "
@@ -218,8 +218,9 @@ def write(request: RunRequest, header: Header) -> str:
         words.append(f"--moe_flex_dispatcher_backend {p.ep_dispatcher}")
     if train.recompute == "full":
         words.append("-rl 1")
-    elif train.recompute == "selective":
-        words.append("--recompute_modules core_attn")
+    elif train.recompute == "selective" and train.recompute_modules != ():
+        # an empty list re-runs nothing: no recompute flag
+        words.append(f"--recompute_modules {','.join(train.recompute_modules or ('core_attn',))}")
     if train.fsdp or train.zero >= 2:
         if not (train.fsdp and train.zero == 3):
             raise SpecError(f"ZeRO-{train.zero}{' FSDP' if train.fsdp else ''} has no "

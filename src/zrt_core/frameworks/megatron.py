@@ -193,9 +193,7 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
             raise SpecError(f"{where}: --recompute-modules is for selective recompute, but "
                             "--recompute-granularity is full", "drop one")
         values["recompute"] = "selective"
-        if mods != ["core_attn"]:
-            notes.append(f"--recompute-modules {' '.join(mods)}: priced as zrt's selective "
-                         "recompute (core attention)")
+        values["recompute_modules"] = tuple(mods)
     values.update(_precision(args, where))
     if "--optimizer" in args:
         values["optimizer"] = choice(args["--optimizer"], "--optimizer", where, OPTIMIZERS)
@@ -290,8 +288,11 @@ def write(request: RunRequest, header: Header) -> str:
     if train.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
-    elif train.recompute == "selective":
-        args += ["--recompute-granularity selective", "--recompute-modules core_attn"]
+    elif train.recompute == "selective" and train.recompute_modules != ():
+        # an empty list re-runs nothing: no recompute flags
+        args.append("--recompute-granularity selective")  # modules: Megatron's default
+        if train.recompute_modules is not None:
+            args.append(" ".join(("--recompute-modules", *train.recompute_modules)))
     args += [f"--micro-batch-size {train.micro_batch}",
              f"--global-batch-size {train.global_batch}", f"--seq-length {train.seq_len}"]
     args += {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16"],

@@ -385,7 +385,7 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
         # gathers' and the gradient sync's groups) and the sharding plan (never vp or the
         # schedule: they only split and order the stages)
         layer_key = (*_sharding_key(parallel, train, attention, ctx), train.recompute,
-                     train.lora_rank, plan, rules, mtp, cross_entropy)
+                     train.recompute_modules, train.lora_rank, plan, rules, mtp, cross_entropy)
 
         def layers(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
             return _layer_graphs(captured, fwd0, bwd0, ctx, made, attention=attention,
@@ -487,7 +487,8 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
         notes.append(f"LoRA: frozen base weights (no weight-gradient GEMMs), rank-"
                      f"{train.lora_rank} bf16 adapters on each decoder linear layer, only "
                      "they reduce gradients and keep optimizer states")
-    bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules)], ctx)
+    bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules,
+                                    modules=train.recompute_modules)], ctx)
     bwd = tp_overlap_hints(bwd, fwd, rules)
     return fwd, bwd, applied
 

@@ -92,7 +92,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
 
     Null fields take Megatron-LM / NeMo defaults (docs/training-model.md): dp =
     GPUs / (tp × cp × pp); sequence parallelism on when tp > 1; the distributed optimizer
-    (ZeRO-1); no FSDP; no recompute; micro-batch 1; bf16; expert TP = TP; 1F1B, interleaved
+    (ZeRO-1); no FSDP; the recipe's recompute (Megatron-Bridge records), else none;
+    micro-batch 1; bf16; expert TP = TP; 1F1B, interleaved
     when vp > 1; AdamW. Overlap flags: Megatron-Core's (:func:`default_overlap`), except
     for runs of Megatron-LM as published in 2021-22 (:func:`legacy_overlap`).
 
@@ -150,9 +151,9 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
                         dp=dp, sp=None if sp is None else bool(sp), ep_dispatcher=dispatcher)
     recompute = record.get("recompute")
+    recompute_modules = None
     if recompute is None:
-        recompute = "none"
-        assumptions.append("recompute=none")
+        recompute, recompute_modules = record_recompute(recipe, assumptions)
     micro_batch = record.get("micro_batch")
     if micro_batch is None:
         micro_batch = 1
@@ -175,7 +176,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                            "backward, gradients reduce-scattered every micro-batch "
                            "(docs/fsdp.md)")
     train = TrainSpec(micro_batch=int(micro_batch), global_batch=global_batch,
-                      seq_len=seq_len, recompute=str(recompute), zero=int(zero), fsdp=fsdp,
+                      seq_len=seq_len, recompute=str(recompute),
+                      recompute_modules=recompute_modules, zero=int(zero), fsdp=fsdp,
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
     source = str(record.get("source", ""))
@@ -289,6 +291,33 @@ def record_dispatcher(record: Mapping[str, Any], recipe: Any, assumptions: list[
                            f"({_recipe_name(recipe)})")
         return str(recipe.moe_flex_dispatcher_backend)
     return "alltoall"
+
+
+def record_recompute(recipe: Any, assumptions: list[str]
+                     ) -> tuple[str, tuple[str, ...] | None]:
+    """A record's activation recompute when it states none: its recipe's
+    ``recompute_granularity`` / ``recompute_modules`` (``selective`` with no list is
+    Megatron-Core's default, ``["core_attn"]``), else none (Megatron-Core's default
+    granularity, ``None``). Modules zrt does not model are named and left out."""
+    from zrt_core.strategy import RECOMPUTE_MODULES
+
+    if recipe is None or recipe.recompute_granularity != "selective":
+        why = ""
+        if recipe is not None and "recompute_granularity" in recipe.recipe_defaults:
+            why = " (the recipe leaves recompute_granularity to a provider default not " \
+                  "resolved: taken as Megatron-Core's None)"
+        assumptions.append(f"recompute=none{why}")
+        return "none", None
+    mods = recipe.recompute_modules
+    if mods is None:
+        assumptions.append(f"recompute=selective, Megatron-Core's default modules [core_attn] "
+                           f"({_recipe_name(recipe)})")
+        return "selective", None
+    kept = tuple(m for m in mods if m in RECOMPUTE_MODULES)
+    dropped = [m for m in mods if m not in RECOMPUTE_MODULES]
+    assumptions.append(f"recompute=selective [{', '.join(kept)}] ({_recipe_name(recipe)})"
+                       + (f"; not modelled: {', '.join(dropped)}" if dropped else ""))
+    return "selective", kept
 
 
 def _whole_graphs(recipe: Any) -> bool:

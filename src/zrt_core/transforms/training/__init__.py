@@ -82,11 +82,16 @@ from zrt_core.transforms.training.precision import (  # noqa: F401
 )
 from zrt_core.transforms.training.recompute import (  # noqa: F401
     Recompute,
-    _attention_cores,
     _copied_edges,
     _forward_hint,
     _rename_inputs,
     _renamed,
+)
+from zrt_core.transforms.training.recompute_modules import (  # noqa: F401
+    RECOMPUTE_MODULES,
+)
+from zrt_core.transforms.training.recompute_modules import (  # noqa: F401
+    attention_cores as _attention_cores,
 )
 from zrt_core.transforms.training.templates import (  # noqa: F401
     _SEQ_OFFSET,

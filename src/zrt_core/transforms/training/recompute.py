@@ -19,6 +19,15 @@ from zrt_core.ir.graph import (
 )
 from zrt_core.transforms.training.attention import CORE_ATTENTION_ATTR
 from zrt_core.transforms.training.common import RECOMPUTE_ATTR, _next_id, _tensor_ids
+from zrt_core.transforms.training.recompute_modules import (
+    DEFAULT_MODULES,
+    FULL_CHECKPOINT,
+    NEEDS,
+    OUTPUT_DISCARDING,
+    RECOMPUTE_MODULES,
+    LayerFlow,
+    module_regions,
+)
 
 if TYPE_CHECKING:
     from zrt_core.schedule.scheduler import OverlapRules
@@ -53,6 +62,9 @@ class Recompute:
     mode: str
     forward: OpGraph
     rules: OverlapRules | None = None
+    #: under ``selective``: Megatron-Core's ``recompute_modules`` (None: its default,
+    #: ``["core_attn"]``)
+    modules: Sequence[str] | None = None
     name: str = "recompute"
 
     def apply(self, graph: OpGraph, ctx: TransformContext) -> OpGraph:
@@ -67,54 +79,114 @@ class Recompute:
         for n in self.forward.nodes:
             if n.layer_index is not None:
                 fwd_by_layer.setdefault(n.layer_index, []).append(n)
+        if self.mode == "full":
+            return self._full(graph, fwd_by_layer)
+        modules = DEFAULT_MODULES if self.modules is None else tuple(self.modules)
+        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise SpecError(f"unknown recompute module {bad[0]!r}",
+                            f"use any of {', '.join(RECOMPUTE_MODULES)}")
+        layers = {i: LayerFlow(nodes) for i, nodes in fwd_by_layer.items()}
+        out = graph
+        # ordinary checkpoints first: a discarded output a checkpoint's re-run reads is
+        # restored before that re-run (Megatron's hook fires on the later tensor's grad)
+        for module in (*FULL_CHECKPOINT, *OUTPUT_DISCARDING):
+            if module not in modules:
+                continue
+            regions = {i: module_regions(module, layer) for i, layer in layers.items()}
+            if module in NEEDS and layers and not any(regions.values()):
+                raise SpecError(f"recompute module {module} needs {NEEDS[module]}, which "
+                                "this model does not have (Megatron-Core refuses it too)",
+                                "drop it from --recompute-modules")
+            out = self._insert(out, module, regions)
+        meta = {**graph.meta, "recompute": self.mode, "recompute_modules": list(modules)}
+        return evolve(out, meta=meta)
+
+    def _full(self, graph: OpGraph, fwd_by_layer: Mapping[int, list[OpNode]]) -> OpGraph:
+        """``full``: each layer's whole forward before the layer's first backward node."""
         node_offset = _next_id(graph)
         tensor_offset = _tensor_ids((graph, self.forward))
-        copies: dict[int, list[OpNode]] = {}  # backward node id -> copies inserted before it
-        renamed: dict[int, int] = {}  # forward tensor id -> recomputed tensor id
+        copies: dict[int, list[OpNode]] = {}
+        renamed: dict[int, int] = {}
         new_edges: list[tuple[int, int]] = []
-        fwd_edges = self.forward.edges
-
-        if self.mode == "full":
-            first_bwd: dict[int, int] = {}
-            for n in graph.nodes:
-                if n.layer_index is not None and n.layer_index not in first_bwd:
-                    first_bwd[n.layer_index] = n.id
-            for layer, nodes in fwd_by_layer.items():
-                if layer not in first_bwd:
-                    continue
-                made = self._copy(nodes, node_offset, tensor_offset, renamed)
-                node_offset += len(made)
-                copies.setdefault(first_bwd[layer], []).extend(made)
-                new_edges.extend(_copied_edges(nodes, made, fwd_edges))
-                new_edges.append((made[-1].id, first_bwd[layer]))
-        else:  # selective: the attention core
-            for nodes in fwd_by_layer.values():
-                groups = _attention_cores(nodes)
-                for core in groups:
-                    seq = next((c.attrs.get("seq_nr") for c in reversed(core)
-                                if c.attrs.get("seq_nr") is not None), None)
-                    target = next((n for n in graph.nodes if n.layer_index is not None and
-                                   n.attrs.get("fwd_seq_nr") == seq and
-                                   (n.category == Category.ATTENTION or
-                                    n.attrs.get(CORE_ATTENTION_ATTR))), None)
-                    if target is None:
-                        continue
-                    made = self._copy(core, node_offset, tensor_offset, renamed)
-                    node_offset += len(made)
-                    copies.setdefault(target.id, []).extend(made)
-                    new_edges.extend(_copied_edges(core, made, fwd_edges))
-                    new_edges.append((made[-1].id, target.id))
-
+        first_bwd: dict[int, int] = {}
+        for n in graph.nodes:
+            if n.layer_index is not None and n.layer_index not in first_bwd:
+                first_bwd[n.layer_index] = n.id
+        for layer, nodes in fwd_by_layer.items():
+            if layer not in first_bwd:
+                continue
+            made = self._copy(nodes, node_offset, tensor_offset, renamed)
+            node_offset += len(made)
+            copies.setdefault(first_bwd[layer], []).extend(made)
+            new_edges.extend(_copied_edges(nodes, made, self.forward.edges))
+            new_edges.append((made[-1].id, first_bwd[layer]))
         out: list[OpNode] = []
-        recompute_ids = {c.id for cs in copies.values() for c in cs}
         for n in graph.nodes:
             out.extend(copies.get(n.id, ()))
             out.append(_rename_inputs(n, renamed) if n.layer_index is not None else n)
-        edges = [*graph.edges, *new_edges]
-        meta = {**graph.meta, "recompute": self.mode}
-        result = evolve(graph.with_nodes(out, edges), meta=meta)
-        assert len(recompute_ids) == sum(len(c) for c in copies.values())
-        return result
+        result = graph.with_nodes(out, [*graph.edges, *new_edges])
+        return evolve(result, meta={**graph.meta, "recompute": self.mode})
+
+    def _insert(self, graph: OpGraph, module: str,
+                regions: Mapping[int, list[list[OpNode]]]) -> OpGraph:
+        """Copy each region of ``module`` before the backward node that first needs it; the
+        backward nodes from there on read the re-computed tensors (so the originals are no
+        longer kept, unless an earlier backward node still reads them)."""
+        node_offset = _next_id(graph)
+        tensor_offset = _tensor_ids((graph, self.forward))
+        nodes = list(graph.nodes)
+        index = {n.id: i for i, n in enumerate(nodes)}
+        copies: dict[int, list[OpNode]] = {}
+        renames: list[tuple[int, dict[int, int]]] = []  # (position, forward id -> new id)
+        new_edges: list[tuple[int, int]] = []
+        for layer, found in regions.items():
+            for region in found:
+                target = self._target(module, region, nodes, layer)
+                if target is None:
+                    continue
+                renamed: dict[int, int] = {}
+                made = self._copy(region, node_offset, tensor_offset, renamed)
+                node_offset += len(made)
+                copies.setdefault(target.id, []).extend(made)
+                renames.append((index[target.id], renamed))
+                new_edges.extend(_copied_edges(region, made, self.forward.edges))
+                new_edges.append((made[-1].id, target.id))
+        if not copies:
+            return graph
+        out: list[OpNode] = []
+        for i, n in enumerate(nodes):
+            out.extend(copies.get(n.id, ()))
+            if n.layer_index is not None:
+                for at, renamed in renames:
+                    if i >= at:
+                        n = _rename_inputs(n, renamed)
+            out.append(n)
+        return graph.with_nodes(out, [*graph.edges, *new_edges])
+
+    @staticmethod
+    def _target(module: str, region: Sequence[OpNode], nodes: Sequence[OpNode],
+                layer: int) -> OpNode | None:
+        """The backward node a region's re-run goes just before, or None (nothing reads it)."""
+        if module == "core_attn":
+            # the attention core's own backward (its output stays saved for the projection)
+            seq = next((c.attrs.get("seq_nr") for c in reversed(region)
+                        if c.attrs.get("seq_nr") is not None), None)
+            return next((n for n in nodes if n.layer_index is not None and
+                         n.attrs.get("fwd_seq_nr") == seq and
+                         (n.category == Category.ATTENTION or
+                          n.attrs.get(CORE_ATTENTION_ATTR))), None)
+        if module in FULL_CHECKPOINT:
+            # an ordinary checkpoint re-runs when the backward enters the wrapped module
+            paths = {n.module_path for n in region if n.module_path}
+            return next((n for n in nodes if n.layer_index == layer
+                         and not n.attrs.get(RECOMPUTE_ATTR)
+                         and any(n.module_path == p or n.module_path.startswith(p + ".")
+                                 for p in paths)), None)
+        # output-discarding: just before the first backward node that reads an output
+        outputs = {t.tensor_id for r in region for t in r.outputs if t.tensor_id is not None}
+        return next((n for n in nodes if n.layer_index == layer
+                     and any(t.tensor_id in outputs for t in n.inputs)), None)
 
     def _copy(self, nodes: Sequence[OpNode], node_offset: int, tensor_offset: int,
               renamed: dict[int, int]) -> list[OpNode]:
@@ -134,25 +206,6 @@ class Recompute:
                 inputs=tuple(_renamed(t, renamed) for t in n.inputs),
                 outputs=tuple(_renamed(t, renamed) for t in n.outputs)))
         return made
-
-
-def _attention_cores(nodes: Sequence[OpNode]) -> list[list[OpNode]]:
-    """The attention cores among a layer's forward nodes: each fused attention node, or each
-    run of nodes marked ``core_attention`` (:class:`UnfusedAttention`)."""
-    cores: list[list[OpNode]] = []
-    run: list[OpNode] = []
-    for n in nodes:
-        if n.attrs.get(CORE_ATTENTION_ATTR):
-            run.append(n)
-            continue
-        if run:
-            cores.append(run)
-            run = []
-        if n.category == Category.ATTENTION:
-            cores.append([n])
-    if run:
-        cores.append(run)
-    return cores
 
 
 def _forward_hint(node: OpNode, rules: OverlapRules | None) -> str:
