@@ -118,6 +118,9 @@ def run_train(args: argparse.Namespace) -> int:
     from zrt_core.schedule.stages import StageSplit
     from zrt_core.strategy import train_spec_defaults
 
+    from zrt_core.cli.run_compile import refuse_for_training
+
+    refuse_for_training(args)
     run_spec = goodput_spec_from_args(args)  # the run's flags, before anything slow
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)

@@ -1,0 +1,61 @@
+"""Graph mode (torch.compile → AOTAutograd aten graphs) against eager capture, on the tiny
+configs of every family: same FLOPs and bytes within 1%, or one CompileError line."""
+
+from __future__ import annotations
+
+import pytest
+
+from zrt_core.capture.graphmode import CompileError, module_path
+from zrt_core.errors import ZrtError
+from zrt_core.ir.graph import Phase
+
+from .conftest import TINY
+
+#: families Dynamo cannot trace whole (fullgraph=True), with the reason (docs/graph-mode.md)
+CANNOT_TRACE: dict[str, str] = {}
+
+TOLERANCE = 0.01
+
+
+def _totals(result):
+    return {phase: g.totals() for phase, g in result.graphs.items()}
+
+
+@pytest.mark.parametrize("family", sorted(set(TINY) - set(CANNOT_TRACE)))
+def test_graph_mode_matches_eager_flops_and_bytes(captured, family):
+    eager = captured(family)
+    graph = captured(family, graph_mode=True)
+    assert list(graph.graphs) == list(Phase.CAPTURED)
+    for phase, e in _totals(eager).items():
+        g = graph.graphs[phase].totals()
+        assert g.flops == pytest.approx(e.flops, rel=TOLERANCE), phase
+        assert g.bytes == pytest.approx(e.bytes, rel=TOLERANCE), phase
+    assert graph.graphs[Phase.PREFILL].meta["capture_mode"] == "graph"
+    assert eager.graphs[Phase.PREFILL].meta["capture_mode"] == "eager"
+
+
+@pytest.mark.parametrize("family", sorted(CANNOT_TRACE))
+def test_graph_mode_refuses_in_one_line(captured, family):
+    with pytest.raises(CompileError) as info:
+        captured(family, graph_mode=True)
+    text = str(info.value)
+    assert "\n" not in text and "drop --graph-mode" in text
+    assert CANNOT_TRACE[family] in text
+    assert isinstance(info.value, ZrtError) and info.value.exit_code == 2
+
+
+def test_graph_mode_keeps_layer_attribution(captured):
+    graph = captured("llama", graph_mode=True)
+    eager = captured("llama")
+    for phase in Phase.CAPTURED:
+        # every op inside a decoder layer in eager mode is inside one in graph mode too:
+        # the MLP's and attention's modules are read from nn_module_stack
+        def layers(result):
+            return {(n.layer_index, n.module_class) for n in result.graphs[phase].nodes
+                    if n.layer_index is not None and not n.zero_cost}
+        assert layers(graph) == layers(eager), phase
+
+
+def test_module_path_from_dynamo_sources():
+    assert module_path("L['self'].model.layers[0].mlp") == "model.layers.0.mlp"
+    assert module_path("L['args'][0]._modules['lm_head']") == "lm_head"
