@@ -44,6 +44,17 @@ from zrt_core.ir.graph import TensorMeta
 _SINKS: list[GraphRecorder] = []
 
 
+#: functional ops AOTAutograd emits for an in-place write into a view (``v.copy_(src)`` →
+#: ``copy(v, src)`` + ``slice_scatter(base, copy, ...)``), priced as Inductor runs them
+#: after its reinplacing pass (torch/_inductor/fx_passes/reinplace.py): the copy writes the
+#: slice in place, the scatter moves nothing. (op, zero cost, all outputs views)
+REINPLACED: dict[str, tuple[str, bool, bool]] = {
+    "aten.copy.default": ("aten.copy_.default", False, False),
+    **{f"aten.{kind}_scatter.default": (f"aten.{kind}_scatter.default", True, True)
+       for kind in ("slice", "select", "diagonal", "as_strided")},
+}
+
+
 class CompileError(ModelError):
     """``torch.compile`` cannot trace the model (graph break, unsupported op or object)."""
 
@@ -283,6 +294,11 @@ class GraphRecorder:
         name = op_plan.name if op_plan is not None else _target_name(target)
         zero_cost = op_plan.zero_cost if op_plan is not None else False
         all_view = op_plan.all_outputs_view if op_plan is not None else False
+        if name in REINPLACED:
+            # functionalization's form of an in-place write into a view: Inductor's reinplace
+            # pass writes the slice in place again, as eager's copy_ does
+            name, zero_cost, all_view = REINPLACED[name]
+            attrs["reinplaced"] = True
         return RawOp(op=name, phase=phase, local_id=local_id, inputs=inputs, outputs=outputs,
                      attrs=attrs, module_path=path, module_class=cls,
                      layer_index=self.session.layer_of(path) if path else None,
@@ -354,8 +370,11 @@ def compile_error(model: str, phase: str, exc: BaseException) -> CompileError:
     """One line naming what Dynamo/AOTAutograd could not trace, pointing to eager mode."""
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     text = lines[0] if lines else ""
-    if len(text) > 200:
-        text = text[:197] + "..."
+    explained = [ln for ln in lines[1:4] if ln.startswith("Explanation:")]
+    if explained:  # Dynamo's Unsupported: the first line is generic, the next says what
+        text = f"{text} ({explained[0].removeprefix('Explanation:').strip()})"
+    if len(text) > 300:
+        text = text[:297] + "..."
     return CompileError(f"{model}: torch.compile cannot trace {phase}: "
                         f"{type(exc).__name__}: {text}",
                         "capture in eager mode (drop --graph-mode)")
