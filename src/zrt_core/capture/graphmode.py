@@ -294,6 +294,11 @@ class GraphRecorder:
         name = op_plan.name if op_plan is not None else _target_name(target)
         zero_cost = op_plan.zero_cost if op_plan is not None else False
         all_view = op_plan.all_outputs_view if op_plan is not None else False
+        if name == "aten.clone.default" and _is_dropout(node):
+            # dropout outside training: torch's decomposition returns input.clone(), eager
+            # returns the input itself (no kernel), and Inductor fuses the copy away
+            zero_cost = all_view = True
+            attrs["identity_dropout"] = True
         if name in REINPLACED:
             # functionalization's form of an in-place write into a view: Inductor's reinplace
             # pass writes the slice in place again, as eager's copy_ does
@@ -378,6 +383,16 @@ def compile_error(model: str, phase: str, exc: BaseException) -> CompileError:
     return CompileError(f"{model}: torch.compile cannot trace {phase}: "
                         f"{type(exc).__name__}: {text}",
                         "capture in eager mode (drop --graph-mode)")
+
+
+def _is_dropout(node: Any) -> bool:
+    """Whether a node comes from a dropout call: its innermost module is a ``*Dropout`` or
+    the source line that made it calls ``dropout(`` (BLOOM's ``dropout_add``)."""
+    stack = _stack(node)
+    if stack and _class_name(list(stack.values())[-1][1]).endswith("Dropout"):
+        return True
+    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+    return bool(lines) and "dropout(" in lines[-2 if len(lines) > 1 else -1].lower()
 
 
 def _logging_functions() -> set[Any]:
