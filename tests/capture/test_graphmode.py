@@ -62,6 +62,32 @@ def test_graph_mode_keeps_layer_attribution(captured):
         assert layers(graph, phase) == layers(eager, phase), phase
 
 
+def test_untraceable_model_is_one_line_pointing_to_eager(host, tiny, monkeypatch):
+    # a model whose norm calls importlib at run time: Dynamo skips importlib, so under
+    # fullgraph=True the trace fails (what the DeepSeek MLA patch did before it read
+    # sys.modules); the capture says so in one line and names eager mode
+    import importlib
+
+    from transformers.models.llama import modeling_llama
+
+    from zrt_core.capture.api import capture
+
+    original = modeling_llama.LlamaRMSNorm.forward
+
+    def forward(self, hidden_states):
+        importlib.import_module("math")
+        return original(self, hidden_states)
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", forward)
+    with pytest.raises(CompileError) as info:
+        capture(tiny["llama"], phases=["prefill"], batch=1, seq_len=8, host=host,
+                graph_mode=True)
+    text = str(info.value)
+    assert "\n" not in text and text.endswith("capture in eager mode (drop --graph-mode)")
+    assert "torch.compile cannot trace prefill" in text and "import_module" in text
+    assert info.value.exit_code == 2
+
+
 def test_module_path_from_dynamo_sources():
     assert module_path("L['self'].model.layers[0].mlp") == "model.layers.0.mlp"
     assert module_path("L['args'][0]._modules['lm_head']") == "lm_head"
