@@ -8,11 +8,7 @@ from __future__ import annotations
 import pytest
 
 from zrt_core.capture.graphmode import CompileError, module_path
-from zrt_core.errors import ZrtError
 from zrt_core.ir.graph import Phase
-
-#: families Dynamo cannot trace whole (fullgraph=True), with the reason (docs/graph-mode.md)
-CANNOT_TRACE: dict[str, str] = {}
 
 TOLERANCE = 0.01
 
@@ -37,16 +33,6 @@ def test_graph_mode_matches_eager_flops_and_bytes(captured, family):
         assert g.bytes == pytest.approx(e.bytes, rel=TOLERANCE), phase
     assert graph.graphs[Phase.PREFILL].meta["capture_mode"] == "graph"
     assert eager.graphs[Phase.PREFILL].meta["capture_mode"] == "eager"
-
-
-@pytest.mark.parametrize("family", sorted(CANNOT_TRACE))
-def test_graph_mode_refuses_in_one_line(captured, family):
-    with pytest.raises(CompileError) as info:
-        captured(family, graph_mode=True)
-    text = str(info.value)
-    assert "\n" not in text and "drop --graph-mode" in text
-    assert CANNOT_TRACE[family] in text
-    assert isinstance(info.value, ZrtError) and info.value.exit_code == 2
 
 
 def test_graph_mode_keeps_layer_attribution(captured):
