@@ -122,6 +122,7 @@ def capture(
     moe_imbalance: float = 1.0,
     dtype: str = "bfloat16",
     last_token_logits: bool = True,
+    graph_mode: bool = False,
 ) -> CaptureResult:
     """Capture the operator graphs of a model's phases from its config alone.
 
@@ -138,13 +139,15 @@ def capture(
     :param moe_imbalance: busiest expert's load over the mean (1.0 = balanced routing).
     :param dtype: parameter/activation dtype: ``bfloat16``, ``float16`` or ``float32``.
     :param last_token_logits: prefill/decode compute logits for the last position only.
+    :param graph_mode: capture through ``torch.compile`` (AOTAutograd's aten graphs, see
+        :mod:`zrt_core.capture.graphmode`) instead of recording eager dispatch.
     :raises ModelError: the model cannot be found, parsed or built, a field is missing or
         invalid, an option is out of range, or the model code fails on fake tensors (one
         line each).
     """
     options = CaptureOptions(phases=phases, batch=batch, seq_len=seq_len,
                              full_depth=full_depth, moe_imbalance=moe_imbalance, dtype=dtype,
-                             last_token_logits=last_token_logits)
+                             last_token_logits=last_token_logits, graph_mode=graph_mode)
     from zrt_core.capture.build import torch_dtype
 
     torch_dtype(options.dtype)  # reject a bad dtype before importing models
@@ -273,7 +276,14 @@ class _Capture:
             hooks = []
             if layer_list is not None and not self.options.full_depth:
                 hooks = templates.install_templates(layer_list, kinds)
-            runner = PhaseRunner(model, session, ModuleStack(names), self.options, self.name)
+            if self.options.graph_mode:
+                from zrt_core.capture.graphmode import GraphPhaseRunner, NoModuleStack
+
+                runner: PhaseRunner = GraphPhaseRunner(model, session, NoModuleStack(),
+                                                       self.options, self.name)
+            else:
+                runner = PhaseRunner(model, session, ModuleStack(names), self.options,
+                                     self.name)
             try:
                 with fake_mode, runner.modules:
                     runner.run()
@@ -299,6 +309,7 @@ class _Capture:
             "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
             "full_depth": self.options.full_depth, "moe_imbalance": self.options.moe_imbalance,
+            "capture_mode": "graph" if self.options.graph_mode else "eager",
             "num_layers": recorded.num_layers,
             "logits_positions": 1 if self.options.last_token_logits else self.options.seq_len,
         }

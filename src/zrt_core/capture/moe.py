@@ -33,6 +33,28 @@ EXPERTS_NAME = "zrt_balanced"
 
 _IMBALANCE: contextvars.ContextVar[float] = contextvars.ContextVar("zrt_moe_imbalance",
                                                                    default=1.0)
+# the same value for Dynamo (graph mode), which cannot trace ContextVar.get
+_IMBALANCE_TRACED: list[float] = [1.0]
+
+
+def _imbalance() -> float:
+    import torch
+
+    if torch.compiler.is_compiling():
+        return _IMBALANCE_TRACED[0]
+    return _IMBALANCE.get()
+
+
+@contextlib.contextmanager
+def _imbalance_set(value: float) -> Iterator[None]:
+    token = _IMBALANCE.set(value)
+    before = _IMBALANCE_TRACED[0]
+    _IMBALANCE_TRACED[0] = value
+    try:
+        yield
+    finally:
+        _IMBALANCE_TRACED[0] = before
+        _IMBALANCE.reset(token)
 
 
 def routing_histogram(tokens: int, top_k: int, num_experts: int, imbalance: float = 1.0
@@ -97,7 +119,7 @@ def routed_experts(hidden: Any, top_k_index: Any, top_k_weights: Any, *, num_exp
 
     ensure_ops()
     tokens, top_k = top_k_index.shape
-    rows = routing_histogram(tokens, top_k, num_experts, _IMBALANCE.get())
+    rows = routing_histogram(tokens, top_k, num_experts, _imbalance())
     routed, row_token, row_expert = torch.ops.zrt.moe_dispatch(hidden, top_k_index,
                                                                num_experts)
     offsets = _offsets(rows, hidden.device)
@@ -142,12 +164,11 @@ def balanced_experts_context(config: Any, options: Any) -> Iterator[None]:
     previous = mapping.get(EXPERTS_NAME)
     mapping[EXPERTS_NAME] = balanced_experts_forward
     before = getattr(config, "_experts_implementation_internal", None)
-    token = _IMBALANCE.set(float(getattr(options, "moe_imbalance", 1.0)))
     try:
-        config._experts_implementation = EXPERTS_NAME
-        yield
+        with _imbalance_set(float(getattr(options, "moe_imbalance", 1.0))):
+            config._experts_implementation = EXPERTS_NAME
+            yield
     finally:
-        _IMBALANCE.reset(token)
         config._experts_implementation_internal = before
         if previous is None:
             mapping.pop(EXPERTS_NAME, None)
@@ -205,10 +226,9 @@ def llama4_experts_context(config: Any, options: Any) -> Iterator[None]:
     ensure_ops()
     cls = modeling_llama4.Llama4TextMoe
     original = cls.forward
-    token = _IMBALANCE.set(float(getattr(options, "moe_imbalance", 1.0)))
     cls.forward = _llama4_moe_forward
     try:
-        yield
+        with _imbalance_set(float(getattr(options, "moe_imbalance", 1.0))):
+            yield
     finally:
         cls.forward = original
-        _IMBALANCE.reset(token)

@@ -54,6 +54,8 @@ class CaptureOptions:
     :param dtype: parameter and activation dtype (``bfloat16``, ``float16``, ``float32``).
     :param last_token_logits: prefill and decode compute logits for the last position only
         (what serving engines do); training always computes them for every position.
+    :param graph_mode: capture through ``torch.compile`` (AOTAutograd's aten graphs)
+        instead of eager dispatch.
     """
 
     phases: tuple[str, ...] = field(default=Phase.CAPTURED, converter=_phases)
@@ -63,6 +65,7 @@ class CaptureOptions:
     moe_imbalance: float = field(default=1.0, validator=_imbalance)
     dtype: str = "bfloat16"
     last_token_logits: bool = True
+    graph_mode: bool = False
 
     @property
     def wants_training(self) -> bool:

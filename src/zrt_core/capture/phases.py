@@ -28,6 +28,9 @@ from zrt_core.ir.graph import Phase
 class PhaseRunner:
     """Runs the requested phases of one fake model into one :class:`CaptureSession`."""
 
+    #: what records a phase (graph mode swaps in its own, see capture.graphmode)
+    recorder_class: Any = OpRecorder
+
     def __init__(self, model: Any, session: CaptureSession, modules: ModuleStack,
                  options: CaptureOptions, model_name: str) -> None:
         self.model = model
@@ -79,7 +82,7 @@ class PhaseRunner:
         start = time.perf_counter()
         with torch.no_grad():
             if record:
-                with OpRecorder(self.session, Phase.PREFILL, self.modules):
+                with self.recorder_class(self.session, Phase.PREFILL, self.modules):
                     out = self._call(Phase.PREFILL, input_ids=ids, use_cache=True,
                                      **self._inference_kwargs())
             else:
@@ -106,7 +109,7 @@ class PhaseRunner:
         ids = self._ids(1)
         start = time.perf_counter()
         kwargs = {cache_keyword(self.model): cache}
-        with torch.no_grad(), OpRecorder(self.session, Phase.DECODE, self.modules):
+        with torch.no_grad(), self.recorder_class(self.session, Phase.DECODE, self.modules):
             self._call(Phase.DECODE, input_ids=ids, use_cache=True, **kwargs,
                        **self._inference_kwargs())
         self.timings_s[Phase.DECODE] = time.perf_counter() - start
@@ -124,7 +127,7 @@ class PhaseRunner:
         self.model.train()
         ids = self._ids(self.options.seq_len)
         start = time.perf_counter()
-        recorder = OpRecorder(self.session, Phase.TRAIN_FORWARD, self.modules)
+        recorder = self.recorder_class(self.session, Phase.TRAIN_FORWARD, self.modules)
         with recorder:
             out = self._call(Phase.TRAIN_FORWARD, input_ids=ids, labels=ids, use_cache=False)
             loss = getattr(out, "loss", None)

@@ -64,6 +64,12 @@ def annotate(**attrs: Any) -> Iterator[None]:
     expert receives under the routing assumption (``group_rows``) on a grouped GEMM.
     Values must be JSON scalars or lists of them.
     """
+    import torch
+
+    if torch.compiler.is_compiling():  # Dynamo tracing (graph mode): FX node meta["custom"]
+        with torch.fx.traceback.annotate(dict(attrs)):
+            yield
+        return
     current = _ANNOTATIONS.get()
     merged = {**(current or {}), **attrs}
     token = _ANNOTATIONS.set(merged)
@@ -179,6 +185,16 @@ class CaptureSession:
             self._next_tensor_id += 1
             self._tensor_ids[t] = tid
         return tid
+
+    def fresh_tensor_id(self) -> int:
+        """An id for a tensor that exists only as a graph value (graph mode)."""
+        tid = self._next_tensor_id
+        self._next_tensor_id += 1
+        return tid
+
+    def bind_tensor_id(self, t: Any, tid: int) -> None:
+        """Give a runtime tensor the id of the graph value it is (graph mode)."""
+        self._tensor_ids[t] = tid
 
     def param_name(self, t: Any) -> str | None:
         return self._param_of.get(t)

@@ -80,6 +80,9 @@ def register(sub) -> None:
                    help="parameter and activation dtype (default bfloat16)")
     p.add_argument("--moe-imbalance", type=_imbalance, default=1.0, metavar="X",
                    help="busiest expert's load over the mean (default 1.0, balanced)")
+    p.add_argument("--graph-mode", action="store_true",
+                   help="capture through torch.compile (AOTAutograd's aten graphs) instead "
+                        "of eager dispatch (docs/graph-mode.md)")
     from zrt_core.cli.run_cmd import add_fusion_rules_flag
 
     add_fusion_rules_flag(p)
@@ -108,7 +111,7 @@ def run(args) -> int:
 
     result = capture(args.model, phases=args.phases, batch=args.batch, seq_len=args.seq_len,
                      host=host, full_depth=args.full_depth, moe_imbalance=args.moe_imbalance,
-                     dtype=args.dtype)
+                     dtype=args.dtype, graph_mode=args.graph_mode)
     from zrt_core.capture.export import export_capture, summarize
 
     analytic = {phase: check.analytic for phase, check in result.flops_checks.items()}
@@ -183,7 +186,8 @@ def _print(result, summaries, exported, timings) -> None:
     o = result.options
     out.print(table(
         f"{result.model} ({result.model_type}) · batch {o.batch} · seq {o.seq_len} · "
-        f"{o.dtype}" + (" · full depth" if o.full_depth else ""),
+        f"{o.dtype}" + (" · full depth" if o.full_depth else "")
+        + (" · graph mode" if o.graph_mode else ""),
         ("phase", "ops", "FLOPs", "bytes", "time s", "analytic", "gap", "missing formulas"),
         rows, justify=("left", "right", "right", "right", "right", "right", "right", "left"),
     ))

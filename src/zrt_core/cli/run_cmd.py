@@ -113,6 +113,9 @@ def register(sub: Any) -> None:
     from zrt_core.cli.run_frameworks import add_framework_args
 
     add_framework_args(p)
+    from zrt_core.cli.run_compile import add_compile_args
+
+    add_compile_args(p)
     p.add_argument("--out", metavar="DIR",
                    help="write report.html, report.json and trace.json here")
     p.add_argument("--tables", metavar="DIR", default=None,
@@ -195,15 +198,18 @@ def run_infer(args: argparse.Namespace) -> int:
     # the config's numbers and the layout, before the estimator (and torch) is imported
     config, where = raw_config(args.model, host)
     check_infer_request(config, parallel, infer, where=where)
+    from zrt_core.cli import run_compile
     from zrt_core.estimate import estimate_inference
 
+    captured = run_compile.captured_for(args, args.model, infer.input_len, infer.dtype, host)
     report = estimate_inference(args.model, hw, parallel, infer, host=host,
-                                engine=args.engine,
+                                engine=args.engine, captured=captured,
                                 use_cache=False if args.no_cache else None)
     if args.mtp is not None or args.mtp_acceptance is not None:
         from zrt_core.cli.moe_args import serve_with_mtp
 
         report = serve_with_mtp(args, report, config, hw, parallel, infer, host)
+    gains = run_compile.compare(args, captured, hw, host)
     written = write_outputs(report, args.out) if args.out else []
     from zrt_core.cli.run_frameworks import emit_run
 
@@ -213,9 +219,13 @@ def run_infer(args: argparse.Namespace) -> int:
         data = report.to_json()
         if written:
             data["files"] = [str(p) for p in written]
+        if gains:
+            data["compare_compile"] = [g.to_json() for g in gains]
         print_json(data)
     else:
         print_report(report, written)
+        if gains:
+            run_compile.print_gains(gains)
         if args.tables:
             from zrt_core.cli._output import console
             from zrt_core.cli.coverage_view import print_coverage

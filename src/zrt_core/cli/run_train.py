@@ -122,10 +122,12 @@ def run_train(args: argparse.Namespace) -> int:
     from zrt_core.capture.sources import raw_config
     from zrt_core.checks import check_train_request
     from zrt_core.cli.goodput_args import goodput_spec_from_args
+    from zrt_core.cli.run_compile import refuse_for_training
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.schedule.stages import StageSplit
     from zrt_core.strategy import train_spec_defaults
 
+    refuse_for_training(args)
     run_spec = goodput_spec_from_args(args)  # the run's flags, before anything slow
     host = get_plugin_manager()
     use_fusion_rules(host, args)

@@ -189,19 +189,23 @@ def _package_stamp(module: str) -> str:
 
 
 def cache_key(config: Mapping[str, Any], seq_len: int, dtype: str,
-              host: PluginHost | None) -> str:
+              host: PluginHost | None, *, graph_mode: bool = False) -> str:
     payload = {"v": CACHE_VERSION, "config": config, "phases": PHASES, "batch": 1,
                "seq_len": seq_len, "dtype": dtype, "versions": _versions(host)}
+    if graph_mode:  # torch.compile captures differ from eager ones (docs/graph-mode.md)
+        payload["capture_mode"] = "graph"
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def load_or_capture(model: Any, seq_len: int, *, host: PluginHost, dtype: str = "bfloat16",
-                    use_cache: bool | None = None) -> CapturedModel:
+                    use_cache: bool | None = None, graph_mode: bool = False
+                    ) -> CapturedModel:
     """The prefill and decode graphs of ``model`` at batch 1 and ``seq_len`` tokens.
 
     :param model: anything :func:`zrt_core.capture` accepts, or a :class:`CapturedModel`.
     :param use_cache: read and write the disk cache (default: unless ``ZRT_NO_CACHE=1``).
+    :param graph_mode: capture through ``torch.compile`` (its own cache entries).
     """
     if isinstance(model, CapturedModel):
         return model
@@ -212,7 +216,7 @@ def load_or_capture(model: Any, seq_len: int, *, host: PluginHost, dtype: str = 
         from zrt_core.capture.sources import resolve_model
 
         resolved = resolve_model(model, host, check_model_type=False)
-        key = cache_key(resolved.config, seq_len, dtype, host)
+        key = cache_key(resolved.config, seq_len, dtype, host, graph_mode=graph_mode)
         path = cache_dir() / f"{resolved.name.replace('/', '--')[:60]}-{key}.json"
         if path.is_file():
             try:
@@ -221,7 +225,8 @@ def load_or_capture(model: Any, seq_len: int, *, host: PluginHost, dtype: str = 
                 pass  # a stale or damaged entry: capture again
     from zrt_core.capture.api import capture
 
-    result = capture(model, phases=PHASES, batch=1, seq_len=seq_len, host=host, dtype=dtype)
+    result = capture(model, phases=PHASES, batch=1, seq_len=seq_len, host=host, dtype=dtype,
+                     graph_mode=graph_mode)
     captured = CapturedModel.from_capture(result)
     if path is not None:
         try:

@@ -171,10 +171,14 @@ def _indexer_topk(module: Any, hidden_states: Any, q_resid: Any, position_embedd
 def _attention_interface(family: MlaFamily, implementation: str) -> Callable[..., Any]:
     """The attention function transformers would call (the family's eager one by default)."""
     import importlib
+    import sys
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    eager = importlib.import_module(family.module).eager_attention_forward
+    # the modeling module is imported by the time its attention runs; sys.modules keeps
+    # this traceable by torch.compile (graph mode), which skips importlib
+    module = sys.modules.get(family.module) or importlib.import_module(family.module)
+    eager = module.eager_attention_forward
     return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager)
 
 
