@@ -188,6 +188,10 @@ class TrainSpec:
     #: HSDP: shard over groups of this many data-parallel ranks, replicate across the
     #: groups (None: shard over all of dp)
     hsdp: int | None = field(default=None, validator=validators.optional(_count("degree")))
+    #: Megatron's ``grad_reduce_in_fp32`` (DDP's main-gradient buffer): True keeps and
+    #: reduces fp32 gradients (Megatron-LM's default for bf16); False keeps them in the
+    #: parameters' 16-bit dtype (Megatron-Bridge's performance recipes)
+    grad_reduce_in_fp32: bool = field(default=True, validator=_flag)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -200,7 +204,7 @@ class TrainSpec:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp", "optimizer",
             "precision", "pp_schedule", "offload_optimizer", "lora_rank",
-            "reshard_after_forward", "hsdp")}
+            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32")}
 
 
 @frozen

@@ -67,7 +67,7 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
     if train.fsdp:  # HSDP shards within its group only (replicas hold copies)
         dense_dp, expert_dp = sharding.shard.size, sharding.expert_shard.size
     pbytes = dtype_bytes(plan.activation_dtype)
-    gbytes = dtype_bytes(grad_dtype(train.precision))
+    gbytes = dtype_bytes(grad_dtype(train.precision, train.grad_reduce_in_fp32))
     state = STATE_BYTES.get(train.optimizer, 12)
     link = host_link_gb_per_s or getattr(hw, "host_link_gb_per_s", None)
     per_rank: list[float] = []

@@ -179,6 +179,12 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
     source = str(record.get("source", ""))
+    if "Megatron-Bridge" in source and precision not in ("fp16", "fp32"):
+        # every release's performance configs (scripts/performance, perf_recipes/_common.py
+        # _benchmark_common): cfg.ddp.grad_reduce_in_fp32 = False
+        train = evolve(train, grad_reduce_in_fp32=False)
+        assumptions.append("bf16 gradient buffer and reduction (Megatron-Bridge performance "
+                           "recipes: ddp.grad_reduce_in_fp32=False)")
     attention = "flash"
     if any(s in source for s in LEGACY_MEGATRON_SOURCES):
         attention = "unfused"
