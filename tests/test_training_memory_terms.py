@@ -108,3 +108,58 @@ def test_megatron_bridge_records_keep_bf16_gradients() -> None:
     assert other.train.grad_reduce_in_fp32 is True
     assert TrainSpec(micro_batch=1, global_batch=8, seq_len=8).to_json()[
         "grad_reduce_in_fp32"] is True
+
+
+# the tiny GPT-2 of tests/test_training_estimate.py: 4 layers of 49,984 parameters, the
+# embeddings 8,192 + 16,384 and the final norm 128 outside them (the LM head tied)
+TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_inner": 256,
+        "vocab_size": 128, "n_positions": 256}
+LAYER_PARAMS, OUTER_PARAMS = 4 * 49984, 8192 + 16384 + 128
+PARAMS = LAYER_PARAMS + OUTER_PARAMS  # 224640
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from zrt_core.estimate.training import capture_for_training
+    from zrt_core.plugins import get_plugin_manager
+
+    return capture_for_training(TINY, 2, 64, host=get_plugin_manager(), use_cache=False)
+
+
+def _memory(tiny, **train):
+    from zrt_core.estimate.training import estimate_training
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.strategy import Parallel
+
+    spec = TrainSpec(micro_batch=2, global_batch=16, seq_len=64, zero=1, **train)
+    return estimate_training(TINY, "nvidia_h100_sxm", Parallel(dp=2), spec,
+                             host=get_plugin_manager(), captured=tiny).memory
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_bf16_gradient_buffer_halves_the_gradients(tiny) -> None:
+    # fp32 main gradients: 4 B per parameter; grad_reduce_in_fp32=False: 2 B (bf16)
+    assert _memory(tiny).gradients_bytes == 4 * PARAMS
+    assert _memory(tiny, grad_reduce_in_fp32=False).gradients_bytes == 2 * PARAMS
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_fp8_params_drop_the_bf16_copy_of_the_layer_weights(tiny) -> None:
+    # fp8 (per-tensor scales, no block scales): TE's row- and column-wise fp8 copies of every
+    # parameter, 2 × 1 B × 224,640, beside the bf16 weights 2 B × 224,640 = 898,560 B
+    assert _memory(tiny, precision="fp8").weights_bytes == 2 * PARAMS + 2 * PARAMS
+    # fp8_param_gather: the layers' bf16 copy (2 B × 199,936) is gone; the embeddings and
+    # final norm stay bf16 (2 B × 24,704): 49,408 + 449,280 = 498,688 B
+    assert _memory(tiny, precision="fp8", quantized_params=True).weights_bytes == \
+        2 * OUTER_PARAMS + 2 * PARAMS == 498688
+    # without a low-precision recipe the flag changes nothing
+    assert _memory(tiny, quantized_params=True).weights_bytes == 2 * PARAMS
+
+
+def test_megatron_bridge_fp8_records_keep_fp8_weights_only() -> None:
+    rec = _record("NVIDIA Megatron-Bridge performance summary")
+    assert case_from_record({**rec, "precision": "fp8"}).train.quantized_params is True
+    assert case_from_record(rec).train.quantized_params is False  # bf16
+    deepseek = {**rec, "precision": "fp8", "model": {**rec["model"], "name": "DeepSeek-V3"}}
+    # DeepSeek-V3's H100 perf config sets fp8_param_gather = False
+    assert case_from_record(deepseek).train.quantized_params is False

@@ -192,6 +192,10 @@ class TrainSpec:
     #: reduces fp32 gradients (Megatron-LM's default for bf16); False keeps them in the
     #: parameters' 16-bit dtype (Megatron-Bridge's performance recipes)
     grad_reduce_in_fp32: bool = field(default=True, validator=_flag)
+    #: Megatron's ``fp8_param`` / ``fp8_param_gather``: under an fp8-family recipe the
+    #: decoder layers' weights live only in TransformerEngine's quantized storage (no 16-bit
+    #: copy beside it; the fp32 master copy is the optimizer's)
+    quantized_params: bool = field(default=False, validator=_flag)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -204,7 +208,8 @@ class TrainSpec:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "zero", "fsdp", "optimizer",
             "precision", "pp_schedule", "offload_optimizer", "lora_rank",
-            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32")}
+            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32",
+            "quantized_params")}
 
 
 @frozen
