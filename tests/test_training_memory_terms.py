@@ -163,3 +163,20 @@ def test_megatron_bridge_fp8_records_keep_fp8_weights_only() -> None:
     deepseek = {**rec, "precision": "fp8", "model": {**rec["model"], "name": "DeepSeek-V3"}}
     # DeepSeek-V3's H100 perf config sets fp8_param_gather = False
     assert case_from_record(deepseek).train.quantized_params is False
+
+
+def test_search_candidates_carry_the_runs_gradient_and_weight_storage() -> None:
+    from zrt_core.modelinfo import ModelDims
+    from zrt_core.search.evaluate import train_spec
+    from zrt_core.search.space import TrainSpace, enumerate_train
+
+    dims = ModelDims(model_type="toy", hidden=64, layers=2, heads=4, kv_heads=4, head_dim=16,
+                     ffn=128, vocab=256)
+    space = TrainSpace(gpus=(2,), global_batch=8, seq_len=64, tp=(1,), pp=(1,), cp=(1,),
+                       vp=(1,), micro_batch=(1,), recompute=("none",), sharding=("zero1",),
+                       grad_reduce_in_fp32=False, quantized_params=True)
+    cands, _ = enumerate_train(space, dims, 8)
+    assert cands
+    specs = {(s.grad_reduce_in_fp32, s.quantized_params)
+             for s in (train_spec(c, 8, 64) for c in cands)}
+    assert specs == {(False, True)}
