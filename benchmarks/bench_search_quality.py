@@ -9,7 +9,8 @@ zrt's best is predicted above it.
 The space around each record: tp ∈ {1, 2, 4, 8}, pp ∈ {1, 2, 4, 8}, cp ∈ {1, 2}, vp ∈
 {1, 2, 4}, micro-batch ∈ {1, 2} and, for MoE models, ep ∈ {1, 8} at the recipe's expert tp,
 each with the published value added; ZeRO-1 and FSDP
-plus the published sharding; the published recompute and precision; 1F1B and interleaved.
+plus the published sharding; the published recompute and precision (and, as the record is
+read, its gradient buffer dtype and fp8 weight storage); 1F1B and interleaved.
 Every candidate is estimated with the search's defaults (not the record's overlap or
 kernel options), the published layout included, so the ranking is like for like. Prints
 one line per record and a ``RESULT`` line: the median percentile of the published layouts
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             micro_batch=_with((1, 2), t.micro_batch), recompute=(t.recompute,),
             sharding=tuple(dict.fromkeys(("zero1", "fsdp", sharding))),
             pp_schedule=("1f1b", "interleaved"), precision=(t.precision,),
+            # the recipe's gradient buffer and fp8 weight storage, as the record is read
+            grad_reduce_in_fp32=t.grad_reduce_in_fp32, quantized_params=t.quantized_params,
             max_tp=max(8, p.tp), max_pp=max(8, p.pp))
         started = time.perf_counter()
         try:

@@ -69,8 +69,10 @@ def test_megatron_llama3_8b_fp8_example() -> None:
     # with tp = 1 there is nothing to split along the sequence: resolved off
     assert request.parallel.sequence_parallel(training=True) is False
     for arg in ("--lr 0.00015", "--fp8-amax-history-len 1024", "--overlap-grad-reduce",
-                "--fp8-param-gather", "--kv-channels 128", "--swiglu"):
+                "--kv-channels 128", "--swiglu"):
         assert f"{arg} (not modelled)" in got.ignored
+    # --fp8-param-gather: the fp8 weights alone, no bf16 copy (the weights' memory)
+    assert (v["quantized_params"], v["grad_reduce_in_fp32"]) == (True, True)
     assert "--node_rank 0 (launcher)" in got.ignored
 
 

@@ -235,6 +235,14 @@ class TrainSpec:
     #: HSDP: shard over groups of this many data-parallel ranks, replicate across the
     #: groups (None: shard over all of dp)
     hsdp: int | None = field(default=None, validator=validators.optional(_count("degree")))
+    #: Megatron's ``grad_reduce_in_fp32`` (DDP's main-gradient buffer): True keeps and
+    #: reduces fp32 gradients (Megatron-LM's default for bf16); False keeps them in the
+    #: parameters' 16-bit dtype (Megatron-Bridge's performance recipes)
+    grad_reduce_in_fp32: bool = field(default=True, validator=_flag)
+    #: Megatron's ``fp8_param`` / ``fp8_param_gather``: under an fp8-family recipe the
+    #: decoder layers' weights live only in TransformerEngine's quantized storage (no 16-bit
+    #: copy beside it; the fp32 master copy is the optimizer's)
+    quantized_params: bool = field(default=False, validator=_flag)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -247,7 +255,7 @@ class TrainSpec:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules", "zero",
             "fsdp", "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
-            "reshard_after_forward", "hsdp")}
+            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32", "quantized_params")}
 
 
 @frozen

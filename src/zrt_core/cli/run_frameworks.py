@@ -19,6 +19,8 @@ FLAG_NAMES = {"tp": "--tp", "pp": "--pp", "vp": "--vp", "cp": "--cp", "ep": "--e
               "fsdp": "--fsdp", "optimizer": "--optimizer", "precision": "--precision",
               "pp_schedule": "--pp-schedule", "offload_optimizer": "--offload-optimizer",
               "lora_rank": "--lora-rank", "hsdp": "--hsdp",
+              "grad_reduce_in_fp32": "--grad-reduce-in-bf16",
+              "quantized_params": "--fp8-param-gather",
               "reshard_after_forward": "--reshard-after-forward", "batch": "--batch", "quant": "--quant",
               "kv_dtype": "--kv-dtype", "engine": "--engine", "num_gpus": "--num-gpus",
               "input_len": "--input-len", "output_len": "--output-len",

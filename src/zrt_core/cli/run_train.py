@@ -56,6 +56,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="pipeline schedule (default 1f1b, interleaved when --vp > 1)")
     g.add_argument("--offload-optimizer", action="store_true",
                    help="keep optimizer states in host memory (needs --host-link-gbps)")
+    g.add_argument("--grad-reduce-in-bf16", dest="grad_reduce_in_fp32",
+                   action="store_false",
+                   help="keep and reduce gradients in bf16 (Megatron's grad_reduce_in_fp32 "
+                        "off, as Megatron-Bridge's performance recipes run); default fp32")
+    g.add_argument("--fp8-param-gather", dest="quantized_params", action="store_true",
+                   help="with an fp8-family --precision, keep the layers' weights only in "
+                        "their low-precision copies (Megatron's fp8_param_gather)")
     g.add_argument("--lora-rank", type=positive_int("--lora-rank"), default=0, metavar="R",
                    help="LoRA fine-tuning: frozen base weights, rank-R adapters on every "
                         "decoder linear layer (Megatron-Bridge's default is 32; without it "
@@ -143,7 +150,9 @@ def run_train(args: argparse.Namespace) -> int:
         "seq_len": args.seq_len, "recompute": args.recompute, "zero": args.zero,
         "fsdp": args.fsdp, "optimizer": args.optimizer, "precision": args.precision,
         "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank,
-        "reshard_after_forward": args.reshard_after_forward, "hsdp": args.hsdp}
+        "reshard_after_forward": args.reshard_after_forward, "hsdp": args.hsdp,
+        "grad_reduce_in_fp32": args.grad_reduce_in_fp32,
+        "quantized_params": args.quantized_params}
     if args.pp_schedule:
         fields["pp_schedule"] = args.pp_schedule
     if args.recompute_modules is not None:

@@ -147,7 +147,9 @@ def request_from_values(values: Mapping[str, Any]) -> RunRequest:
         "optimizer": v.get("optimizer") or "adamw", "precision": v.get("precision") or "bf16",
         "offload_optimizer": bool(v.get("offload_optimizer")),
         "lora_rank": int(v.get("lora_rank") or 0),
-        "reshard_after_forward": v.get("reshard_after_forward"), "hsdp": v.get("hsdp")}
+        "reshard_after_forward": v.get("reshard_after_forward"), "hsdp": v.get("hsdp"),
+        "grad_reduce_in_fp32": bool(v.get("grad_reduce_in_fp32", True)),
+        "quantized_params": bool(v.get("quantized_params", False))}
     if v.get("pp_schedule"):
         fields["pp_schedule"] = v["pp_schedule"]
     if v.get("recompute_modules") is not None and fields["recompute"] == "selective":

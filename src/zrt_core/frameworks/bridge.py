@@ -61,6 +61,8 @@ OVERRIDES = {
     "model.account_for_embedding_in_pipeline_split": ("embedding_loss_stages", "bool"),
     "model.account_for_loss_in_pipeline_split": ("embedding_loss_stages", "bool"),
     "optimizer.optimizer_cpu_offload": ("offload_optimizer", "bool"),
+    "ddp.grad_reduce_in_fp32": ("grad_reduce_in_fp32", "bool"),
+    "mixed_precision.fp8_param_gather": ("quantized_params", "bool"),
 }
 
 
@@ -244,6 +246,10 @@ def write(request: RunRequest, header: Header) -> str:
         over.append("model.sequence_parallel=false")
     if train.zero == 0 and not train.fsdp:
         over.append("ddp.use_distributed_optimizer=false")
+    if not train.grad_reduce_in_fp32:
+        over.append("ddp.grad_reduce_in_fp32=false")
+    if train.quantized_params:
+        over.append("mixed_precision.fp8_param_gather=true")
     if p.cp > 1 and p.cp_kind == "ulysses":
         over.append("model.cp_comm_type=a2a")
     if train.lora_rank and train.lora_rank != DEFAULT_LORA_RANK:

@@ -30,6 +30,7 @@ FLAGS: dict[str, int] = {
     "--context-parallel-size": 1, "--cp-comm-type": -1, "--expert-model-parallel-size": 1,
     "--expert-tensor-parallel-size": 1, "--sequence-parallel": 0,
     "--use-distributed-optimizer": 0, "--use-megatron-fsdp": 0, "--use-torch-fsdp2": 0,
+    "--grad-reduce-in-bf16": 0, "--fp8-param-gather": 0,
     "--data-parallel-sharding-strategy": 1, "--recompute-granularity": 1,
     "--recompute-activations": 0, "--recompute-modules": -1, "--recompute-method": 1,
     "--recompute-num-layers": 1, "--micro-batch-size": 1, "--global-batch-size": 1,
@@ -162,6 +163,10 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
     # (ModelParallelConfig.sequence_parallel = False), plain DDP (no distributed optimizer)
     values["sp"] = bool(args.get("--sequence-parallel", False))
     values["zero"], values["fsdp"] = 0, False
+    # gradients reduced in fp32 unless --grad-reduce-in-bf16; fp8 weights kept alone with
+    # --fp8-param-gather (Megatron-LM arguments.py)
+    values["grad_reduce_in_fp32"] = not args.get("--grad-reduce-in-bf16", False)
+    values["quantized_params"] = bool(args.get("--fp8-param-gather", False))
     if args.get("--use-distributed-optimizer"):
         values["zero"] = 1
     fsdp = [f for f in ("--use-megatron-fsdp", "--use-torch-fsdp2") if args.get(f)]
@@ -285,6 +290,10 @@ def write(request: RunRequest, header: Header) -> str:
         args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
     elif train.zero == 1:
         args.append("--use-distributed-optimizer")
+    if not train.grad_reduce_in_fp32:
+        args.append("--grad-reduce-in-bf16")
+    if train.quantized_params:
+        args.append("--fp8-param-gather")
     if train.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]

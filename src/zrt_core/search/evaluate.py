@@ -21,7 +21,8 @@ def train_spec(cand: TrainCandidate, global_batch: int, seq_len: int) -> TrainSp
     return train_spec_defaults(
         cand.parallel, micro_batch=cand.micro_batch, global_batch=global_batch,
         seq_len=seq_len, recompute=cand.recompute, zero=zero, fsdp=fsdp,
-        precision=cand.precision, pp_schedule=cand.pp_schedule)
+        precision=cand.precision, pp_schedule=cand.pp_schedule,
+        grad_reduce_in_fp32=cand.grad_reduce_in_fp32, quantized_params=cand.quantized_params)
 
 
 def layer_group(cand: TrainCandidate) -> tuple[Any, ...]:

@@ -106,6 +106,10 @@ class TrainSpace:
     max_pp: int | None = None
     max_cp: int | None = None
     max_vp: int | None = None
+    #: the run's gradient buffer and weight storage (:class:`~zrt_core.strategy.TrainSpec`'s
+    #: fields of those names), the same for every candidate
+    grad_reduce_in_fp32: bool = True
+    quantized_params: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.global_batch < 1 or self.seq_len < 1:
@@ -166,6 +170,8 @@ class TrainCandidate:
     sharding: str
     pp_schedule: str
     precision: str
+    grad_reduce_in_fp32: bool = True
+    quantized_params: bool = False
 
     def key(self) -> tuple[Any, ...]:
         p = self.parallel
@@ -267,7 +273,8 @@ def _walk_recipes(space: TrainSpace, dims: ModelDims, nvlink_domain: int | None,
                                 continue
                             par = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=etp, dp=dp)
                             yield TrainCandidate(n, par, mb, recompute, sharding, schedule,
-                                                 precision), None
+                                                 precision, space.grad_reduce_in_fp32,
+                                                 space.quantized_params), None
 
 
 def _recipe_rule(space: TrainSpace, dims: ModelDims, ep_ok: bool, tp: int, cp: int, pp: int,

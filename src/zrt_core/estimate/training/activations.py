@@ -32,6 +32,16 @@ def _members(node: OpNode) -> list[OpNode]:
 
 _RANDOM_OPS = ("bernoulli", "rand", "dropout", "normal", "uniform")
 
+#: Backward ops whose input at this position is no saved activation in Megatron-Core: since
+#: core 0.13 ("Memory efficient token permutation", Megatron-LM 2659630721) the router
+#: probabilities multiply the experts' activation (``weighted_bias_swiglu_impl``,
+#: ``weighted_bias_quick_geglu_impl`` or ``activation * permuted_probs`` in
+#: ``TEGroupedMLP.forward``) and the un-permutation is unweighted, so no expert output
+#: ``[tokens × top-k, hidden]`` is kept for the probabilities' gradient: the activation's
+#: backward computes it from the fc1 output it keeps anyway. The captured graph weighs in
+#: the combine (as Hugging Face does), whose backward reads the expert output.
+_NOT_SAVED_INPUTS = {"zrt.moe_combine_backward": 1}
+
 
 def _forward_tensors(forward: OpGraph) -> tuple[dict[int, int], dict[int, Any], set[int]]:
     """What the forward graph says about its tensors: view → the storage it views (views of
@@ -93,7 +103,8 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
     A tensor a fused forward kernel produces internally is not kept: the fused backward
     kernel recomputes it from the fused kernel's inputs (Megatron's fused bias-GeLU keeps
     the GEMM output only). Under recompute the backward reads re-computed tensors, so only
-    the checkpoints remain.
+    the checkpoints remain. The MoE combine's backward keeps no expert output (Megatron-Core
+    weighs the experts' activation by the router probabilities: :data:`_NOT_SAVED_INPUTS`).
     """
     base, meta, internal = _forward_tensors(forward)
     produced = {t.tensor_id for n in backward.nodes for t in n.outputs
@@ -107,9 +118,11 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
             key = n.layer_index
         else:
             key = "head" if pos < first_layer else "embedding"
-        for t in n.inputs:
+        skip = _NOT_SAVED_INPUTS.get(n.op.rsplit(".", 1)[0] if n.op.count(".") > 1
+                                     else n.op, -1)
+        for pos_in, t in enumerate(n.inputs):
             tid = t.tensor_id
-            if tid is None or t.param is not None or tid in produced:
+            if tid is None or t.param is not None or tid in produced or pos_in == skip:
                 continue
             root = base.get(tid, tid)
             if root in internal:

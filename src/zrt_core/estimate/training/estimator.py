@@ -442,7 +442,7 @@ def _data_parallel(fwd: OpGraph, bwd: OpGraph, applied: tuple[str, ...],
         inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
     fwd_first, fwd, bwd, bwd_sync = apply_sharding(
         fwd, bwd, ctx, inventory, param_dtype=plan.activation_dtype,
-        grad_dtype=grad_dtype(train.precision), algorithm=zero_algorithm, notes=notes)
+        grad_dtype=grad_dtype(train.precision, train.grad_reduce_in_fp32), algorithm=zero_algorithm, notes=notes)
     return fwd, bwd, bwd_sync, inventory, applied, fwd_first
 
 

@@ -67,7 +67,7 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
     if train.fsdp:  # HSDP shards within its group only (replicas hold copies)
         dense_dp, expert_dp = sharding.shard.size, sharding.expert_shard.size
     pbytes = dtype_bytes(plan.activation_dtype)
-    gbytes = dtype_bytes(grad_dtype(train.precision))
+    gbytes = dtype_bytes(grad_dtype(train.precision, train.grad_reduce_in_fp32))
     state = STATE_BYTES.get(train.optimizer, 12)
     link = host_link_gb_per_s or getattr(hw, "host_link_gb_per_s", None)
     per_rank: list[float] = []
@@ -130,6 +130,13 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
             param_elements += (all_dense / sharding.post_forward.size
                                + all_expert / sharding.expert_post_forward.size)
         w = param_elements * pbytes
+        if plan.low_precision and train.quantized_params and not shard_params:
+            # fp8_param_gather: the decoder layers' weights are TE quantized tensors only
+            # (row- and column-wise copies below), the embedding, head and their norms stay
+            # 16-bit (Megatron-Core's fp8_model_init covers the transformer layers' modules)
+            layer_dense, layer_expert = inventory.stage(layers, templates, first=False,
+                                                        last=False, pp=pp)
+            w -= (layer_dense + layer_expert) * pbytes
         if plan.low_precision:
             # TransformerEngine keeps row- and column-wise low-precision weight copies
             w += 2 * plan.quantized_bytes(int(all_dense + all_expert), plan.gemm_dtype or "")

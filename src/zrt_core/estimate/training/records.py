@@ -82,6 +82,13 @@ NVFP4_BF16_TAIL = 14 / 88
 LEGACY_MEGATRON_SOURCES = ("Narayanan et al. 2021", "Korthikanti et al. 2022")
 
 
+#: (model name part, hardware or ``*``) whose Megatron-Bridge fp8 perf configs turn
+#: ``fp8_param_gather`` off, where the library's ``bf16_with_fp8_current_scaling_mixed`` /
+#: ``bf16_with_mxfp8_mixed`` (every release) turn it on: DeepSeek-V3 on H100
+#: (perf_recipes/deepseek/h100/deepseek_v3.py), Kimi K2 (configs/kimi/kimi_llm_pretrain.py).
+FP8_PARAM_OFF = (("deepseek", "nvidia_h100_sxm"), ("kimi", "*"))
+
+
 #: What a record's notes say of a token-drop MoE run (Megatron-Bridge 25.09's
 #: ``apply_moe_token_drop``: capacity factor 1, padded to capacity).
 TOKEN_DROP_NOTE = "Token-drop MoE run"
@@ -181,6 +188,18 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
     source = str(record.get("source", ""))
+    if "Megatron-Bridge" in source and precision not in ("fp16", "fp32"):
+        # every release's performance configs (scripts/performance, perf_recipes/_common.py
+        # _benchmark_common): cfg.ddp.grad_reduce_in_fp32 = False
+        train = evolve(train, grad_reduce_in_fp32=False)
+        assumptions.append("bf16 gradient buffer and reduction (Megatron-Bridge performance "
+                           "recipes: ddp.grad_reduce_in_fp32=False)")
+        model = str((record.get("model") or {}).get("name", "")).lower()
+        if precision in ("fp8", "mxfp8") and not any(
+                m in model and h in (hardware, "*") for m, h in FP8_PARAM_OFF):
+            train = evolve(train, quantized_params=True)
+            assumptions.append("fp8 weights without a bf16 copy (Megatron-Bridge's fp8 "
+                               "mixed-precision recipes: fp8_param_gather=True)")
     attention = "flash"
     if any(s in source for s in LEGACY_MEGATRON_SOURCES):
         attention = "unfused"

@@ -24,11 +24,17 @@ if TYPE_CHECKING:
 # -- data-parallel gradient sync and ZeRO-3 / FSDP gathers ----------------------------------------
 
 
-def grad_dtype(precision: str) -> str:
+def grad_dtype(precision: str, reduce_in_fp32: bool = True) -> str:
     """The gradient buffer's dtype: Megatron accumulates and reduces bf16 (and fp8-recipe)
-    gradients in fp32 (``accumulate_allreduce_grads_in_fp32``, forced for bf16); fp16 runs
-    keep fp16 gradients (ZeRO's 2 + 2 + 12 bytes); fp32 runs fp32."""
-    return "float16" if precision == "fp16" else "float32"
+    gradients in fp32 (``accumulate_allreduce_grads_in_fp32``, Megatron-LM's default for
+    bf16) unless the run sets ``grad_reduce_in_fp32=False`` (every Megatron-Bridge
+    performance recipe: bf16 gradients, the distributed optimizer casting its shard to fp32
+    at the step); fp16 runs keep fp16 gradients (ZeRO's 2 + 2 + 12 bytes); fp32 runs fp32."""
+    if precision == "fp16":
+        return "float16"
+    if precision == "fp32" or reduce_in_fp32:
+        return "float32"
+    return "bfloat16"
 
 
 def dp_groups(parallel: Parallel) -> tuple[str, str]:

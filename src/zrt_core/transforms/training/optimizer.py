@@ -87,7 +87,7 @@ def optimizer_graph(
 
         sharded = sharding_plan(parallel, train)
         dense_shard, expert_shard = sharded.shard.size, sharded.expert_shard.size
-    gdtype = grad_dtype(train.precision)
+    gdtype = grad_dtype(train.precision, train.grad_reduce_in_fp32)
     gbytes = dtype_bytes(gdtype)
     pbytes = dtype_bytes(plan.activation_dtype)
     optimizer = train.optimizer
