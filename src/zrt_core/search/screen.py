@@ -51,12 +51,13 @@ def default_margins() -> Margins:
 
 
 def anchor_key(cand: Any) -> tuple[Any, ...]:
-    """Layouts whose stage times one anchor gives: the layer group and the sharding."""
+    """Layouts whose stage times one anchor gives: the layer group, and whether FSDP
+    reshards after forward (at pp 1 only, torchtitan's default: a gather per layer and
+    micro-batch, its own anchor). The ZeRO stages and FSDP without resharding share the
+    per-layer times; the memory model sizes each sharding."""
     from zrt_core.search.evaluate import layer_group
 
-    # FSDP reshards after forward at pp 1 only (torchtitan's default): its own anchor
-    return (*layer_group(cand), cand.sharding,
-            cand.sharding == "fsdp" and cand.parallel.pp == 1)
+    return (*layer_group(cand), cand.sharding == "fsdp" and cand.parallel.pp == 1)
 
 
 def anchors_needed(cands: Sequence[Any]) -> int:

@@ -153,12 +153,13 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
         work[rank_of[v]] += f[v] + b[v]
     chunk = [f[v] + b[v] for v in range(n_stages)]
     # the bottleneck rank runs every micro-batch; the fill and drain add one pass of each
-    # other virtual stage (1F1B: Σ_v (f+b) − the slowest; interleaved: (pp − 1) chunks,
-    # the (pp − 1)/vp bubble of Narayanan et al. 2021), p2p on each of the 2 (pp − 1) hops
+    # other virtual stage (1F1B: Σ_v (f+b) − the slowest; interleaved: (pp − 1) average
+    # chunks, the (pp − 1)/vp bubble of Narayanan et al. 2021), p2p on each of the
+    # 2 (pp − 1) hops
     if vp == 1:
         pipeline = (m - 1) * max(work) + sum(chunk)
     else:
-        pipeline = m * max(work) + (pp - 1) * max(chunk)
+        pipeline = m * max(work) + (pp - 1) * sum(chunk) / n_stages
     if pp > 1:
         pipeline += 2 * (pp - 1) * g.p2p_s
     # static memory per rank: the parameter elements on it (inventory.stage) under the
