@@ -8,7 +8,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from zrt_core.search.screen_model import (
     SCREENED_SCHEDULES,
@@ -51,13 +51,18 @@ def default_margins() -> Margins:
 
 
 def anchor_key(cand: Any) -> tuple[Any, ...]:
-    """Layouts whose stage times one anchor gives: the layer group, and whether FSDP
-    reshards after forward (at pp 1 only, torchtitan's default: a gather per layer and
-    micro-batch, its own anchor). The ZeRO stages and FSDP without resharding share the
-    per-layer times; the memory model sizes each sharding."""
+    """Layouts whose stage times one anchor gives: the layer group. The ZeRO stages and
+    FSDP share the per-layer times; the memory model sizes each sharding."""
     from zrt_core.search.evaluate import layer_group
 
-    return (*layer_group(cand), cand.sharding == "fsdp" and cand.parallel.pp == 1)
+    return layer_group(cand)
+
+
+def resharded(cand: Any) -> bool:
+    """FSDP re-sharding after forward (at pp 1, torchtitan's default): a gather per layer
+    and micro-batch in forward and backward, on top of the compute the group's anchor
+    prices. Screened as an upper bound only (:func:`two_tier`)."""
+    return cand.sharding == "fsdp" and cand.parallel.pp == 1
 
 
 def anchors_needed(cands: Sequence[Any]) -> int:
@@ -129,7 +134,8 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
                 estimate(i)  # no closed form for this schedule: exact
         model = None
         # the anchor: the most virtual stages (the most equations for the per-layer solve)
-        for i in sorted(screenable, key=lambda j: -_stages(cands[j]))[:3]:
+        plain = [i for i in screenable if not resharded(cands[i])]
+        for i in sorted(plain or screenable, key=lambda j: -_stages(cands[j]))[:3]:
             _, report = estimate(i)
             latest = evaluator.reuse.latest_transform() if report is not None else None
             if latest is not None:
@@ -138,6 +144,7 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
                 model = _anchored(group_model(report, templates, inventory), report,
                                   cands[i], evaluator, plans)
                 break
+        anchored_resharded = not plain
         for i in screenable:
             if model is None:
                 if i not in exact:
@@ -150,6 +157,10 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
                                         seq_len=evaluator.seq_len, hw=evaluator.hw,
                                         train=train_spec(c, evaluator.global_batch,
                                                          evaluator.seq_len), plan=plan)
+            if resharded(c) and not anchored_resharded:
+                # the same compute with more gathers: the anchor's time bounds it from
+                # below, so its throughput is an upper bound only
+                screened[i] = evolve(screened[i], upper_only=True)
     rounds = 0
     while True:
         margins = margins.widened(*_observed(exact, screened))
@@ -193,8 +204,10 @@ def _observed(exact: dict[int, dict[str, Any]], screened: dict[int, Screened]
         s = screened.get(i)
         if s is None or "rejected" in row:
             continue
-        if row["fits"]:  # tokens/s rank only the layouts that fit
-            t.append(row["tokens_per_s_per_gpu"] / s.tokens_per_s_per_gpu)
+        if row["fits"]:  # only the layouts that fit are ranked
+            ratio = row["tokens_per_s_per_gpu"] / s.tokens_per_s_per_gpu
+            # an upper bound only: it may widen t_hi, never t_lo
+            t.append(max(ratio, 1.0) if s.upper_only else ratio)
         if row.get("memory_gib") is not None and s.memory_bytes > 0:
             m.append(row["memory_gib"] * 2.0 ** 30 / s.memory_bytes)
     return t, m
@@ -218,9 +231,10 @@ def _undecided(cands: Sequence[Any], exact: dict[int, dict[str, Any]],
         fits_maybe = s.memory_bytes * mg.mem_lo <= s.usable_bytes
         if not fits_maybe:
             continue  # out on memory whatever the error
-        open_.append((i, s.tokens_per_s_per_gpu * mg.tput_lo, s.tokens_per_s_per_gpu
-                      * mg.tput_hi, s.memory_bytes * mg.mem_lo, s.memory_bytes * mg.mem_hi,
-                      fits_surely, fits_maybe))
+        low = 0.0 if s.upper_only else s.tokens_per_s_per_gpu * mg.tput_lo
+        open_.append((i, low, s.tokens_per_s_per_gpu * mg.tput_hi, s.memory_bytes * mg.mem_lo,
+                      s.memory_bytes * mg.mem_hi, fits_surely and not s.upper_only,
+                      fits_maybe))
     # lower bounds of the layouts certain to fit (exact or screened)
     sure = [(k[0], k[3], k[6]) for k in known] + \
         [(o[1], o[4], cands[o[0]].gpus) for o in open_ if o[5]]

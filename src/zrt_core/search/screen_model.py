@@ -132,6 +132,9 @@ class Screened:
     opt_elements: float
     #: parameter elements on the rank with the most
     rank_elements: float = 0.0
+    #: the throughput bounds the exact one from above only (more communication than the
+    #: anchor's per-layer times hold: :func:`~zrt_core.search.screen.resharded`)
+    upper_only: bool = False
 
 
 def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, hw: Any,
