@@ -119,7 +119,7 @@ def run_space(name: str, rate_only: bool = False) -> dict:
         if "rejected" in r:
             continue
         m_ratio.append(r["memory_gib"] * 2 ** 30 / s.memory_bytes)
-        if r["fits"]:
+        if r["fits"] and not s.upper_only:  # an upper bound only: not an estimate
             t_ratio.append(r["tokens_per_s_per_gpu"] / s.tokens_per_s_per_gpu)
             s_t.append(s.tokens_per_s_per_gpu)
             e_t.append(r["tokens_per_s_per_gpu"])
