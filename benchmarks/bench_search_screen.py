@@ -2,8 +2,9 @@
 
     python benchmarks/bench_search_screen.py [--only NAME] [--write]
 
-For each space (Llama-3-70B on 1,024 H100 at 1,024 × 4,096; Qwen3-30B-A3B on 64 H100; Llama
-3 8B on 16 H100): the captures are made first, then the two-tier search (screen + exact
+For each space (Llama-3-70B on 1,024 H100 at 1,024 × 4,096; Qwen3-30B-A3B on 64 H100,
+tp ≤ 2, cp ≤ 2, ep 4/8, pp ≤ 4, selective recompute, micro-batch 1; Llama 3 8B on 16 H100):
+the captures are made first, then the two-tier search (screen + exact
 tier, :func:`zrt_core.search.screen.two_tier`, CPU time of this process, one core) and the
 exact search (every layout); reported: the rate (valid layouts ÷ the two-tier's CPU
 seconds), whether the best layout, the top 10 and the Pareto front agree, and the screen's
@@ -29,8 +30,8 @@ SPACES = {
     "llama3-70b-1024xh100": ("llama3-70b", "h100", dict(gpus=(1024,), global_batch=1024,
                                                         seq_len=4096)),
     "qwen3-30b-a3b-64xh100": ("qwen3-30b-a3b", "h100", dict(
-        gpus=(64,), global_batch=512, seq_len=4096, tp=(1, 2, 4), ep=(1, 4, 8),
-        micro_batch=(1, 2), recompute=("none", "selective", "full"))),
+        gpus=(64,), global_batch=512, seq_len=4096, tp=(1, 2), cp=(1, 2), ep=(4, 8),
+        micro_batch=(1,), recompute=("selective",), max_pp=4)),
     "llama3-8b-16xh100": ("llama3-8b", "h100", dict(gpus=(16,), global_batch=128,
                                                     seq_len=4096)),
 }
