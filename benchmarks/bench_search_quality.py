@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             max_tp=max(8, p.tp), max_pp=max(8, p.pp))
         started = time.perf_counter()
         try:
+            # exact: the published layout's rank needs every layout estimated
             res = search(case.config, case.hardware, space, host=host, workers=args.workers,
-                         full_report=False)
+                         full_report=False, exact=True)
         except ZrtError as exc:
             print(f"{rec['id']}: search failed ({exc})")
             continue

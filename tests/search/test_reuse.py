@@ -81,11 +81,13 @@ def test_search_rows_equal_with_and_without_reuse() -> None:
     space = TrainSpace(gpus=(4,), global_batch=8, seq_len=64, tp=(1, 2), pp=(1, 2), cp=(1,),
                        vp=(1,), micro_batch=(1, 2), recompute=("none", "full"),
                        sharding=("zero1", "fsdp"), pp_schedule=("1f1b",))
-    fast = search(LLAMA, "h100", space, full_report=False)
+    # exact: every layout estimated in both runs (the two-tier search's screen needs the
+    # reuse's anchors, so without reuse it would estimate more layouts than with it)
+    fast = search(LLAMA, "h100", space, full_report=False, exact=True)
     TrainEvaluator.reuse_layers = False
     try:
         _TRANSFORMED.clear()
-        full = search(LLAMA, "h100", space, full_report=False)
+        full = search(LLAMA, "h100", space, full_report=False, exact=True)
     finally:
         TrainEvaluator.reuse_layers = True
     assert fast.rows == full.rows and fast.ranking == full.ranking

@@ -108,6 +108,10 @@ def add_space_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run the estimates as Ray tasks (zrt-core[ray]); no ADDRESS: a "
                         "local Ray instance")
+    r.add_argument("--exact", action="store_true", default=None,
+                   help="training: estimate every layout exactly (default: screen them in "
+                        "closed form and estimate exactly those that can reach the top-k "
+                        "or the front; docs/search.md)")
     r.add_argument("--out", metavar="DIR",
                    help="write results.csv, results.xlsx and search.html here")
     r.add_argument("--no-cache", action="store_true", help="capture again")
@@ -169,6 +173,7 @@ def search_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"top_k": args.top_k, "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms,
             "rate": args.rate, "engine": args.engine, "workers": args.workers,
             "ray_address": args.ray, "use_cache": False if args.no_cache else None,
+            **({"exact": True} if getattr(args, "exact", None) else {}),
             **_objective_options(args)}
 
 
@@ -229,6 +234,11 @@ def run(args: argparse.Namespace) -> int:
 
     args.mode = args.mode or "infer"
     if args.strategies:
+        if args.exact:
+            from zrt_core.errors import SpecError
+
+            raise SpecError("--exact and --strategies do not go together (the families "
+                            "are estimated exactly)", "drop --exact")
         return run_strategies(args)
     if args.emit is not None:
         from zrt_core.frameworks import framework_of
@@ -327,7 +337,10 @@ def print_search(result: Any) -> None:
         cols = (*cols, ("goodput", "goodput"), ("wall_days", "days"))
     con.print(f"{result.model} on {result.hardware}: {result.enumerated:,} layouts "
               f"enumerated, {result.evaluated:,} estimated in {result.elapsed_s:.1f} s"
-              + (" (interrupted: partial results)" if result.partial else ""))
+              + (" (interrupted: partial results)" if result.partial else "")
+              + (f"; {result.extra['screened']:,} screened in closed form, "
+                 f"{result.extra['estimated_exactly']:,} estimated exactly"
+                 if result.extra.get("screened") else ""))
     if result.rejected:
         con.print(table("removed", ("rule or limit", "layouts"),
                         sorted(result.rejected.items(), key=lambda kv: -kv[1]),

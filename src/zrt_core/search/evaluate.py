@@ -89,12 +89,16 @@ class TrainEvaluator:
     def row(self, cand: TrainCandidate) -> dict[str, Any]:
         """The candidate's flat row; ``rejected`` names the estimator's check when it
         refused the layout (a rule the space's own rules do not model)."""
+        return self.row_and_report(cand)[0]
+
+    def row_and_report(self, cand: TrainCandidate) -> tuple[dict[str, Any], Any]:
+        """:meth:`row` and the report it came from (None when the estimator refused)."""
         out = cand.to_json()
         try:
             r = self.report(cand)
         except ZrtError as exc:
             out["rejected"] = f"estimator: {type(exc).__name__}: {str(exc).split(' — ')[0]}"
-            return out
+            return out, None
         mem = r.memory
         out.update({
             "step_time_s": r.step_time_s,
@@ -112,7 +116,7 @@ class TrainEvaluator:
             "checkpoint_bytes": r.checkpoint_bytes,
             "checkpoint_bytes_per_device": r.checkpoint_bytes_per_device,
         })
-        return out
+        return out, r
 
 
 class ServeEvaluator:

@@ -83,7 +83,8 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
            rate: float | None = None, engine: str = "trtllm", workers: int = 1,
            ray_address: str | None = None, host: Any = None, use_cache: bool | None = None,
            progress: Progress | None = None, full_report: bool = True,
-           objective: str = "throughput", run: Any = None) -> SearchResult:
+           objective: str = "throughput", run: Any = None,
+           exact: bool | None = None) -> SearchResult:
     """Search ``space`` for ``model`` on ``hardware`` (an id or a spec).
 
     Training (a :class:`TrainSpace`) ranks the layouts that fit by tokens/s per GPU (step
@@ -99,6 +100,10 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
     :param workers: local processes (1: in this process).
     :param ray_address: run the estimates as Ray tasks (``"auto"`` or ``"local"``: a local
         instance); needs ``zrt-core[ray]``.
+    :param exact: estimate every training layout exactly (True), or screen them in closed
+        form and estimate exactly only those the screen cannot rule out of the top-k, the
+        best per GPU count or the front (:mod:`zrt_core.search.screen`; the default where
+        it saves work: one process, ranking by throughput).
     :raises LayoutError: no layout of the space is valid (names the rule that removed most).
     """
     from zrt_core.plugins import get_plugin_manager
@@ -137,7 +142,14 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         args = ("infer", model, hw, space.input_len, space.output_len, engine, use_cache)
     if not cands:
         raise no_layout_error(removed, rules)
-    rows, partial = _evaluate(args, cands, workers, ray_address, progress, host)
+    if exact is not None and not train:
+        raise SpecError("--exact applies to a training search (serving estimates every "
+                        "layout exactly)", "drop --exact or search with --train")
+    screen_info: dict[str, Any] | None = None
+    if train and _screens(exact, workers, ray_address, objective, cands):
+        rows, partial, screen_info = _screened(args, cands, top_k, progress, host)
+    else:
+        rows, partial = _evaluate(args, cands, workers, ray_address, progress, host)
     rejected: Counter[str] = Counter(removed)
     kept: list[dict[str, Any]] = []
     kept_cands: list[Any] = []
@@ -153,6 +165,10 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         rejected["memory"] = memory
     extra: dict[str, Any] = {}
     if train:
+        extra["screened"] = screen_info["screened"] if screen_info else 0
+        extra["estimated_exactly"] = len(rows)
+        if screen_info:
+            extra["screen"] = screen_info
         if run is not None:
             add_goodput(kept, hw, run, space.global_batch, space.seq_len)
         if objective != "throughput":
@@ -203,6 +219,28 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         winner_report=winner_report, winner_spec=winner_spec,
         winner_report_object=winner_object, extra=extra,
         elapsed_s=time.perf_counter() - started, partial=partial, top_k=top_k)
+
+
+def _screens(exact: bool | None, workers: int, ray_address: str | None, objective: str,
+             cands: Sequence[Any]) -> bool:
+    """Whether the two-tier search runs: not asked exact, in one process, ranking by
+    throughput, and more layouts than the screen's anchors (one estimated exactly per
+    layer group and sharding: with fewer layouts the screen saves nothing)."""
+    if exact or workers != 1 or ray_address is not None or objective != "throughput":
+        return False
+    from zrt_core.search.screen import anchors_needed
+
+    return len(cands) > 2 * anchors_needed(cands)
+
+
+def _screened(args: tuple[Any, ...], cands: Sequence[Any], top_k: int,
+              progress: Progress | None, host: Any
+              ) -> tuple[list[tuple[int, dict[str, Any]]], bool, dict[str, Any]]:
+    from zrt_core.search.screen import two_tier
+
+    evaluator = _make_evaluator(args, host)
+    res = two_tier(evaluator, cands, top_k=top_k, progress=progress)
+    return res.rows, res.partial, res.summary(len(cands))
 
 
 def _plain(value: Any) -> Any:

@@ -127,6 +127,16 @@ class TrainingReuse:
             hit = _lru_put(self._values, key, (make(),), PRICED_KEPT)
         return hit[0]
 
+    def latest_transform(self) -> tuple[Any, Any] | None:
+        """(forward graph, parameter inventory) of the group the last estimate used (its
+        transformed graphs are the most recently used entry): the search's screen reads a
+        group's layer templates and per-device parameters from it. None before any."""
+        for _, value, _ in reversed(self.groups.values()):
+            if isinstance(value, tuple) and len(value) == 6:
+                return value[0], value[3]
+            return None
+        return None
+
     def flops_checked(self, captured: Any, host: Any) -> bool:
         hit = self._checked.get((id(captured), id(host)))
         return hit is not None and hit[0] is captured and hit[1] is host

@@ -1,0 +1,262 @@
+"""Two-tier training search: every layout screened in closed form (:mod:`.screen_model`),
+the exact estimator on every layout the screen cannot rule out of the top-k or the front.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from attrs import evolve, frozen
+
+from zrt_core.search.screen_model import (
+    SCREENED_SCHEDULES,
+    GroupModel,
+    Screened,
+    group_model,
+    screen_layout,
+    with_optimizer,
+    with_residual,
+)
+
+
+@frozen
+class Margins:
+    """Bounds on exact ÷ screened: tokens/s per GPU in [``tput_lo``, ``tput_hi``], memory
+    in [``mem_lo``, ``mem_hi``] (measured by ``benchmarks/bench_search_screen.py``)."""
+
+    tput_lo: float
+    tput_hi: float
+    mem_lo: float
+    mem_hi: float
+
+    def widened(self, t: Sequence[float], m: Sequence[float]) -> Margins:
+        """Also covering the observed ratios ``t`` and ``m`` (with 1% beyond them)."""
+        return Margins(min([self.tput_lo, *(x * 0.99 for x in t)]),
+                       max([self.tput_hi, *(x * 1.01 for x in t)]),
+                       min([self.mem_lo, *(x * 0.99 for x in m)]),
+                       max([self.mem_hi, *(x * 1.01 for x in m)]))
+
+    def to_json(self) -> dict[str, float]:
+        return {"tput_lo": self.tput_lo, "tput_hi": self.tput_hi, "mem_lo": self.mem_lo,
+                "mem_hi": self.mem_hi}
+
+
+def default_margins() -> Margins:
+    """The bounds measured over the benchmark spaces (:mod:`.screen_margins`)."""
+    from zrt_core.search.screen_margins import MEASURED
+
+    return Margins(**{k: MEASURED[k] for k in ("tput_lo", "tput_hi", "mem_lo", "mem_hi")})
+
+
+def anchor_key(cand: Any) -> tuple[Any, ...]:
+    """Layouts whose stage times one anchor gives: the layer group. The ZeRO stages and
+    FSDP share the per-layer times; the memory model sizes each sharding."""
+    from zrt_core.search.evaluate import layer_group
+
+    return layer_group(cand)
+
+
+def resharded(cand: Any) -> bool:
+    """FSDP re-sharding after forward (at pp 1, torchtitan's default): a gather per layer
+    and micro-batch in forward and backward, on top of the compute the group's anchor
+    prices. Screened as an upper bound only (:func:`two_tier`)."""
+    return cand.sharding == "fsdp" and cand.parallel.pp == 1
+
+
+def anchors_needed(cands: Sequence[Any]) -> int:
+    return len({anchor_key(c) for c in cands})
+
+
+@frozen
+class ScreenResult:
+    """``rows``: (candidate index, exact row) of the layouts estimated exactly;
+    ``screened``: (candidate index, screened value) of every screened layout."""
+
+    rows: list[tuple[int, dict[str, Any]]]
+    screened: dict[int, Screened]
+    margins: Margins
+    rounds: int
+    #: interrupted (Ctrl-C): the rows estimated until then
+    partial: bool = False
+
+    def summary(self, total: int) -> dict[str, Any]:
+        return {"screened": len(self.screened), "estimated_exactly": len(self.rows),
+                "layouts": total, "margins": self.margins.to_json(), "rounds": self.rounds}
+
+
+def two_tier(evaluator: Any, cands: Sequence[Any], *, top_k: int,
+             margins: Margins | None = None,
+             progress: Callable[[int, int], None] | None = None) -> ScreenResult:
+    """Screen ``cands`` (an anchor per layer group and sharding estimated exactly), then
+    estimate exactly, round by round, every layout whose bounds leave it a chance of the
+    top-k, of the best per GPU count or of the Pareto front; the bounds widen to cover
+    every ratio the exact estimates show."""
+    margins = margins or default_margins()
+    exact: dict[int, dict[str, Any]] = {}
+    screened: dict[int, Screened] = {}
+    by_anchor: dict[tuple[Any, ...], list[int]] = {}
+    for i, c in enumerate(cands):
+        by_anchor.setdefault(anchor_key(c), []).append(i)
+    plans: dict[str, Any] = {}
+    total = len(cands)
+
+    def estimate(i: int) -> tuple[dict[str, Any], Any]:
+        row, report = evaluator.row_and_report(cands[i])
+        exact[i] = row
+        if progress:
+            progress(len(exact), total)
+        return row, report
+
+    try:
+        rounds, margins = _run(cands, by_anchor, exact, screened, estimate, evaluator,
+                               plans, margins, top_k)
+    except KeyboardInterrupt:
+        return ScreenResult(rows=sorted(exact.items()), screened=screened, margins=margins,
+                            rounds=0, partial=True)
+    return ScreenResult(rows=sorted(exact.items()), screened=screened, margins=margins,
+                        rounds=rounds)
+
+
+def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
+         exact: dict[int, dict[str, Any]], screened: dict[int, Screened],
+         estimate: Callable[[int], tuple[dict[str, Any], Any]], evaluator: Any,
+         plans: dict[str, Any], margins: Margins, top_k: int) -> tuple[int, Margins]:
+    from zrt_core.search.evaluate import train_spec
+    from zrt_core.transforms.training import precision_plan
+
+    for key in sorted(by_anchor, key=str):
+        idx = by_anchor[key]
+        screenable = [i for i in idx if cands[i].pp_schedule in SCREENED_SCHEDULES]
+        for i in idx:
+            if i not in screenable:
+                estimate(i)  # no closed form for this schedule: exact
+        model = None
+        # the anchor: the most virtual stages (the most equations for the per-layer solve)
+        plain = [i for i in screenable if not resharded(cands[i])]
+        for i in sorted(plain or screenable, key=lambda j: -_stages(cands[j]))[:3]:
+            _, report = estimate(i)
+            latest = evaluator.reuse.latest_transform() if report is not None else None
+            if latest is not None:
+                fwd, inventory = latest
+                templates = {k: rep for rep, t in fwd.templates.items() for k in t.indices}
+                model = _anchored(group_model(report, templates, inventory), report,
+                                  cands[i], evaluator, plans)
+                break
+        anchored_resharded = not plain
+        for i in screenable:
+            if model is None:
+                if i not in exact:
+                    estimate(i)  # the estimator refused every anchor: all exact
+                continue
+            c = cands[i]
+            plan = plans.get(c.precision) or plans.setdefault(
+                c.precision, precision_plan(c.precision, evaluator.hw))
+            screened[i] = screen_layout(c, model, global_batch=evaluator.global_batch,
+                                        seq_len=evaluator.seq_len, hw=evaluator.hw,
+                                        train=train_spec(c, evaluator.global_batch,
+                                                         evaluator.seq_len), plan=plan)
+            if resharded(c) and not anchored_resharded:
+                # the same compute with more gathers: the anchor's time bounds it from
+                # below, so its throughput is an upper bound only
+                screened[i] = evolve(screened[i], upper_only=True)
+    rounds = 0
+    while True:
+        margins = margins.widened(*_observed(exact, screened))
+        todo = _undecided(cands, exact, screened, margins, top_k)
+        if not todo:
+            break
+        rounds += 1
+        for i in todo:
+            estimate(i)
+    return rounds, margins
+
+
+def _stages(c: Any) -> int:
+    return c.parallel.pp * (c.parallel.vp if c.pp_schedule == "interleaved" else 1)
+
+
+def _anchored(g: GroupModel, report: Any, cand: Any, evaluator: Any,
+              plans: dict[str, Any]) -> GroupModel:
+    from zrt_core.search.evaluate import train_spec
+    from zrt_core.transforms.training import precision_plan
+
+    plan = plans.get(cand.precision) or plans.setdefault(
+        cand.precision, precision_plan(cand.precision, evaluator.hw))
+    train = train_spec(cand, evaluator.global_batch, evaluator.seq_len)
+
+    def screen(model: GroupModel) -> Screened:
+        return screen_layout(cand, model, global_batch=evaluator.global_batch,
+                             seq_len=evaluator.seq_len, hw=evaluator.hw, train=train,
+                             plan=plan)
+
+    g = with_optimizer(g, report, screen(g))
+    return with_residual(g, report, screen(g))
+
+
+def _observed(exact: dict[int, dict[str, Any]], screened: dict[int, Screened]
+              ) -> tuple[list[float], list[float]]:
+    """Exact ÷ screened tokens/s and memory of the layouts both tiers priced."""
+    t: list[float] = []
+    m: list[float] = []
+    for i, row in exact.items():
+        s = screened.get(i)
+        if s is None or "rejected" in row:
+            continue
+        if row["fits"]:  # only the layouts that fit are ranked
+            ratio = row["tokens_per_s_per_gpu"] / s.tokens_per_s_per_gpu
+            # an upper bound only: it may widen t_hi, never t_lo
+            t.append(max(ratio, 1.0) if s.upper_only else ratio)
+        if row.get("memory_gib") is not None and s.memory_bytes > 0:
+            m.append(row["memory_gib"] * 2.0 ** 30 / s.memory_bytes)
+    return t, m
+
+
+def _undecided(cands: Sequence[Any], exact: dict[int, dict[str, Any]],
+               screened: dict[int, Screened], mg: Margins, top_k: int) -> list[int]:
+    """Screened layouts not yet estimated whose bounds could put them in the top-k, first
+    per GPU count, or on the front (tokens/s per GPU against memory)."""
+    # (tokens/s lower, upper, memory lower, upper, surely fits, could fit) per layout
+    known: list[tuple[float, float, float, float, bool, bool, int]] = []
+    for i, row in exact.items():
+        if "rejected" not in row and row["fits"]:
+            t, mem = row["tokens_per_s_per_gpu"], row["memory_gib"] * 2.0 ** 30
+            known.append((t, t, mem, mem, True, True, cands[i].gpus))
+    open_: list[tuple[int, float, float, float, float, bool, bool]] = []
+    for i, s in screened.items():
+        if i in exact:
+            continue
+        fits_surely = s.memory_bytes * mg.mem_hi <= s.usable_bytes
+        fits_maybe = s.memory_bytes * mg.mem_lo <= s.usable_bytes
+        if not fits_maybe:
+            continue  # out on memory whatever the error
+        low = 0.0 if s.upper_only else s.tokens_per_s_per_gpu * mg.tput_lo
+        open_.append((i, low, s.tokens_per_s_per_gpu * mg.tput_hi, s.memory_bytes * mg.mem_lo,
+                      s.memory_bytes * mg.mem_hi, fits_surely and not s.upper_only,
+                      fits_maybe))
+    # lower bounds of the layouts certain to fit (exact or screened)
+    sure = [(k[0], k[3], k[6]) for k in known] + \
+        [(o[1], o[4], cands[o[0]].gpus) for o in open_ if o[5]]
+    lows = sorted((x[0] for x in sure), reverse=True)
+    kth = lows[top_k - 1] if len(lows) >= top_k else 0.0
+    best_per_gpus: dict[int, float] = {}
+    for low, _, g in sure:
+        best_per_gpus[g] = max(best_per_gpus.get(g, 0.0), low)
+    # the front: x is out if a sure layout is faster (lower bound) and smaller (upper)
+    dom = sorted(((x[0], x[1]) for x in sure), reverse=True)
+    keys = [-d[0] for d in dom]
+    prefix_min: list[float] = []
+    cur = float("inf")
+    for _, mem_hi in dom:
+        cur = min(cur, mem_hi)
+        prefix_min.append(cur)
+    todo = []
+    for i, _lo, hi, mem_lo, _mem_hi, _sure, _maybe in open_:
+        if hi >= kth or hi >= best_per_gpus.get(cands[i].gpus, 0.0):
+            todo.append(i)
+            continue
+        j = bisect.bisect_left(keys, -hi)  # sure layouts with lower bound > hi: dom[:j]
+        if j == 0 or prefix_min[j - 1] >= mem_lo:
+            todo.append(i)
+    return sorted(todo)

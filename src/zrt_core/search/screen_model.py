@@ -1,0 +1,266 @@
+"""The screen's closed form (docs/search.md, "Two tiers"): per layer group, per-layer stage
+times and activation bytes solved from one exactly estimated anchor layout; per layout, the
+stage times, the pipeline schedule's closed form, the gradient sync, optimizer and memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import frozen
+
+#: Schedules the screen has a closed form for; a layout with another goes to the exact tier.
+SCREENED_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+
+#: Adam's fp32 master weights and two moments per element (the optimizer's default).
+STATE_BYTES_DEFAULT = 12
+
+
+@frozen
+class GroupModel:
+    """What one layer group's layouts share, per sharding family (``zero`` or ``fsdp``):
+    ``fwd_s``/``bwd_s``/``act_bytes``: per template representative (one layer) and the
+    outer ``embedding``/``head`` parts of a stage, solved from the anchor's stage reports;
+    ``transient_bytes``: the anchor's largest stage transient; ``p2p_s``: one
+    point-to-point message; ``dp_exposed_s``: the anchor's exposed data-parallel
+    communication; ``opt_s_per_element``: optimizer seconds per sharded element on the
+    worst rank; ``templates``: layer index → representative; ``inventory``: the per-device
+    parameter inventory (ZeRO and FSDP do not change it)."""
+
+    fwd_s: dict[Any, float]
+    bwd_s: dict[Any, float]
+    act_bytes: dict[Any, float]
+    transient_bytes: float
+    p2p_s: float
+    dp_exposed_s: float
+    opt_s_per_element: float
+    templates: dict[int, int]
+    inventory: Any
+    num_layers: int
+    #: data-parallel communication seconds per parameter element on the anchor's worst rank
+    dp_s_per_element: float = 0.0
+    #: the anchor's exact step minus its closed form (:func:`with_residual`)
+    residual_s: float = 0.0
+
+
+def _solve(rows: Sequence[dict[Any, float]], values: Sequence[float],
+           keys: Sequence[Any]) -> dict[Any, float]:
+    """Least squares: each stage's value = Σ count × per-key value (numpy's minimum-norm
+    solution where the stages do not separate the keys: it reproduces every anchor stage)."""
+    import numpy as np
+
+    a = np.array([[r.get(k, 0.0) for k in keys] for r in rows], dtype=float)
+    x = np.linalg.lstsq(a, np.array(values, dtype=float), rcond=None)[0]
+    return {k: float(v) for k, v in zip(keys, x, strict=True)}
+
+
+def group_model(report: Any, templates: dict[int, int], inventory: Any) -> GroupModel:
+    """Solve the per-layer quantities from an exact ``report`` (a ``TrainingReport``); the
+    optimizer's seconds per element are set by :func:`with_optimizer`."""
+    num_layers = max(s.layers[1] for s in report.stages)
+    rows: list[dict[Any, float]] = []
+    for s in report.stages:
+        counts: dict[Any, float] = {}
+        for i in range(*s.layers):
+            if i < num_layers:
+                rep = templates.get(i, i)
+                counts[rep] = counts.get(rep, 0.0) + 1.0
+        if s.first:
+            counts["embedding"] = 1.0
+        if s.last:
+            counts["head"] = 1.0
+        rows.append(counts)
+    keys = sorted({k for r in rows for k in r}, key=str)
+    fwd = _solve(rows, [s.forward_s for s in report.stages], keys)
+    bwd = _solve(rows, [s.backward_s for s in report.stages], keys)
+    act = _solve(rows, [s.activation_bytes for s in report.stages], keys)
+    dp = report.exposed_comm_s.get("dp", 0.0)
+    return GroupModel(fwd_s=fwd, bwd_s=bwd, act_bytes=act,
+                      transient_bytes=max((s.transient_bytes for s in report.stages),
+                                          default=0.0),
+                      p2p_s=max(report.p2p_s, default=0.0), dp_exposed_s=dp,
+                      opt_s_per_element=0.0, templates=templates, inventory=inventory,
+                      num_layers=num_layers)
+
+
+def with_optimizer(g: GroupModel, report: Any, anchor: Screened) -> GroupModel:
+    """``g`` with the anchor's optimizer seconds per state element on its worst rank (the
+    optimizer's kernels stream the rank's shard: time ∝ elements)."""
+    from attrs import evolve
+
+    per = report.optimizer_s / anchor.opt_elements if anchor.opt_elements else 0.0
+    dp = report.exposed_comm_s.get("dp", 0.0) + report.hidden_comm_s.get("dp", 0.0)
+    dp_per = dp / anchor.rank_elements if anchor.rank_elements else 0.0
+    return evolve(g, opt_s_per_element=per, dp_s_per_element=dp_per)
+
+
+def with_residual(g: GroupModel, report: Any, anchor: Screened) -> GroupModel:
+    """``g`` with the anchor's step minus its closed form added to every layout's step (the
+    anchor is then screened exactly; its neighbours keep the difference)."""
+    from attrs import evolve
+
+    return evolve(g, residual_s=report.step_time_s - anchor.step_s)
+
+
+def stage_layers(num_layers: int, stages: int) -> list[range]:
+    """The even split the search's ``pp_layers`` rule guarantees (pp × vp divides the
+    layers), in virtual-stage order."""
+    n = num_layers // stages
+    return [range(v * n, (v + 1) * n) for v in range(stages)]
+
+
+def _part(table: dict[Any, float], layers: range, templates: dict[int, int], first: bool,
+          last: bool) -> float:
+    total = sum(table.get(templates.get(i, i), 0.0) for i in layers)
+    if first:
+        total += table.get("embedding", 0.0)
+    if last:
+        total += table.get("head", 0.0)
+    return total
+
+
+@frozen
+class Screened:
+    """A layout's screened step and memory."""
+
+    step_s: float
+    tokens_per_s_per_gpu: float
+    memory_bytes: float
+    usable_bytes: float
+    #: optimizer-state elements on the worst rank (the optimizer step's work)
+    opt_elements: float
+    #: parameter elements on the rank with the most
+    rank_elements: float = 0.0
+    #: the throughput bounds the exact one from above only (more communication than the
+    #: anchor's per-layer times hold: :func:`~zrt_core.search.screen.resharded`)
+    upper_only: bool = False
+
+
+def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, hw: Any,
+                  train: Any, plan: Any) -> Screened:
+    """The closed form of one layout (1F1B, GPipe or interleaved; the even stage split)."""
+    p = cand.parallel
+    pp = p.pp
+    vp = p.vp if cand.pp_schedule == "interleaved" else 1
+    n_stages = pp * vp
+    m = global_batch // (cand.micro_batch * p.dp)
+    ranges = stage_layers(g.num_layers, n_stages)
+    f = [_part(g.fwd_s, r, g.templates, v == 0, v == n_stages - 1) for v, r in enumerate(ranges)]
+    b = [_part(g.bwd_s, r, g.templates, v == 0, v == n_stages - 1) for v, r in enumerate(ranges)]
+    a = [_part(g.act_bytes, r, g.templates, v == 0, v == n_stages - 1)
+         for v, r in enumerate(ranges)]
+    rank_of = [v % pp for v in range(n_stages)]  # interleaved: chunk v on rank v mod pp
+    work = [0.0] * pp
+    for v in range(n_stages):
+        work[rank_of[v]] += f[v] + b[v]
+    chunk = [f[v] + b[v] for v in range(n_stages)]
+    # the bottleneck rank runs every micro-batch; the fill and drain add one pass of each
+    # other virtual stage (1F1B: Σ_v (f+b) − the slowest; interleaved: (pp − 1) average
+    # chunks, the (pp − 1)/vp bubble of Narayanan et al. 2021), p2p on each of the
+    # 2 (pp − 1) hops
+    if vp == 1:
+        pipeline = (m - 1) * max(work) + sum(chunk)
+    else:
+        pipeline = m * max(work) + (pp - 1) * sum(chunk) / n_stages
+    if pp > 1:
+        pipeline += 2 * (pp - 1) * g.p2p_s
+    # static memory per rank: the parameter elements on it (inventory.stage) under the
+    # sharding, as the estimator's optimizer sizes them
+    from zrt_core.fsdp import sharding_plan
+    from zrt_core.ir.graph import dtype_bytes
+    from zrt_core.transforms.training import grad_dtype
+
+    inv = g.inventory
+    from zrt_core.transforms.training import dp_groups
+
+    dense_group, expert_group = dp_groups(p)
+    dense_dp, expert_dp = p.span(dense_group)[0], p.span(expert_group)[0]
+    shard_states = train.zero >= 1 or train.fsdp
+    shard_grads = train.zero >= 2 or train.fsdp
+    shard_params = train.zero == 3 or train.fsdp
+    reshard = "full"
+    per_micro = True
+    if train.fsdp:
+        sp = sharding_plan(p, train)
+        dense_dp, expert_dp = sp.shard.size, sp.expert_shard.size
+        reshard, per_micro = sp.reshard, sp.grads_per_microbatch
+    pbytes = dtype_bytes(plan.activation_dtype)
+    gbytes = dtype_bytes(grad_dtype(train.precision))
+    state = STATE_BYTES_DEFAULT
+    usable = hw.memory.capacity_gb * 2.0 ** 30 * _usable_fraction()
+    worst_mem = 0.0
+    worst_opt = 0.0
+    tail = 0.0
+    most = 0.0
+    templates_obj = g.templates
+    for r in range(pp):
+        mine = [v for v in range(n_stages) if rank_of[v] == r]
+        layers = [i for v in mine for i in ranges[v]]
+        first, last = 0 in mine, n_stages - 1 in mine
+        dense, expert = _stage_elements(inv, layers, templates_obj, first, last, pp)
+        states = (dense / (dense_dp if shard_states else 1)
+                  + expert / (expert_dp if shard_states else 1)) * state
+        grads = (dense / dense_dp + expert / expert_dp) if shard_grads else dense + expert
+        if shard_params and not per_micro:
+            grads += dense + expert
+        grads *= gbytes
+        params = (dense / dense_dp + expert / expert_dp) if shard_params else dense + expert
+        if shard_params and reshard == "none":
+            params += dense + expert
+        weights = params * pbytes
+        if plan.low_precision:
+            weights += 2 * plan.quantized_bytes(int(dense + expert), plan.gemm_dtype or "")
+        buffers = 0.0
+        if shard_params and reshard != "none":
+            largest = max([inv.layers[templates_obj.get(i, i)].total for i in layers
+                           if templates_obj.get(i, i) in inv.layers] + [0])
+            buffers = 2 * largest * pbytes
+        # activations in flight: 1F1B holds pp − r micro-batches on rank r, GPipe all m,
+        # interleaved Megatron's warm-up of 2 (pp − r − 1) + (vp − 1) pp + 1 chunks
+        if cand.pp_schedule == "gpipe":
+            held = sum(a[v] for v in mine) * m
+        elif vp == 1:
+            held = sum(a[v] for v in mine) * min(pp - r, m)
+        else:
+            # the warm-up's forwards k = 0, 1, ... run chunk (k // pp) mod vp (orders.py)
+            w = min(m * vp, 2 * (pp - r - 1) + (vp - 1) * pp + 1)
+            full, rem = divmod(w, pp * vp)
+            held = sum(a[v] * (full * pp + min(pp, max(0, rem - j * pp)))
+                       for j, v in enumerate(mine))
+        mem = weights + grads + states + buffers + held + g.transient_bytes
+        worst_mem = max(worst_mem, mem)
+        # the gradient sync of the rank's parameters runs beside its last micro-batch's
+        # backward; what does not fit under it is the tail
+        tail = max(tail, g.dp_s_per_element * (dense + expert)
+                   - sum(b[v] for v in mine))
+        most = max(most, dense + expert)
+        worst_opt = max(worst_opt, (dense / (dense_dp if shard_states else 1)
+                                    + expert / (expert_dp if shard_states else 1)))
+    step = pipeline + max(g.dp_exposed_s, tail) + g.opt_s_per_element * worst_opt \
+        + g.residual_s
+    tokens = global_batch * seq_len
+    return Screened(step_s=step, tokens_per_s_per_gpu=tokens / (step * p.world_size),
+                    memory_bytes=worst_mem, usable_bytes=usable, opt_elements=worst_opt,
+                    rank_elements=most)
+
+
+def _stage_elements(inv: Any, layers: Sequence[int], templates: dict[int, int], first: bool,
+                    last: bool, pp: int) -> tuple[float, float]:
+    dense = expert = 0.0
+    for i in layers:
+        grp = inv.layers.get(templates.get(i, i))
+        if grp is not None:
+            dense += grp.dense
+            expert += grp.expert
+    if first:
+        dense += inv.embedding.dense
+    if last:
+        dense += inv.head.dense + (inv.tied_head if pp > 1 else 0)
+    return dense, expert
+
+
+def _usable_fraction() -> float:
+    from zrt_core.estimate.training.spec import USABLE_MEMORY_FRACTION
+
+    return USABLE_MEMORY_FRACTION

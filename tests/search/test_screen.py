@@ -1,0 +1,99 @@
+"""The two-tier training search: the screen's selection rule on hand-made numbers, the
+screen keeping the exact search's best, top-k and front on a tiny model, ``--exact``
+estimating every layout, and the flags that do not go together."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zrt_core.cli.main import main
+from zrt_core.search.screen import Margins, _undecided
+from zrt_core.search.screen_model import Screened
+
+TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_inner": 256,
+        "vocab_size": 128, "n_positions": 256}
+#: tp 1/2 × pp 1/2/4 × vp 1/2 × recompute none/full × zero1/fsdp × 1f1b/interleaved on
+#: 16 GPUs; the rules keep the layouts whose vp matches the schedule
+TRAIN = ["--train", "--gpus", "16", "--tp", "1,2", "--pp", "1,2,4", "--cp", "1", "--vp",
+         "1,2", "--micro-batch", "1", "--recompute", "none,full", "--sharding",
+         "zero1,fsdp", "--pp-schedule", "1f1b,interleaved", "--global-batch", "64",
+         "--seq-len", "64"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tiny_gpt2_screen")
+    (d / "config.json").write_text(json.dumps(TINY))
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZRT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "zrt-cache"))
+
+
+class _C:
+    def __init__(self, gpus: int) -> None:
+        self.gpus = gpus
+
+
+def _s(tput: float, mem: float) -> Screened:
+    return Screened(step_s=1.0, tokens_per_s_per_gpu=tput, memory_bytes=mem,
+                    usable_bytes=100.0, opt_elements=0.0)
+
+
+def test_undecided_keeps_what_the_bounds_leave_a_chance() -> None:
+    cands = [_C(8)] * 5
+    screened = {0: _s(1000, 50), 1: _s(950, 50), 2: _s(800, 50), 3: _s(900, 40),
+                4: _s(2000, 120)}
+    mg = Margins(0.9, 1.1, 0.9, 1.1)
+    # top-1: the bar is the best lower bound of a layout sure to fit, 1000 × 0.9 = 900
+    # (layout 0: 50 × 1.1 = 55 ≤ 100). Upper bounds: layout 1 950 × 1.1 = 1045 ≥ 900 and
+    # layout 3 990 ≥ 900 stay; layout 2's 880 < 900 fails the bar; layout 4 cannot fit
+    # (120 × 0.9 = 108 > 100). On the front layout 2 stays: the only layouts surely faster
+    # than its 880 are 0 (lower 900) and 3 (lower 810: no), and layout 0's upper memory 55
+    # is not below layout 2's lower 45, so nothing surely dominates it
+    assert _undecided(cands, {}, screened, mg, top_k=1) == [0, 1, 2, 3]
+    # with layout 2 needing more memory (70: lower bound 63 > 55) layout 0 dominates it
+    screened[2] = _s(800, 70)
+    assert _undecided(cands, {}, screened, mg, top_k=1) == [0, 1, 3]
+    # once layout 0 is estimated exactly at 1000 tokens/s and 50 bytes, the bar is 1000:
+    # layout 1 (1045) and layout 3 (990 < 1000, but 40 × 0.9 = 36 < 50: on the front) stay
+    exact = {0: {"tokens_per_s_per_gpu": 1000.0, "memory_gib": 50 / 2 ** 30, "fits": True}}
+    assert _undecided(cands, exact, screened, mg, top_k=1) == [1, 3]
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_screen_keeps_the_exact_best_top_k_and_front(
+        model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("search", str(model_dir), "--hw", "h100", *TRAIN, "--top-k", "5", "--json")
+    two = _json(capsys, *args)
+    exact = _json(capsys, *args, "--exact")
+    assert exact["screened"] == 0 and exact["estimated_exactly"] == exact["evaluated"]
+    valid = exact["enumerated"] - sum(v for k, v in exact["rejected"].items()
+                                      if k != "memory" and not k.startswith("estimator"))
+    assert exact["evaluated"] == valid
+    assert two["screened"] > 0 and two["estimated_exactly"] < exact["estimated_exactly"]
+    for key in ("results", "pareto", "winner"):
+        assert two[key] == exact[key], key
+
+
+@pytest.mark.needs("zrt-nvidia")
+@pytest.mark.parametrize("extra", [
+    ("--infer", "--gpus", "2", "--input-len", "32", "--output-len", "8", "--exact"),
+    ("--train", "--gpus", "4", "--global-batch", "8", "--seq-len", "64", "--strategies",
+     "--exact"),
+])
+def test_exact_with_what_it_does_not_apply_to(model_dir: Path, extra: tuple[str, ...],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", str(model_dir), "--hw", "h100", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zrt: error: ") and err.count("\n") == 1 and "--exact" in err
