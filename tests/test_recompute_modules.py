@@ -75,10 +75,12 @@ FREED = {
     # the shared expert's SwiGLU output 16·32
     "shared_experts": 2 * S * 32,
     # router fp32 input 16·64·4 B, top-k indices 32·8 B, two fp32 [16, 2] probs, dispatched
-    # tokens 32·64·2 B, the permutation map 32·8 B, SwiGLU 32·32·2 B, FC2 output 32·64·2 B,
-    # shared SwiGLU 16·32·2 B; the router's fp32 bias buffer (4·4 B) now kept
+    # tokens 32·64·2 B, the permutation map 32·8 B, SwiGLU 32·32·2 B, shared SwiGLU
+    # 16·32·2 B; the router's fp32 bias buffer (4·4 B) now kept. The FC2 output is not saved
+    # with or without recompute (the combine weighs nothing: the probabilities enter the
+    # activation, Megatron-Core >= 0.13; docs/training-model.md)
     "moe": (S * 64 * 4 + 32 * 8 + 2 * 32 * 4 + 32 * 64 * 2 + 32 * 8 + 32 * 32 * 2
-            + 32 * 64 * 2 + S * 32 * 2 - 4 * 4),
+            + S * 32 * 2 - 4 * 4),
 }
 
 
