@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zrt_core.cli.main import main
-from zrt_core.search.screen import Margins, _undecided
+from zrt_core.search.screen import Margins, ScreenResult, _undecided
 from zrt_core.search.screen_model import Screened
 
 TINY = {"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_inner": 256,
@@ -64,6 +64,15 @@ def test_undecided_keeps_what_the_bounds_leave_a_chance() -> None:
     # layout 1 (1045) and layout 3 (990 < 1000, but 40 × 0.9 = 36 < 50: on the front) stay
     exact = {0: {"tokens_per_s_per_gpu": 1000.0, "memory_gib": 50 / 2 ** 30, "fits": True}}
     assert _undecided(cands, exact, screened, mg, top_k=1) == [1, 3]
+
+
+def test_memory_limit_counts_the_layouts_never_estimated_exactly() -> None:
+    # usable 100 bytes: layouts 1 (120) and 3 (101) are over; layout 1 was estimated exactly
+    # (its row says whether it fits), so only layout 3 counts as removed by screened memory
+    screened = {0: _s(900, 50), 1: _s(950, 120), 2: _s(800, 99), 3: _s(700, 101)}
+    res = ScreenResult(rows=[(1, {"fits": False})], screened=screened,
+                       margins=Margins(1.0, 1.0, 1.0, 1.0), rounds=1)
+    assert res.summary(4)["memory_screened"] == 1
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

@@ -166,6 +166,8 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
     extra: dict[str, Any] = {}
     if train:
         extra["screened"] = screen_info["screened"] if screen_info else 0
+        if screen_info and screen_info["memory_screened"]:
+            rejected["memory (screened)"] = screen_info["memory_screened"]
         extra["estimated_exactly"] = len(rows)
         if screen_info:
             extra["screen"] = screen_info

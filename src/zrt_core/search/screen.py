@@ -82,8 +82,15 @@ class ScreenResult:
     partial: bool = False
 
     def summary(self, total: int) -> dict[str, Any]:
+        exact = {i for i, _ in self.rows}
+        # layouts never estimated exactly whose screened memory is over the device's usable
+        # memory: what the memory limit removed among them (the screen's memory is the
+        # exact inventory's closed form; docs/search.md gives its error)
+        over = sum(1 for i, s in self.screened.items()
+                   if i not in exact and s.memory_bytes > s.usable_bytes)
         return {"screened": len(self.screened), "estimated_exactly": len(self.rows),
-                "layouts": total, "margins": self.margins.to_json(), "rounds": self.rounds}
+                "layouts": total, "memory_screened": over,
+                "margins": self.margins.to_json(), "rounds": self.rounds}
 
 
 def two_tier(evaluator: Any, cands: Sequence[Any], *, top_k: int,
