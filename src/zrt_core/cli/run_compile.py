@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zrt_core.errors import ZrtError
-
 
 def add_compile_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("torch.compile")
@@ -20,11 +18,16 @@ def add_compile_args(p: argparse.ArgumentParser) -> None:
                         "report the predicted gain")
 
 
-def refuse_for_training(args: argparse.Namespace) -> None:
-    if getattr(args, "graph_mode", False) or getattr(args, "compare_compile", False):
-        raise ZrtError("--graph-mode and --compare-compile apply to serving (zrt run --infer) "
-                       "only in this zrt", "use zrt capture MODEL --graph-mode for the "
-                       "training graphs, or drop the flag")
+def captured_for_training(args: argparse.Namespace, model: str, micro_batch: int,
+                          seq_len: int, host: Any) -> Any:
+    """The training capture graph mode asks for, or None (the estimator captures as usual)."""
+    if not args.graph_mode and not args.compare_compile:
+        return None
+    from zrt_core.estimate.training import capture_for_training
+
+    return capture_for_training(model, micro_batch, seq_len, host=host,
+                                use_cache=False if args.no_cache else None,
+                                graph_mode=args.graph_mode)
 
 
 def captured_for(args: argparse.Namespace, model: str, input_len: int, dtype: str,
@@ -44,7 +47,8 @@ def compare(args: argparse.Namespace, captured: Any, hw: Any, host: Any) -> list
         return []
     from zrt_core.capture.inductor import compare_compile
 
-    return compare_compile([captured.graphs[p] for p in ("prefill", "decode")
+    return compare_compile([captured.graphs[p] for p in ("prefill", "decode", "train_forward",
+                                                         "train_backward")
                             if p in captured.graphs], hw, host)
 
 
@@ -55,7 +59,7 @@ def print_gains(gains: list[Any]) -> None:
              f"{g.speedup:.2f}x", f"{g.kernels_eager:,}", f"{g.kernels_inductor:,}",
              f"{g.bytes_eager / 1e9:.2f}", f"{g.bytes_inductor / 1e9:.2f}") for g in gains]
     console().print(table(
-        "torch.compile (Inductor fusion) vs eager, batch 1, one device, ops back to back",
+        "torch.compile (Inductor fusion) vs eager, one device, unsharded, ops back to back",
         ("phase", "eager ms", "inductor ms", "gain", "kernels eager", "kernels inductor",
          "GB eager", "GB inductor"), rows,
         justify=("left",) + ("right",) * 7))

@@ -129,12 +129,10 @@ def run_train(args: argparse.Namespace) -> int:
     from zrt_core.capture.sources import raw_config
     from zrt_core.checks import check_train_request
     from zrt_core.cli.goodput_args import goodput_spec_from_args
-    from zrt_core.cli.run_compile import refuse_for_training
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.schedule.stages import StageSplit
     from zrt_core.strategy import train_spec_defaults
 
-    refuse_for_training(args)
     run_spec = goodput_spec_from_args(args)  # the run's flags, before anything slow
     host = get_plugin_manager()
     use_fusion_rules(host, args)
@@ -173,7 +171,11 @@ def run_train(args: argparse.Namespace) -> int:
         from zrt_core.estimate.goodput import checkpoint_gb_per_s
 
         checkpoint_gb_per_s(hw, run_spec)  # a missing bandwidth before the slow work
+    from zrt_core.cli import run_compile
     from zrt_core.estimate.training import default_overlap, estimate_training
+
+    captured = run_compile.captured_for_training(args, args.model, train.micro_batch,
+                                                 train.seq_len, host)
 
     def estimate(parallel: Any, train: Any, num_gpus: int | None = args.num_gpus,
                  keep_timelines: bool = bool(args.out)) -> Any:
@@ -187,6 +189,7 @@ def run_train(args: argparse.Namespace) -> int:
                                  num_gpus=num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                  attention=args.attention, keep_timelines=keep_timelines,
                                  stage_split=stage_split, nvls=not args.no_nvls, mtp=mtp,
+                                 captured=captured,
                                  use_cache=False if args.no_cache else None)
 
     if args.gpus is not None:
@@ -200,6 +203,7 @@ def run_train(args: argparse.Namespace) -> int:
 
         return run_weak_scaling(args, estimate, parallel, train)
     report = estimate(parallel, train)
+    gains = run_compile.compare(args, captured, hw, host)
     if run_spec is not None:
         from attrs import evolve as _evolve
 
@@ -216,12 +220,16 @@ def run_train(args: argparse.Namespace) -> int:
         data = report.to_json()
         if written:
             data["files"] = [str(p) for p in written]
+        if gains:
+            data["compare_compile"] = [g.to_json() for g in gains]
         print_json(data)
     else:
         from zrt_core.reports.training import render
 
         con = console()
         render(report, con)
+        if gains:
+            run_compile.print_gains(gains)
         for path in written:
             con.print(f"wrote {path}")
     return 0

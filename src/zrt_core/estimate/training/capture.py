@@ -85,12 +85,14 @@ _CAPTURE_CACHE_SIZE = 8
 
 
 def capture_for_training(model: Any, micro_batch: int, seq_len: int, *, dtype: str = "bfloat16",
-                         host: PluginHost | None = None, use_cache: bool | None = None
-                         ) -> TrainingCapture:
+                         host: PluginHost | None = None, use_cache: bool | None = None,
+                         graph_mode: bool = False) -> TrainingCapture:
     """``train_forward`` + ``train_backward`` of one micro-batch, kept in memory and in the
     capture cache on disk (``$ZRT_CACHE_DIR/captures``, keyed like serving captures on the
     config, the options and the installed versions; ``ZRT_NO_CACHE=1`` or
-    ``use_cache=False`` turns it off), so a layout search or a second run re-uses it."""
+    ``use_cache=False`` turns it off), so a layout search or a second run re-uses it.
+    ``graph_mode``: capture through ``torch.compile`` (AOTAutograd's forward and backward
+    graphs; its own cache entries)."""
     import os
 
     from zrt_core.capture.api import capture
@@ -103,7 +105,7 @@ def capture_for_training(model: Any, micro_batch: int, seq_len: int, *, dtype: s
         host = get_plugin_manager()
     key_model = (json.dumps(dict(model), sort_keys=True, default=str)
                  if isinstance(model, Mapping) else str(model))
-    key = (key_model, micro_batch, seq_len, dtype)
+    key = (key_model, micro_batch, seq_len, dtype) + (("graph",) if graph_mode else ())
     hit = _CAPTURES.get(key)
     if hit is not None:
         return hit
@@ -116,7 +118,7 @@ def capture_for_training(model: Any, micro_batch: int, seq_len: int, *, dtype: s
 
         resolved = resolve_model(model, host, check_model_type=False)
         marked = {**dict(resolved.config), "_zrt_training_micro_batch": micro_batch}
-        digest = cache_key(marked, seq_len, dtype, host)
+        digest = cache_key(marked, seq_len, dtype, host, graph_mode=graph_mode)
         path = cache_dir() / f"train-{resolved.name.replace('/', '--')[:60]}-{digest}.json"
         if path.is_file():
             try:
@@ -126,7 +128,7 @@ def capture_for_training(model: Any, micro_batch: int, seq_len: int, *, dtype: s
             except (ValueError, KeyError, TypeError):
                 pass  # stale or damaged: capture again
     raw = capture(model, phases=TRAIN_PHASES, batch=micro_batch, seq_len=seq_len, host=host,
-                  dtype=dtype)
+                  dtype=dtype, graph_mode=graph_mode)
     result = TrainingCapture.from_capture(raw)
     if path is not None:
         try:
@@ -140,7 +142,7 @@ def capture_for_training(model: Any, micro_batch: int, seq_len: int, *, dtype: s
     return result
 
 
-def _remember(key: tuple[str, int, int, str], result: TrainingCapture) -> None:
+def _remember(key: tuple[Any, ...], result: TrainingCapture) -> None:
     if len(_CAPTURES) >= _CAPTURE_CACHE_SIZE:
         _CAPTURES.pop(next(iter(_CAPTURES)))
     _CAPTURES[key] = result
