@@ -63,15 +63,17 @@ FREED = {
     # fused attention keeps no softmax; its output stays saved (the projection reads it)
     "core_attn": 0,
     # per layer: q/kv latent-norm outputs 16·32 + 16·16, the kv up-proj output 16·64, k and q
-    # 4·16·16 each, freed; the latents 16·32 + 16·24 (the checkpoint's inputs) now kept
-    "mla_up_proj": 2 * 2 * ((S * 32 + S * 16 + S * 64 + 2 * 4 * S * 16) - (S * 32 + S * 24)),
-    # the norm output 16·64 freed, its input (the residual stream) kept: zrt's baseline does
-    # not count the fused norm's input as saved (docs/training-model.md), so the net is 0
-    "layernorm": 2 * (S * 64 - S * 64),
+    # 4·16·16 each, freed; the latents 16·32 + 16·24 (the checkpoint's inputs) were kept
+    # already, as the inputs of the fused latent norms
+    "mla_up_proj": 2 * 2 * (S * 32 + S * 16 + S * 64 + 2 * 4 * S * 16),
+    # the norm output 16·64 freed; its input (the residual stream), the checkpoint's input,
+    # was kept already as the fused norm's input
+    "layernorm": 2 * S * 64,
     # the SwiGLU output 32·32
     "moe_act": 2 * 32 * 32,
-    # the norm and SwiGLU outputs 16·64 each freed, the layer's residual 16·64 kept
-    "mlp": 2 * (2 * S * 64 - S * 64),
+    # the norm and SwiGLU outputs 16·64 each freed; the layer's residual (the checkpoint's
+    # input) was kept already as the fused norm's input
+    "mlp": 2 * 2 * S * 64,
     # the shared expert's SwiGLU output 16·32
     "shared_experts": 2 * S * 32,
     # router fp32 input 16·64·4 B, top-k indices 32·8 B, two fp32 [16, 2] probs, dispatched
@@ -79,8 +81,10 @@ FREED = {
     # 16·32·2 B; the router's fp32 bias buffer (4·4 B) now kept. The FC2 output is not saved
     # with or without recompute (the combine weighs nothing: the probabilities enter the
     # activation, Megatron-Core >= 0.13; docs/training-model.md)
+    # and the inputs the top-k weights' fused normalisation keeps without recompute (the
+    # gathered fp32 probabilities [16, 2] and their sum [16, 1]: 16·3·4 B)
     "moe": (S * 64 * 4 + 32 * 8 + 2 * 32 * 4 + 32 * 64 * 2 + 32 * 8 + 32 * 32 * 2
-            + S * 32 * 2 - 4 * 4),
+            + S * 32 * 2 - 4 * 4 + S * 3 * 4),
 }
 
 
@@ -251,3 +255,28 @@ def test_a_granularity_left_to_the_provider_is_no_recompute() -> None:
     assert "provider default not resolved" in notes[0]
     notes = []
     assert record_recompute(None, notes) == ("none", None) and notes == ["recompute=none"]
+
+
+# GPT-OSS in miniature: its clamped SwiGLU with a per-row expert bias is one fused kernel
+GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 128, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "sliding_window": 8, "vocab_size": 512}
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_a_fused_activation_keeps_its_input_so_moe_act_frees_only_its_output(host) -> None:
+    # Without recompute the fused SwiGLU's backward recomputes its internals from its input,
+    # the fc1 output (32 rows × 128), which is kept (Megatron's bias_swiglu saves its input);
+    # the per-row bias gathered from the expert-bias parameter is no activation. With
+    # moe_act the output (32 rows × 64, bf16) is freed and nothing is added: 2 layers ·
+    # 32 · 64 · 2 B = 8192 B less
+    captured = capture_for_training(GPT_OSS, 1, S, host=host, use_cache=False)
+    runs = {m: estimate_training(GPT_OSS, "nvidia_h100_sxm", Parallel(),
+                                 _train(recompute="selective" if m else "none",
+                                        recompute_modules=m),
+                                 host=host, captured=captured)
+            for m in (None, ("moe_act",))}
+    none = runs[None].memory.activation_bytes_per_microbatch
+    act = runs[("moe_act",)].memory.activation_bytes_per_microbatch
+    assert none - act == 2 * 32 * 64 * 2

@@ -12,6 +12,7 @@ from zrt_core.ir.graph import (
     OpNode,
     dtype_bytes,
 )
+from zrt_core.transforms.training.common import RECOMPUTE_ATTR
 
 if TYPE_CHECKING:
     pass
@@ -41,6 +42,51 @@ _RANDOM_OPS = ("bernoulli", "rand", "dropout", "normal", "uniform")
 #: backward computes it from the fc1 output it keeps anyway. The captured graph weighs in
 #: the combine (as Hugging Face does), whose backward reads the expert output.
 _NOT_SAVED_INPUTS = {"zrt.moe_combine_backward": 1}
+
+
+def _kernel_inputs(forward: OpGraph, internal: set[int]) -> dict[int, list[Any]]:
+    """Internal tensor id → the activation inputs of the fused forward kernel that made it:
+    what its backward recomputes the internal tensor from, so what it keeps (Megatron's fused
+    ``bias_swiglu`` and TE's fused norms save their inputs). Parameters, and tensors drawn
+    from parameters alone (a per-row gather of an expert bias, a weight's cast), are no
+    activations."""
+    producer: dict[int, OpNode] = {}
+    for n in forward.nodes:
+        for t in n.outputs:
+            if t.tensor_id is not None:
+                producer[t.tensor_id] = n
+
+    def from_params(t: Any) -> bool:
+        p = producer.get(t.tensor_id)
+        return p is not None and _param_gather(p)
+
+    out: dict[int, list[Any]] = {}
+    for n in forward.nodes:
+        if not n.fused_from:
+            continue
+        made = {t.tensor_id for m in _members(n) for t in m.outputs} & internal
+        if not made:
+            continue
+        kept = [t for t in n.inputs if t.tensor_id is not None and t.param is None
+                and t.tensor_id not in internal and not from_params(t)]
+        for tid in made:
+            out[tid] = kept
+    return out
+
+
+def _param_gather(node: OpNode) -> bool:
+    """Rows of a parameter picked by indices (``bias[expert_ids]``: the HF MoE models' per-row
+    expert bias), not an embedding lookup: no activation, the backward indexes again."""
+    if node.category in (Category.MATMUL, Category.ATTENTION, Category.EMBEDDING):
+        return False
+    if not any(k in node.op for k in ("index", "gather")):
+        return False
+    floats = [i for i in node.inputs if not _is_index(i)]
+    return bool(floats) and all(i.param is not None for i in floats)
+
+
+def _is_index(t: Any) -> bool:
+    return str(t.dtype).startswith(("int", "uint", "bool", "torch.int", "torch.bool"))
 
 
 def _forward_tensors(forward: OpGraph) -> tuple[dict[int, int], dict[int, Any], set[int]]:
@@ -107,6 +153,12 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
     weighs the experts' activation by the router probabilities: :data:`_NOT_SAVED_INPUTS`).
     """
     base, meta, internal = _forward_tensors(forward)
+    kernel_inputs = _kernel_inputs(forward, internal)
+    gathered = {t.tensor_id for n in forward.nodes if _param_gather(n) for t in n.outputs}
+    # a fused kernel the backward re-runs (recompute copies keep their members' tensor ids)
+    # makes its internals again from the re-run inputs: nothing of the original is kept
+    rerun = {t.tensor_id for n in backward.nodes if n.attrs.get(RECOMPUTE_ATTR)
+             for m in _members(n) for t in m.outputs}
     produced = {t.tensor_id for n in backward.nodes for t in n.outputs
                 if t.tensor_id is not None}
     first_layer = next((i for i, n in enumerate(backward.nodes)
@@ -120,12 +172,20 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
             key = "head" if pos < first_layer else "embedding"
         skip = _NOT_SAVED_INPUTS.get(n.op.rsplit(".", 1)[0] if n.op.count(".") > 1
                                      else n.op, -1)
-        for pos_in, t in enumerate(n.inputs):
+        reads = list(enumerate(n.inputs))
+        for pos_in, t in reads:
             tid = t.tensor_id
             if tid is None or t.param is not None or tid in produced or pos_in == skip:
                 continue
             root = base.get(tid, tid)
+            if root in gathered:
+                continue
             if root in internal:
+                # the fused kernel's backward recomputes it from the kernel's inputs: those
+                # are kept instead
+                if root not in rerun:
+                    reads.extend((-2, i) for i in kernel_inputs.get(root, ())
+                                 if base.get(i.tensor_id, i.tensor_id) not in seen)
                 continue
             entry = seen.get(root)
             if entry is None:
