@@ -405,6 +405,7 @@ def test_bad_out_is_one_line_before_capturing(tmp_path, capsys, bad):
     assert out in captured.err and captured.out == ""  # nothing captured nor printed
 
 
+@pytest.mark.needs("zrt-fusion-rules")  # the fused graphs use the installed rule packs
 @pytest.mark.parametrize("platform", ["cuda", "generic"])
 def test_capture_out_writes_every_file_consistently(tmp_path, capsys, platform):
     out = tmp_path / "out"
