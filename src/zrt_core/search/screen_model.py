@@ -198,7 +198,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
         mine = [v for v in range(n_stages) if rank_of[v] == r]
         layers = [i for v in mine for i in ranges[v]]
         first, last = 0 in mine, n_stages - 1 in mine
-        dense, expert = _stage_elements(inv, layers, templates_obj, first, last, pp)
+        dense, expert = inv.stage_of(layers, templates_obj, first=first, last=last, pp=pp)
         states = (dense / (dense_dp if shard_states else 1)
                   + expert / (expert_dp if shard_states else 1)) * state
         grads = (dense / dense_dp + expert / expert_dp) if shard_grads else dense + expert
@@ -243,21 +243,6 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     return Screened(step_s=step, tokens_per_s_per_gpu=tokens / (step * p.world_size),
                     memory_bytes=worst_mem, usable_bytes=usable, opt_elements=worst_opt,
                     rank_elements=most)
-
-
-def _stage_elements(inv: Any, layers: Sequence[int], templates: dict[int, int], first: bool,
-                    last: bool, pp: int) -> tuple[float, float]:
-    dense = expert = 0.0
-    for i in layers:
-        grp = inv.layers.get(templates.get(i, i))
-        if grp is not None:
-            dense += grp.dense
-            expert += grp.expert
-    if first:
-        dense += inv.embedding.dense
-    if last:
-        dense += inv.head.dense + (inv.tied_head if pp > 1 else 0)
-    return dense, expert
 
 
 def _usable_fraction() -> float:

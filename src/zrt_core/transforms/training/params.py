@@ -66,6 +66,11 @@ class ParamInventory:
               first: bool, last: bool, pp: int) -> tuple[int, int]:
         """(dense, expert) elements of a pipeline stage holding ``layers``."""
         rep_of = {i: rep for rep, t in templates.items() for i in t.indices}
+        return self.stage_of(layers, rep_of, first=first, last=last, pp=pp)
+
+    def stage_of(self, layers: Iterable[int], rep_of: Mapping[int, int], *, first: bool,
+                 last: bool, pp: int) -> tuple[int, int]:
+        """:meth:`stage` with the layer templates given as layer index → representative."""
         dense = expert = 0
         for i in layers:
             g = self.layers.get(rep_of.get(i, i))
