@@ -149,9 +149,11 @@ def lowest_deps(session: nox.Session) -> None:
     # the oldest build backend builds the wheels too (no isolated build environment)
     session.install("-c", str(constraints), "hatchling")
     session.install("--no-build-isolation", "-c", str(constraints), ".[test,onnx,serve,serve-test]",
-                    "plugins/zrt_nvidia", "plugins/zrt_deepseek", "plugins/zrt_xai")
+                    "plugins/zrt_nvidia", "plugins/zrt_deepseek", "plugins/zrt_xai",
+                    "plugins/zrt_fusion_rules")
     session.run("python", "-m", "pip", "freeze")
-    session.env["ZRT_TESTS_NEED_ALL"] = "1"  # these tests need only zrt-nvidia, zrt-deepseek and zrt-xai besides
+    # these tests need zrt-nvidia, zrt-deepseek, zrt-xai and zrt-fusion-rules (capture --out)
+    session.env["ZRT_TESTS_NEED_ALL"] = "1"
     _pytest(session, *LOWEST_TESTS, *CAPTURE_TESTS)
 
 
