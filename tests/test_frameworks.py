@@ -453,3 +453,31 @@ def test_bad_flex_backend_is_one_line() -> None:
         read("megatron", MEGATRON_MIXTRAL.replace("--moe-token-dispatcher-type alltoall",
                                                   "--moe-token-dispatcher-type flex")
              + " --moe-flex-dispatcher-backend nccl", {"dims": MIXTRAL, "layers": 32})
+
+
+@pytest.mark.parametrize("framework, text, want", [
+    # Megatron-LM's --fp8-recipe tensorwise is TE's Float8CurrentScaling; delayed is the default
+    ("megatron", "--tensor-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 8 "
+                 "--seq-length 128 --bf16 --fp8-format hybrid --fp8-recipe tensorwise", "fp8_cs"),
+    ("megatron", "--tensor-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 8 "
+                 "--seq-length 128 --bf16 --fp8-format hybrid", "fp8"),
+    # Megatron-Bridge's -c fp8_cs (its perf recipes' FP8) is current scaling too
+    ("bridge", "-tp 1 -pp 1 -gb 8 -c fp8_cs", "fp8_cs"),
+])
+def test_fp8_scaling_recipes_are_read_as_they_run(framework: str, text: str,
+                                                  want: str) -> None:
+    got = read_text(framework, text, {"layers": 4})
+    assert got.values["precision"] == want
+    request = request_from_values({**got.values, "num_gpus": 8} if framework == "bridge"
+                                  else got.values)
+    back = request_from_values(read_text(framework, emit(framework, request, Header(
+        model="m", hardware="nvidia_h100_sxm", layers=4)), {"layers": 4}).values)
+    assert back.train.precision == want
+
+
+def test_bridge_has_no_delayed_scaling_to_write() -> None:
+    request = request_from_values(read_text("megatron", "--micro-batch-size 1 "
+                                            "--global-batch-size 8 --seq-length 128 --bf16 "
+                                            "--fp8-format hybrid", {"layers": 4}).values)
+    with pytest.raises(SpecError, match=r"no fp8 \(delayed scaling\)"):
+        emit("bridge", request, Header(model="m", hardware="nvidia_h100_sxm", layers=4))

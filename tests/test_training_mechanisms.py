@@ -110,6 +110,48 @@ def test_fp8_amax_reduction_blocks_each_stage_forward_and_backward(host) -> None
         pytest.approx(2 * m * one, rel=1e-9)
 
 
+@pytest.mark.needs("zrt-nvidia")
+def test_fp8_current_scaling_reads_each_cast_tensor_twice_and_reduces_no_amax(host) -> None:
+    from zrt_core.estimate.training import estimate_training
+    from zrt_core.ir.graph import TensorMeta
+    from zrt_core.strategy import Parallel, TrainSpec
+    from zrt_core.transforms.training.precision import Precision, precision_plan
+
+    hw = host.hardware_spec("nvidia_h100_sxm")
+    delayed, current = precision_plan("fp8", hw), precision_plan("fp8_cs", hw)
+    assert (delayed.recipe, current.recipe) == ("fp8", "fp8")  # same GEMMs and formats
+    assert (delayed.amax_pass, current.amax_pass) == (False, True)
+    t = TensorMeta(shape=(128, 64), dtype="bfloat16")
+    consumer = _gemm_node()
+    d = Precision(delayed)._cast(0, consumer, t, "float8_e4m3fn")
+    c = Precision(current)._cast(0, consumer, t, "float8_e4m3fn")
+    # 128·64 = 8192 bf16 values: the cast reads 8192·2 = 16384 bytes, current scaling's amax
+    # pass reads them once more (32768); both write row- and column-wise fp8 copies, 2·8192
+    assert (d.bytes_read, c.bytes_read) == (16384, 32768)
+    assert d.bytes_written == c.bytes_written == 16384
+    # a tensor a norm or an activation kernel wrote: its amax came with it, one read
+    fused = Precision(current)._cast(0, consumer, t, "float8_e4m3fn", amax_fused=True)
+    assert fused.bytes_read == 16384
+    tiny = capture_for_training(TINY, 2, 64, host=host, use_cache=False)
+    par = Parallel(tp=2, dp=2)
+    train = TrainSpec(micro_batch=2, global_batch=8, seq_len=64, precision="fp8_cs")
+    kw = dict(host=host, captured=tiny)
+    # no amax history, so no blocking reduction of it whatever the group
+    none = estimate_training(TINY, "nvidia_h100_sxm", par, train, amax_reduction="none", **kw)
+    both = estimate_training(TINY, "nvidia_h100_sxm", par, train, amax_reduction="dp_tp", **kw)
+    assert both.step_time_s == none.step_time_s
+    assert not any("amax all-reduce" in n for n in both.notes)
+
+
+def _gemm_node():
+    from zrt_core.ir.graph import Category, OpNode
+
+    return OpNode(id=1, op="aten.mm", category=Category.MATMUL, phase="train_forward",
+                  inputs=(), outputs=(), module_path="m", module_class="Linear",
+                  layer_index=0, layer_kind="layer", flops=0, bytes_read=0, bytes_written=0,
+                  formula="mm")
+
+
 def test_nemotronh_bridge_recipes_run_without_tp_userbuffers() -> None:
     # tp 2 with SP: Megatron-Core's default hides (tp − 1)/tp = 1/2 of each forward TP/SP
     # collective under its GEMM (TE userbuffers). Megatron-Bridge's nemotronh perf recipes set

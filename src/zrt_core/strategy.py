@@ -24,7 +24,9 @@ RECOMPUTE = ("none", "selective", "full")
 #: for ``recompute = "selective"`` (docs/training-model.md, "Selective recompute modules")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
+#: Training precisions: ``fp8`` is TransformerEngine's ``DelayedScaling``, ``fp8_cs`` its
+#: ``Float8CurrentScaling`` (Megatron ``--fp8-recipe tensorwise``, Megatron-Bridge ``fp8_cs``).
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "fp8_cs", "mxfp8", "nvfp4")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe", "dualpipev")
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd")
 QUANT = ("none", "int8", "int4", "fp8", "fp4")

@@ -43,8 +43,9 @@ FLAGS = {"--model_family_name": 1, "--model_recipe_name": 1, "--gpu": 1, "--comp
          "--moe_flex_dispatcher_backend": 1}
 
 #: ``-c/--compute_dtype`` (choices bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4) → zrt precision:
-#: fp8 current scaling (cs) and sub-channel/blockwise scaling (sc) are zrt's fp8
-COMPUTE_DTYPES = {"bf16": "bf16", "fp8_cs": "fp8", "fp8_sc": "fp8", "fp8_mx": "mxfp8",
+#: fp8 current scaling (cs) is zrt's fp8_cs; sub-channel/blockwise scaling (sc) is priced as
+#: zrt's fp8 (no amax pass: the block scales come from the block being cast)
+COMPUTE_DTYPES = {"bf16": "bf16", "fp8_cs": "fp8_cs", "fp8_sc": "fp8", "fp8_mx": "mxfp8",
                   "nvfp4": "nvfp4"}
 #: ``-g/--gpu`` (NUM_GPUS_PER_NODE_MAP's keys) ↔ zrt hardware ids
 GPUS = {"h100": "nvidia_h100_sxm", "b200": "nvidia_b200", "b300": "nvidia_b300",
@@ -204,8 +205,9 @@ def write(request: RunRequest, header: Header) -> str:
     p = request.parallel
     dtype = {v: k for k, v in COMPUTE_DTYPES.items() if k != "fp8_sc"}.get(train.precision)
     if dtype is None:
-        raise SpecError(f"Megatron-Bridge's --compute_dtype has no {train.precision}",
-                        "use bf16, fp8, mxfp8 or nvfp4")
+        raise SpecError(f"Megatron-Bridge's --compute_dtype has no {train.precision}"
+                        + (" (delayed scaling)" if train.precision == "fp8" else ""),
+                        "use bf16, fp8_cs, mxfp8 or nvfp4")
     words = []
     gpu = {v: k for k, v in GPUS.items()}.get(header.hardware)
     if gpu:

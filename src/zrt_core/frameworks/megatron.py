@@ -50,7 +50,7 @@ LAUNCHER = {"--nnodes": 1, "--nproc-per-node": 1, "--nproc_per_node": 1}
 
 #: ``--fp8-recipe`` → zrt precision (``--fp8-format`` e4m3 / hybrid picks the E4M3/E5M2
 #: split, which zrt's fp8 GEMM rate does not distinguish)
-FP8_RECIPES = {"delayed": "fp8", "tensorwise": "fp8", "blockwise": "fp8", "mxfp8": "mxfp8"}
+FP8_RECIPES = {"delayed": "fp8", "tensorwise": "fp8_cs", "blockwise": "fp8", "mxfp8": "mxfp8"}
 #: Megatron's ``--optimizer`` → zrt's: Megatron's adam is decoupled weight decay (AdamW,
 #: ``adam_w_mode`` of TE/Apex FusedAdam)
 OPTIMIZERS = {"adam": "adamw", "sgd": "sgd", "muon": "muon", "dist_muon": "muon"}
@@ -306,6 +306,7 @@ def write(request: RunRequest, header: Header) -> str:
              f"--global-batch-size {train.global_batch}", f"--seq-length {train.seq_len}"]
     args += {"fp32": [], "bf16": ["--bf16"], "fp16": ["--fp16"],
              "fp8": ["--bf16", "--fp8-format hybrid", "--fp8-recipe delayed"],
+             "fp8_cs": ["--bf16", "--fp8-format hybrid", "--fp8-recipe tensorwise"],
              "mxfp8": ["--bf16", "--fp8-format e4m3", "--fp8-recipe mxfp8"],
              "nvfp4": ["--bf16", "--fp4-format e2m1", "--fp4-recipe nvfp4"]}[train.precision]
     optimizer = {"adamw": "adam", "adam": None, "sgd": "sgd", "muon": "muon"}[train.optimizer]

@@ -19,8 +19,10 @@ from zrt_core.frameworks.base import Header, Imported, RunRequest, as_bool, as_i
 #: ``pipeline_parallel_schedule`` → zrt's schedule
 SCHEDULES = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved",
              "InterleavedZeroBubble": "zb-h1", "ZBVZeroBubble": "zb-v", "DualPipeV": "dualpipev"}
-#: ``[model] converters`` → zrt precision (torchao float8 / MX training)
-CONVERTERS = {"float8": "fp8", "quantize.linear.float8": "fp8", "mx": "mxfp8",
+#: ``[model] converters`` → zrt precision (torchao float8 / MX training). torchao's float8
+#: training scales each tensor from its own amax (``Float8LinearConfig``'s tensorwise recipe,
+#: dynamic scaling; torchao has had no delayed scaling since 0.9): zrt's fp8_cs.
+CONVERTERS = {"float8": "fp8_cs", "quantize.linear.float8": "fp8_cs", "mx": "mxfp8",
               "quantize.linear.mx": "mxfp8"}
 
 #: keys read: section → key → zrt flag
@@ -161,7 +163,7 @@ def write(request: RunRequest, header: Header) -> str:
         raise SpecError(f"torchtitan has no {train.pp_schedule} schedule",
                         f"use one of {', '.join(SCHEDULES.values())}")
     precision = {"bf16": ("bfloat16", None), "fp32": ("float32", None),
-                 "fp8": ("bfloat16", "float8"), "mxfp8": ("bfloat16", "mx")}.get(train.precision)
+                 "fp8_cs": ("bfloat16", "float8"), "mxfp8": ("bfloat16", "mx")}.get(train.precision)
     if precision is None or train.lora_rank or train.offload_optimizer:
         what = (f"{train.precision} training" if precision is None else
                 "LoRA" if train.lora_rank else "optimizer offload")

@@ -195,7 +195,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append("bf16 gradient buffer and reduction (Megatron-Bridge performance "
                            "recipes: ddp.grad_reduce_in_fp32=False)")
         model = str((record.get("model") or {}).get("name", "")).lower()
-        if precision in ("fp8", "mxfp8") and not any(
+        if precision in ("fp8", "fp8_cs", "mxfp8") and not any(
                 m in model and h in (hardware, "*") for m, h in FP8_PARAM_OFF):
             train = evolve(train, quantized_params=True)
             assumptions.append("fp8 weights without a bf16 copy (Megatron-Bridge's fp8 "

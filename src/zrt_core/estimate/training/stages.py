@@ -238,8 +238,9 @@ def _amax_reduction_s(fwd: OpGraph, plan: PrecisionPlan, parallel: Parallel,
     """One amax all-reduce of fp8 delayed scaling (TransformerEngine ``DelayedScaling`` with
     ``reduce_amax``: ``FP8GlobalStateManager.reduce_and_update_fp8_tensors`` at every
     autocast exit, over Megatron's amax-reduction group): 3 fp32 amaxes (input, weight,
-    gradient) per linear GEMM of a (virtual) stage — latency-bound."""
-    if plan.recipe != "fp8" or group == "none":
+    gradient) per linear GEMM of a (virtual) stage — latency-bound. Current scaling
+    (``plan.amax_pass``) keeps no amax history and has none of it."""
+    if plan.recipe != "fp8" or plan.amax_pass or group == "none":
         return 0.0
     if group not in AMAX_REDUCTIONS:
         raise SpecError(f"unknown amax reduction group {group!r}",

@@ -81,6 +81,13 @@ class PrecisionPlan:
         column-wise Hadamard cast."""
         return 1 + int(self.amax_pass) + int(self.hadamard)
 
+    def reads(self, amax_fused: bool) -> int:
+        """:attr:`cast_reads`, less the amax pass where the tensor's producer computed its
+        amax as it wrote it (TransformerEngine's norm and activation kernels under
+        current scaling: ``create_unquantized_tensor_with_amax`` then
+        ``quantize_with_amax``)."""
+        return self.cast_reads - int(self.amax_pass and amax_fused)
+
     def quantized_layer(self, template: LayerTemplate | None, index: int | None) -> bool:
         """Whether the linear layers of a layer template run in the recipe's dtype (a
         template stands for layers that are all kept in high precision or none is, after
@@ -105,6 +112,11 @@ def precision_plan(precision: str, hardware: HardwareSpec, *,
     - ``fp16`` / ``bf16`` / ``fp32``: GEMMs in that dtype (fp32 runs at the TF32 rate).
     - ``fp8``: TransformerEngine's default ``DelayedScaling`` recipe, hybrid format — E4M3
       activations and weights, E5M2 gradients; per-tensor scales from the amax history.
+    - ``fp8_cs``: ``Float8CurrentScaling`` (Megatron's ``--fp8-recipe tensorwise``,
+      Megatron-Bridge's ``fp8_cs``, the default of its performance recipes): the same
+      formats, each tensor's scale from its own amax, computed by a pass over the tensor
+      before the cast (``Float8CurrentScalingQuantizer``: ``nvte_compute_amax`` then the
+      cast), and no amax history to reduce at the end of the autocast region.
     - ``mxfp8``: ``MXFP8BlockScaling`` — E4M3 everywhere with one E8M0 scale per 32
       values, row- and column-wise copies. A Blackwell tensor-core feature: on a device
       without it (taken as one without fp4 units) it falls back to ``fp8`` with a note.
@@ -139,9 +151,10 @@ def precision_plan(precision: str, hardware: HardwareSpec, *,
         return PrecisionPlan(precision, "bf16", "bfloat16", note="; ".join(notes))
     note = "; ".join(notes)
     keep = frozenset(high_precision_layers)
-    if recipe == "fp8":
+    if recipe in ("fp8", "fp8_cs"):
         return PrecisionPlan(precision, "fp8", "bfloat16", gemm_dtype="float8_e4m3fn",
-                             grad_dtype="float8_e5m2", note=note, high_precision_layers=keep)
+                             grad_dtype="float8_e5m2", note=note, high_precision_layers=keep,
+                             amax_pass=recipe == "fp8_cs")
     if recipe == "mxfp8":
         return PrecisionPlan(precision, "mxfp8", "bfloat16", gemm_dtype="mxfp8",
                              grad_dtype="mxfp8", block=32, scale_bytes=1, note=note,
@@ -151,7 +164,7 @@ def precision_plan(precision: str, hardware: HardwareSpec, *,
                              grad_dtype="nvfp4", block=16, scale_bytes=1, amax_pass=True,
                              hadamard=True, note=note, high_precision_layers=keep)
     raise SpecError(f"unknown training precision {precision!r}",
-                    "use fp32, bf16, fp16, fp8, mxfp8 or nvfp4")
+                    "use fp32, bf16, fp16, fp8, fp8_cs, mxfp8 or nvfp4")
 
 
 @frozen
@@ -188,6 +201,7 @@ class Precision:
         edges = list(graph.edges)
         producers = {t.tensor_id: n.id for n in graph.nodes for t in n.outputs
                      if t.tensor_id is not None}
+        by_id = {n.id: n for n in graph.nodes}
         forward_ids = None
         if backward and self.forward is not None:
             # every tensor the forward touched (a layer template's input comes from an
@@ -215,7 +229,8 @@ class Precision:
                 extra_read += plan.quantized_bytes(t.numel, dtype) - t.numel * dtype_bytes(dtype)
                 if t.param is None and t.tensor_id is not None and t.tensor_id not in casts \
                         and (backward is False or grad_side):
-                    cast = self._cast(next_id, n, t, dtype)
+                    cast = self._cast(next_id, n, t, dtype,
+                                      amax_fused=_amax_fused(t, producers, by_id))
                     next_id += 1
                     casts[t.tensor_id] = cast
                     out.append(cast)
@@ -230,10 +245,11 @@ class Precision:
         meta = {**graph.meta, "precision": plan.recipe}
         return evolve(graph.with_nodes(out, edges), meta=meta)
 
-    def _cast(self, node_id: int, consumer: OpNode, t: TensorMeta, dtype: str) -> OpNode:
+    def _cast(self, node_id: int, consumer: OpNode, t: TensorMeta, dtype: str, *,
+              amax_fused: bool = False) -> OpNode:
         plan = self.plan
         elements = t.numel
-        read = elements * dtype_bytes(t.dtype) * plan.cast_reads
+        read = elements * dtype_bytes(t.dtype) * plan.reads(amax_fused)
         # row-wise and column-wise (transposed) copies, each with its scales
         written = 2 * plan.quantized_bytes(elements, dtype)
         flops = 3 * elements  # scale, round, (and amax) per value
@@ -247,6 +263,28 @@ class Precision:
             layer_index=consumer.layer_index, layer_kind=consumer.layer_kind, flops=flops,
             bytes_read=int(read), bytes_written=int(written), formula="precision.quantize",
             attrs={QUANTIZE_ATTR: True, "recipe": plan.recipe, "dtype": dtype})
+
+
+#: What TransformerEngine's activation kernels (and their backward, the fused dact) are named
+#: in a graph: their output's amax comes from the kernel that writes it.
+_ACTIVATIONS = ("swiglu", "geglu", "silu", "gelu", "relu", "sigmoid", "glu")
+
+
+def _amax_fused(t: TensorMeta, producers: Mapping[int | None, int],
+                by_id: Mapping[int, OpNode]) -> bool:
+    """Whether ``t`` (seen through views) is written by a norm or an activation kernel,
+    which compute its amax as they write it (current scaling needs no pass of its own)."""
+    seen = 0
+    node = by_id.get(producers.get(t.tensor_id, -1))
+    while node is not None and node.category == Category.VIEW and node.inputs and seen < 16:
+        node = by_id.get(producers.get(node.inputs[0].tensor_id, -1))
+        seen += 1
+    if node is None:
+        return False
+    if node.category == Category.NORM:
+        return True
+    return node.category == Category.ELEMENTWISE and any(
+        a in node.op.lower() for a in _ACTIVATIONS)
 
 
 def _saved(t: TensorMeta, producers: Mapping[int | None, int]) -> bool:
