@@ -50,8 +50,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                    help="optimizer (default adamw)")
     g.add_argument("--precision", choices=PRECISIONS, default="bf16",
-                   help="bf16, fp16, fp8 (TransformerEngine delayed scaling), mxfp8 or nvfp4 "
-                        "(Blackwell block scaling); default bf16")
+                   help="bf16, fp16, fp8 (TransformerEngine delayed scaling), fp8_cs (current "
+                        "scaling), mxfp8 or nvfp4 (Blackwell block scaling); default bf16")
     g.add_argument("--pp-schedule", choices=PP_SCHEDULES, default=None,
                    help="pipeline schedule (default 1f1b, interleaved when --vp > 1)")
     g.add_argument("--offload-optimizer", action="store_true",
