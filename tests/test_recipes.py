@@ -199,3 +199,23 @@ def test_25_11_qwen3_30b_dispatcher_is_the_provider_default() -> None:
     assert (r.cuda_graph_impl, r.cuda_graph_scope) == (
         "transformer_engine", ("moe_router", "moe_preprocess"))
     assert r.moe_a2a_overlap is False
+
+
+def test_a_printed_layout_its_release_does_not_run_is_named_not_replaced() -> None:
+    from zrt_core.estimate.training import case_from_record
+
+    record = next(r for r in _moe_training_records()
+                  if r["id"] == "mbridge-25.11-pre-training-gpt-oss-120b-b200-64gpu-bf16-gbs512")
+    # the 25.11 summary prints EP 8; v0.2.0's only GPT-OSS-120B B200 bf16 config at 64 GPUs
+    # and GBS 512 sets EP 64 (GPT_OSS_120B_B200_BF16_BASE_CONFIG), micro-batch 4
+    assert recipes.lookup(record) is None
+    other = recipes.layout_conflict(record)
+    assert other is not None and (other.layout, other.mbs) == ((1, 1, 1, 1, 64), 4)
+    case = case_from_record(record)
+    assert case.parallel.ep == 8  # priced as printed
+    assert any("runs tp 1, pp 1, vp 1, cp 1, ep 64, micro-batch 4" in a
+               for a in case.assumptions)
+    # a record whose layout its release runs has no such note
+    ok = next(r for r in _moe_training_records()
+              if r["id"] == "mbridge-26.02-pre-training-gpt-oss-120b-b200-64gpu-bf16-gbs1280")
+    assert recipes.lookup(ok) is not None and recipes.layout_conflict(ok) is None

@@ -221,6 +221,31 @@ def candidates(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
             and r.layout == layout and (par.get("etp") is None or r.etp == par.get("etp"))]
 
 
+def layout_conflict(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
+                    ) -> Recipe | None:
+    """A config of the record's release, model, GPU, precision, GPU count and global batch
+    whose layout or micro batch differs from what the record prints, when no config has the
+    printed one and every such config agrees (else None). The summaries sometimes print a
+    layout their release's config does not run (GPT-OSS-120B on B200 in 25.11 prints EP 8;
+    v0.2.0's ``GPT_OSS_120B_B200_BF16_BASE_CONFIG`` sets EP 64): a reader should know."""
+    if candidates(record, rows):
+        return None
+    rows = _bundled() if rows is None else rows
+    found = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?)\b", str(record.get("source", "")))
+    gpu = HARDWARE_GPU.get(str(record.get("hardware")))
+    model = model_key(str((record.get("model") or {}).get("name", "")))
+    precisions = RECORD_PRECISION.get(str(record.get("precision")), ())
+    if found is None or gpu is None or model is None or not precisions:
+        return None
+    same = [r for r in rows
+            if r.release == found.group(1) and r.model == model and r.gpu == gpu
+            and r.precision in precisions and r.num_gpus == record.get("num_gpus")
+            and r.gbs == record.get("global_batch")]
+    if not same or any((r.layout, r.mbs) != (same[0].layout, same[0].mbs) for r in same[1:]):
+        return None
+    return same[0]
+
+
 def lookup(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None) -> Recipe | None:
     """The perf config a record was measured with, or None when no row, or several rows with
     different settings, match (never a guess). Rows differing only in precision label (the

@@ -154,6 +154,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append("zero=1 (distributed optimizer)")
     fsdp = bool(raw.get("fsdp") or False)
     recipe = record_recipe(record)
+    if recipe is None and "Megatron-Bridge" in str(record.get("source", "")):
+        _note_layout_conflict(record, assumptions)
     dispatcher = record_dispatcher(record, recipe, assumptions)
     parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
                         dp=dp, sp=None if sp is None else bool(sp), ep_dispatcher=dispatcher)
@@ -283,6 +285,21 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         bf16_layers=bf16_layers, mtp=mtp, cross_entropy=cross_entropy,
                         amax_reduction=amax_reduction, moe_token_drop=moe_token_drop,
                         cuda_graph=cuda_graph, nvls=nvls)
+
+
+def _note_layout_conflict(record: Mapping[str, Any], assumptions: list[str]) -> None:
+    """Say so when the release's perf config runs another layout than the record prints
+    (:func:`zrt_core.recipes.layout_conflict`); the printed layout is still the one priced."""
+    from zrt_core.recipes import layout_conflict
+
+    other = layout_conflict(record)
+    if other is None:
+        return
+    tp, pp, vp, cp, ep = other.layout
+    assumptions.append(
+        f"the release's perf config ({other.provenance_tag} {other.provenance_file}) runs tp "
+        f"{tp}, pp {pp}, vp {vp}, cp {cp}, ep {ep}, micro-batch {other.mbs} at this GPU count "
+        "and batch, not the printed layout: priced as printed")
 
 
 def record_recipe(record: Mapping[str, Any]) -> Any:
