@@ -87,8 +87,10 @@ def moe_load_from_args(args: argparse.Namespace) -> Any:
         return None
     if redundant and (args.mode or "infer") == "train":
         raise SpecError("--eplb is a serving load balancer (DeepSeek-V3 deploys redundant "
-                        "experts for inference); it does not apply to --train",
-                        "drop --eplb, or use --infer")
+                        "experts for inference; Megatron-Core trains without replicas); it "
+                        "does not apply to --train",
+                        "drop --eplb; model a routing skew with --moe-imbalance X or "
+                        "dist:multinomial, or use --infer")
     load = ExpertLoad.parse(text if text is not None else "1", redundant=redundant)
     return None if load.is_default else load
 
