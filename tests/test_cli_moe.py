@@ -127,3 +127,19 @@ def test_serving_shared_expert_overlap_hides_the_dispatch(
     tp = _json(capsys, *_infer(model_dir))
     tp_over = _json(capsys, *_infer(model_dir, "--moe-shared-expert-overlap"))
     assert (tp_over["tpot_ms"], tp_over["ttft_ms"]) == (tp["tpot_ms"], tp["ttft_ms"])
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_serving_measured_skew_slows_the_busiest_rank(
+        model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ep = ("--ep", "4", "--dp", "4")
+    base = _json(capsys, *_infer(model_dir, *ep))
+    skew = _json(capsys, *_infer(model_dir, *ep, "--moe-imbalance", "dist:deepseek-sglang"))
+    assert skew["parallel"]["moe_load"]["distribution"] == "deepseek-sglang"
+    # 8 experts on 4 ranks (2 a rank) drawn from the measured DeepSeek popularities (CV 0.70):
+    # the busiest rank expects 1.47x (a large step) to 1.65x (16 rows a step) the balanced
+    # rows (ExpertLoad.rank_load), so its grouped GEMMs and all-to-alls grow, the step too
+    assert skew["tpot_ms"] > base["tpot_ms"] and skew["ttft_ms"] > base["ttft_ms"]
+    assert main(_infer(model_dir, *ep, "--moe-imbalance", "dist:zipf")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "dist:multinomial or dist:deepseek-sglang" in err and "\n" not in err

@@ -16,7 +16,9 @@ def add_moe_args(g: Any) -> None:
                    help="MoE routing skew under EP: X >= 1 gives the busiest expert X times "
                         "the mean load; dist:multinomial draws each step's routing at random "
                         "(the busiest EP rank's expected load at the step's token count); "
-                        "default balanced")
+                        "dist:deepseek-sglang draws the experts' popularities from a "
+                        "measured DeepSeek skew (docs/moe-training.md), then each step's "
+                        "routing; default balanced")
     g.add_argument("--eplb", type=_count("--eplb"), default=0, metavar="N",
                    help="serving: N redundant experts placed as DeepSeek's EPLB places them "
                         "(replicate the heaviest, pack balanced over the EP ranks)")
