@@ -101,4 +101,45 @@ def test_bad_moe_flags_are_one_line(model_dir: Path, capsys: pytest.CaptureFixtu
 def test_eplb_is_refused_in_training(model_dir: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(_train(model_dir, "--eplb", "4")) == 2
-    assert "does not apply to --train" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "does not apply to --train" in err and "--moe-imbalance" in err
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_serving_shared_expert_overlap_hides_the_dispatch(
+        model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ep = ("--ep", "4", "--dp", "4")
+    base = _json(capsys, *_infer(model_dir, *ep))
+    over = _json(capsys, *_infer(model_dir, *ep, "--moe-shared-expert-overlap"))
+    assert over["workload"]["shared_expert_overlap"] is True
+    # One MoE layer (first_k_dense_replace = 1 of 2 layers). Its shared expert (gate, up,
+    # swiglu, down: ~24.5 us at 8 decode tokens) is issued right after the dispatch
+    # all-to-all, which runs on the EP stream under it; the routed GEMMs then find the
+    # dispatch done. The combine is still waited for (moe_combine reads it). So each step
+    # saves exactly one of the layer's two equal all-to-alls (dispatch = combine bytes).
+    for phase, key in (("decode", "tpot_ms"), ("prefill", "ttft_ms")):
+        a2a = base[phase]["collectives"]["ep/all_to_all"]
+        assert a2a["count"] == 2
+        shared_s = base[phase]["by_layer_kind_ms"]  # the phase's serial sum is unchanged
+        assert over[phase]["by_layer_kind_ms"] == shared_s
+        assert base[key] - over[key] == pytest.approx(a2a["time_s"] / 2 * 1e3, rel=1e-9)
+    # without EP there is no all-to-all to hide under: nothing moves
+    tp = _json(capsys, *_infer(model_dir))
+    tp_over = _json(capsys, *_infer(model_dir, "--moe-shared-expert-overlap"))
+    assert (tp_over["tpot_ms"], tp_over["ttft_ms"]) == (tp["tpot_ms"], tp["ttft_ms"])
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_serving_measured_skew_slows_the_busiest_rank(
+        model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ep = ("--ep", "4", "--dp", "4")
+    base = _json(capsys, *_infer(model_dir, *ep))
+    skew = _json(capsys, *_infer(model_dir, *ep, "--moe-imbalance", "dist:deepseek-sglang"))
+    assert skew["parallel"]["moe_load"]["distribution"] == "deepseek-sglang"
+    # 8 experts on 4 ranks (2 a rank) drawn from the measured DeepSeek popularities (CV 0.70):
+    # the busiest rank expects 1.47x (a large step) to 1.65x (16 rows a step) the balanced
+    # rows (ExpertLoad.rank_load), so its grouped GEMMs and all-to-alls grow, the step too
+    assert skew["tpot_ms"] > base["tpot_ms"] and skew["ttft_ms"] > base["ttft_ms"]
+    assert main(_infer(model_dir, *ep, "--moe-imbalance", "dist:zipf")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "dist:multinomial or dist:deepseek-sglang" in err and "\n" not in err

@@ -8,7 +8,10 @@ with that rank's rows. :meth:`ExpertLoad.rank_load` is the factor over the balan
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from attrs import field, frozen
@@ -19,7 +22,73 @@ from zrt_core.errors import LayoutError, SpecError
 #: ``multinomial``: every (token, expert) assignment drawn independently with the experts'
 #: mean shares — the spread SGLang simulates as "perfect EPLB" (random expert selection,
 #: LMSYS 2025-05-05 large-scale EP post); what no placement can remove at a finite batch.
+#: Besides it, every measured skew in ``data/routing`` (:func:`routing_skews`).
 DISTRIBUTIONS = ("multinomial",)
+
+
+@frozen
+class RoutingSkew:
+    """A published, measured routing skew (``data/routing/NAME.yaml``): tokens routed to
+    each of some experts of one MoE layer of a served model, read as a sample of that
+    model's expert popularities.
+
+    :param counts: routed tokens per expert, as measured.
+    :param model, source, dataset, measured: where the numbers come from.
+    """
+
+    name: str
+    counts: tuple[float, ...]
+    model: str = ""
+    source: str = ""
+    dataset: str = ""
+    measured: str = ""
+
+    @property
+    def cv(self) -> float:
+        """The counts' coefficient of variation (population standard deviation over mean)."""
+        mean = sum(self.counts) / len(self.counts)
+        var = sum((c - mean) ** 2 for c in self.counts) / len(self.counts)
+        return math.sqrt(var) / mean
+
+    def profile(self, experts: int) -> tuple[float, ...]:
+        """Expected popularity shares of ``experts`` experts, most popular first: expert
+        ``i`` takes the sample's quantile at ``(i + 1/2)/experts`` (the sorted counts as a
+        step function), normalised to sum to 1."""
+        ranked = sorted(self.counts, reverse=True)
+        n = len(ranked)
+        raw = [ranked[min(n - 1, int((i + 0.5) * n / experts))] for i in range(experts)]
+        total = sum(raw)
+        return tuple(r / total for r in raw)
+
+
+@functools.cache
+def routing_skews() -> Mapping[str, RoutingSkew]:
+    """The measured skews bundled in ``zrt_core/data/routing``, by name (read once)."""
+    from importlib import resources
+
+    import yaml
+
+    out: dict[str, RoutingSkew] = {}
+    folder = resources.files("zrt_core") / "data" / "routing"
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".yaml"):
+            continue
+        data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+        counts = data.get("counts") if isinstance(data, dict) else None
+        if not counts or any(isinstance(c, bool) or not isinstance(c, (int, float))
+                             or c < 0 for c in counts) or not sum(counts):
+            raise SpecError(f"data/routing/{entry.name}: counts must be a list of routed "
+                            "token counts >= 0, not all 0")
+        out[str(data["name"])] = RoutingSkew(
+            name=str(data["name"]), counts=tuple(float(c) for c in counts),
+            **{k: str(data.get(k, "")).strip() for k in ("model", "source", "dataset",
+                                                          "measured")})
+    return MappingProxyType(out)
+
+
+def distribution_names() -> tuple[str, ...]:
+    """Every name ``--moe-imbalance dist:NAME`` accepts."""
+    return DISTRIBUTIONS + tuple(routing_skews())
 
 
 def _imbalance(_inst: Any, _attr: Any, value: Any) -> None:
@@ -30,9 +99,10 @@ def _imbalance(_inst: Any, _attr: Any, value: Any) -> None:
 
 
 def _distribution(_inst: Any, _attr: Any, value: Any) -> None:
-    if value is not None and value not in DISTRIBUTIONS:
+    if value is not None and value not in DISTRIBUTIONS and value not in routing_skews():
+        names = distribution_names()
         raise SpecError(f"unknown MoE routing distribution {value!r}",
-                        f"use dist:{' or dist:'.join(DISTRIBUTIONS)}")
+                        f"use dist:{' or dist:'.join(names)}")
 
 
 def _redundant(_inst: Any, _attr: Any, value: Any) -> None:
@@ -46,8 +116,10 @@ class ExpertLoad:
 
     :param imbalance: the busiest expert's mean load over the mean expert's (a persistent
         skew, shaped as the capture's ``routing_histogram``: expert 0 hot, the rest even).
-    :param distribution: None (the mean loads every step) or a name in :data:`DISTRIBUTIONS`
-        (per-step counts drawn around the mean loads; the expected busiest rank).
+    :param distribution: None (the mean loads every step), a name in :data:`DISTRIBUTIONS`
+        (per-step counts drawn around the mean loads; the expected busiest rank) or a
+        measured skew of :func:`routing_skews` (expert popularities drawn from it, then
+        per-step counts; :meth:`rank_load`).
     :param redundant: EPLB redundant experts (DeepSeek-V3's deployment: 32 for prefill on
         EP32), replicated and packed as ``deepseek-ai/EPLB``'s global policy places them.
     """
@@ -56,9 +128,22 @@ class ExpertLoad:
     distribution: str | None = field(default=None, validator=_distribution)
     redundant: int = field(default=0, validator=_redundant)
 
+    def __attrs_post_init__(self) -> None:
+        if self.imbalance != 1.0 and self.skew is not None:
+            raise SpecError(f"a measured routing skew (dist:{self.distribution}) sets the "
+                            "experts' loads itself; it takes no imbalance",
+                            "give --moe-imbalance X or dist:NAME, not both")
+
+    @property
+    def skew(self) -> RoutingSkew | None:
+        """The measured skew :attr:`distribution` names, or None."""
+        if self.distribution is None or self.distribution in DISTRIBUTIONS:
+            return None
+        return routing_skews()[self.distribution]
+
     @classmethod
     def parse(cls, text: str, redundant: int = 0) -> ExpertLoad:
-        """``"1.3"`` (a constant skew) or ``"dist:NAME"`` (:data:`DISTRIBUTIONS`)."""
+        """``"1.3"`` (a constant skew) or ``"dist:NAME"`` (:func:`distribution_names`)."""
         text = str(text).strip()
         if text.startswith("dist:"):
             return cls(distribution=text[5:], redundant=redundant)
@@ -81,7 +166,10 @@ class ExpertLoad:
         parts = []
         if self.imbalance != 1.0:
             parts.append(f"busiest expert {self.imbalance:g}x the mean")
-        if self.distribution:
+        if self.skew is not None:
+            parts.append(f"routing skew {self.distribution} (measured, CV "
+                         f"{self.skew.cv:.2f}) sampled per step")
+        elif self.distribution:
             parts.append(f"{self.distribution} routing per step")
         if self.redundant:
             parts.append(f"EPLB with {self.redundant} redundant experts")
@@ -109,7 +197,11 @@ class ExpertLoad:
     # -- the loads ---------------------------------------------------------------------
 
     def expert_shares(self, experts: int) -> tuple[float, ...]:
-        """Each expert's mean share of the routed rows (sums to 1)."""
+        """Each expert's mean share of the routed rows (sums to 1); under a measured skew its
+        expected popularity profile, most popular first (:meth:`RoutingSkew.profile`)."""
+        skew = self.skew
+        if skew is not None:
+            return skew.profile(experts)
         hot = min(1.0, self.imbalance / experts)
         if experts == 1:
             return (1.0,)
@@ -138,12 +230,36 @@ class ExpertLoad:
         """
         if ep <= 1 or experts <= 1:
             return 1.0
+        skew = self.skew
+        if skew is not None and not self.redundant:
+            return _skewed_rank_load(skew.cv, experts, ep, assignments)
         shares = self.rank_shares(experts, ep)
         if self.distribution is None or assignments <= 0:
             return ep * max(shares)
         means = [assignments * s for s in shares]
         sigmas = [math.sqrt(assignments * s * (1.0 - s)) for s in shares]
         return expected_max_normal(means, sigmas) / (assignments / ep)
+
+
+def _skewed_rank_load(cv: float, experts: int, ep: int, assignments: int) -> float:
+    """The busiest rank's expected rows over ``N/ep`` under a measured skew without EPLB.
+
+    The ``E`` experts' popularities are drawn from the measured counts (coefficient of
+    variation ``c``) and placed in contiguous blocks of ``m = E/ep`` experts, a placement
+    that knows nothing of popularity (Megatron-Core's and SGLang's default). A rank's share
+    of the popularity mass is then a sum of ``m`` of the ``E`` draws: mean ``1/ep``,
+    variance ``(c²/m)·(E − m)/(E − 1)/ep²`` (sampling ``m`` of ``E`` without replacement,
+    the shares summing to 1). Given the shares, a step's ``N`` rows are multinomial:
+    ``N·s·(1 − s)`` more, with ``s = 1/ep``. Rank ``r`` receives
+    ``X_r ≈ Normal(N/ep, (N/ep)²·(c²/m)·(E − m)/(E − 1) + N·(1/ep)·(1 − 1/ep))`` and the
+    factor is ``E[max_r X_r]/(N/ep)`` (:func:`expected_max_normal`, the ranks taken as
+    independent). With ``N <= 0`` (no step size) only the placement term counts."""
+    per = experts / ep
+    mean = assignments / ep if assignments > 0 else 1.0
+    placement = mean ** 2 * cv ** 2 / per * (experts - per) / (experts - 1)
+    draw = assignments * (1 / ep) * (1 - 1 / ep) if assignments > 0 else 0.0
+    sigma = math.sqrt(placement + draw)
+    return expected_max_normal([mean] * ep, [sigma] * ep) / mean
 
 
 def eplb_physical_shares(shares: tuple[float, ...], physical: int) -> tuple[float, ...]:

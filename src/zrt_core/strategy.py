@@ -268,6 +268,9 @@ class InferSpec:
         (offline max-throughput, as ``trtllm-bench`` and vLLM's throughput benchmark run).
     :param quant: weight (and for fp8/fp4, activation) quantisation; "none" keeps ``dtype``.
     :param kv_dtype: the KV-cache dtype; None follows the activation dtype.
+    :param shared_expert_overlap: the shared experts run on their own stream beside the
+        routed path's EP all-to-all (SGLang's and TensorRT-LLM's DeepSeek MoE;
+        ``--moe-shared-expert-overlap``); default off, every kernel back to back.
     """
 
     input_len: int = field(validator=_count("tokens"))
@@ -276,10 +279,12 @@ class InferSpec:
     quant: str = field(default="none", validator=_one_of(QUANT))
     dtype: str = field(default="bfloat16", validator=_text)
     kv_dtype: str | None = field(default=None, validator=_text)
+    shared_expert_overlap: bool = field(default=False, validator=validators.instance_of(bool))
 
     def to_json(self) -> dict[str, Any]:
         return {"input_len": self.input_len, "output_len": self.output_len, "batch": self.batch,
-                "quant": self.quant, "dtype": self.dtype, "kv_dtype": self.kv_dtype}
+                "quant": self.quant, "dtype": self.dtype, "kv_dtype": self.kv_dtype,
+                **({"shared_expert_overlap": True} if self.shared_expert_overlap else {})}
 
 
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:

@@ -170,3 +170,37 @@ def test_estimate_spec_carries_the_load_in_parallel():
     assert p.to_json()["moe_load"] == {"imbalance": 2.75, "distribution": None, "redundant": 4}
     with pytest.raises(SpecError, match=r"s\.yaml: bad parallel"):
         _parallel({"ep": 4, "moe_load": {"hot": 4}}, "s.yaml")
+
+
+def test_measured_skew_draws_popularities_then_tokens():
+    from zrt_core.moe_load import distribution_names, routing_skews
+
+    skew = routing_skews()["deepseek-sglang"]
+    assert "deepseek-sglang" in distribution_names()
+    # 16 measured counts (sglang PR 5524): sum 2,553,070, mean 159,566.875, population
+    # standard deviation 111,266.6 -> CV 0.697304
+    assert len(skew.counts) == 16 and sum(skew.counts) == 2_553_070
+    assert skew.cv == pytest.approx(0.6973039, rel=1e-6)
+    # 8 experts take the quantiles (i + 1/2)/8 of the 16 sorted counts, i.e. the 2nd, 4th ...
+    # 16th largest: 322237, 184719, 147879, 119943, 117722, 102827, 73528, 46123 (sum
+    # 1,114,978), normalised
+    ranked = (322237, 184719, 147879, 119943, 117722, 102827, 73528, 46123)
+    assert skew.profile(8) == pytest.approx(tuple(r / 1_114_978 for r in ranked), rel=1e-12)
+    load = ExpertLoad.parse("dist:deepseek-sglang")
+    # 8 experts on ep = 2 (m = 4 a rank), N = 1000 rows a step, N/ep = 500:
+    # placement variance 500^2 x 0.6973039^2 / 4 x (8 - 4)/(8 - 1) = 17,365.6,
+    # multinomial 1000 x 1/2 x 1/2 = 250 -> sigma = sqrt(17,615.6) = 132.72;
+    # two equal normals: E[max] = 500 + sigma/sqrt(pi) = 574.88 -> 1.14976
+    sigma = math.sqrt(500 ** 2 * 0.6973039 ** 2 / 4 * 4 / 7 + 250)
+    assert load.rank_load(8, 2, 1000) == pytest.approx(1 + sigma / math.sqrt(math.pi) / 500,
+                                                       rel=1e-6)
+    assert load.rank_load(8, 2, 1000) == pytest.approx(1.14976, abs=1e-5)
+    # EPLB places by the expected profile: 8 redundant on 16 slots over ep = 2 packs the
+    # replicas evenly, so with no per-step draw (N = 0) the busiest rank is within 1% of even
+    eplb = ExpertLoad.parse("dist:deepseek-sglang", redundant=8)
+    assert 1.0 <= eplb.rank_load(8, 2, 0) < 1.01 < load.rank_load(8, 2, 0)
+    with pytest.raises(SpecError, match="takes no imbalance"):
+        ExpertLoad(imbalance=2.0, distribution="deepseek-sglang")
+    with pytest.raises(SpecError) as err:
+        ExpertLoad.parse("dist:zipf")
+    assert "dist:multinomial or dist:deepseek-sglang" in str(err.value.hint)

@@ -16,7 +16,9 @@ def add_moe_args(g: Any) -> None:
                    help="MoE routing skew under EP: X >= 1 gives the busiest expert X times "
                         "the mean load; dist:multinomial draws each step's routing at random "
                         "(the busiest EP rank's expected load at the step's token count); "
-                        "default balanced")
+                        "dist:deepseek-sglang draws the experts' popularities from a "
+                        "measured DeepSeek skew (docs/moe-training.md), then each step's "
+                        "routing; default balanced")
     g.add_argument("--eplb", type=_count("--eplb"), default=0, metavar="N",
                    help="serving: N redundant experts placed as DeepSeek's EPLB places them "
                         "(replicate the heaviest, pack balanced over the EP ranks)")
@@ -87,8 +89,10 @@ def moe_load_from_args(args: argparse.Namespace) -> Any:
         return None
     if redundant and (args.mode or "infer") == "train":
         raise SpecError("--eplb is a serving load balancer (DeepSeek-V3 deploys redundant "
-                        "experts for inference); it does not apply to --train",
-                        "drop --eplb, or use --infer")
+                        "experts for inference; Megatron-Core trains without replicas); it "
+                        "does not apply to --train",
+                        "drop --eplb; model a routing skew with --moe-imbalance X or "
+                        "dist:multinomial, or use --infer")
     load = ExpertLoad.parse(text if text is not None else "1", redundant=redundant)
     return None if load.is_default else load
 

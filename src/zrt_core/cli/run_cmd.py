@@ -193,7 +193,9 @@ def run_infer(args: argparse.Namespace) -> int:
         kv = "fp8"
     infer = InferSpec(input_len=args.input_len, output_len=args.output_len,
                       batch=args.batch, quant=args.quant, kv_dtype=kv,
-                      dtype=getattr(args, "dtype", None) or "bfloat16")
+                      dtype=getattr(args, "dtype", None) or "bfloat16",
+                      shared_expert_overlap=bool(getattr(args, "moe_shared_expert_overlap",
+                                                         False)))
     parallel = parallel_from_args(args)
     # the config's numbers and the layout, before the estimator (and torch) is imported
     config, where = raw_config(args.model, host)

@@ -74,8 +74,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "(Megatron-Core --overlap-moe-expert-parallel-comm)")
     g.add_argument("--moe-shared-expert-overlap", action="store_true",
                    help="run the shared experts on their own stream under the EP "
-                        "all-to-all (Megatron-Core --moe-shared-expert-overlap; off by "
-                        "default, as in Megatron-Core)")
+                        "all-to-all (Megatron-Core --moe-shared-expert-overlap; in serving "
+                        "SGLang's and TensorRT-LLM's DeepSeek MoE; off by default)")
     g.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="attention kernels: flash (default) or unfused (Megatron-LM before "
                         "FlashAttention)")

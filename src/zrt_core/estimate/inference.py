@@ -265,7 +265,18 @@ class _Estimator:
 
     def _step_time(self, phase: str, batch: int, cache_len: int = 0) -> float:
         """One step's time: the stages one after another (a batch passes every stage)."""
-        return sum(c.total_time_s for c in self.priced(phase, batch, cache_len))
+        return sum(self._stage_list(phase, batch, cache_len))
+
+    def _hidden(self, costed: CostedGraph) -> float:
+        """Time the shared experts hide under the EP all-to-all of one stage when they run on
+        their own stream (``InferSpec.shared_expert_overlap``): the serial sum of the
+        stage's kernels minus its schedule with asynchronous EP collectives (0 without the
+        flag, or without EP collectives to run under)."""
+        if not self.infer.shared_expert_overlap or self.p.ep <= 1:
+            return 0.0
+        from zrt_core.estimate.shared_experts import hidden_shared_s
+
+        return hidden_shared_s(costed)
 
     def _latency(self, batch: int, mean_cache: int, memory: Mapping[str, Any]
                  ) -> InferenceReport:
@@ -363,7 +374,7 @@ class _Estimator:
                             throughput)
 
     def _stage_list(self, phase: str, batch: int, cache_len: int = 0) -> list[float]:
-        return [c.total_time_s for c in self.priced(phase, batch, cache_len)]
+        return [c.total_time_s - self._hidden(c) for c in self.priced(phase, batch, cache_len)]
 
     def _stage_max(self, phase: str, batch: int, cache_len: int = 0) -> float:
         times = self._stage_list(phase, batch, cache_len)
@@ -377,7 +388,10 @@ class _Estimator:
         the LM head only for the gen sequences and the prompts it completes."""
         isl = self.infer.input_len
         prompts = prompt_tokens / isl
-        body = _roles(self.priced(Phase.DECODE, gen + prompt_tokens, cache_len), self.p.pp)
+        mixed = self.priced(Phase.DECODE, gen + prompt_tokens, cache_len)
+        body = _roles(mixed, self.p.pp)
+        for s, c in enumerate(mixed):  # the body holds the MoE layers' all-to-alls
+            body[s]["body"] -= self._hidden(c)
         gen_roles = _roles(self.priced(Phase.DECODE, gen, cache_len), self.p.pp)
         prompt = _roles(self.priced(Phase.PREFILL, 1), self.p.pp)
         # the head runs on gen + (completed prompts) rows: interpolated between the two
@@ -486,8 +500,14 @@ class _Estimator:
         from zrt_core.schedule.scheduler import OverlapRules, schedule_phase
 
         costed = self.priced(phase, batch, cache_len)[0]
+        graph, rules = costed.graph, OverlapRules.serving()
+        if self.infer.shared_expert_overlap and self.p.ep > 1:
+            from zrt_core.estimate.shared_experts import shared_experts_issued_early
+
+            graph, rules = shared_experts_issued_early(graph), OverlapRules.serving(
+                ep_async=True)
         try:
-            return schedule_phase(costed.graph, costed.costs, OverlapRules.serving())
+            return schedule_phase(graph, costed.costs, rules)
         except ZrtError:
             return None
 

@@ -85,7 +85,9 @@ class OverlapRules:
         ahead; the distributed optimizer's post-step all-gather runs under the next step's
         forward (``--overlap-param-gather``).
     :param serial: every collective blocks the compute stream — serving engines (vLLM,
-        SGLang, TensorRT-LLM) in prefill and decode.
+        SGLang, TensorRT-LLM) in prefill and decode; with ``ep_async`` the EP all-to-alls
+        are the exception (``--moe-shared-expert-overlap`` in serving: the shared experts
+        run on their own stream beside the routed path, docs/moe-training.md).
     """
 
     tp_comm_overlap: float = field(default=0.0, converter=float, validator=_fraction)
@@ -103,10 +105,12 @@ class OverlapRules:
         return cls(**changes)  # type: ignore[arg-type]
 
     @classmethod
-    def serving(cls) -> OverlapRules:
-        """No overlap: every collective is on the critical path (prefill and decode)."""
+    def serving(cls, *, ep_async: bool = False) -> OverlapRules:
+        """No overlap: every collective is on the critical path (prefill and decode); with
+        ``ep_async`` the EP dispatch/combine run asynchronously, so the shared experts'
+        independent kernels fill the compute stream under them."""
         return cls(tp_backward_async=False, cp_comm_overlap=False, overlap_grad_reduce=False,
-                   overlap_param_gather=False, serial=True)
+                   overlap_param_gather=False, serial=True, ep_async=ep_async)
 
     @classmethod
     def for_phase(cls, phase: str) -> OverlapRules:
@@ -122,8 +126,10 @@ class OverlapRules:
             raise SpecError(
                 f"node {node.id} ({node.op}): attrs['overlap']={hint!r} is not a known hint",
                 f"use one of {', '.join(OVERLAP_HINTS)}")
-        if self.serial or hint in ("none", "microbatch"):
+        if hint in ("none", "microbatch"):
             return CommPlan(SYNC)
+        if self.serial:
+            return CommPlan(ASYNC) if self.ep_async and group == "ep" else CommPlan(SYNC)
         phase = node.phase
 
         if hint == "async":
