@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 #: Schedules the screen has a closed form for; a layout with another goes to the exact tier.
 SCREENED_SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -42,6 +42,10 @@ class GroupModel:
     dp_s_per_element: float = 0.0
     #: the anchor's exact step minus its closed form (:func:`with_residual`)
     residual_s: float = 0.0
+    #: per stage split, what :func:`_geometry` derives from the tables and the inventory
+    #: (shared by the copies :func:`with_optimizer`/:func:`with_residual` make: they keep
+    #: those fields; keyed on the tables' identity besides)
+    memo: dict[Any, Any] = field(factory=dict, eq=False, repr=False)
 
 
 def _solve(rows: Sequence[dict[Any, float]], values: Sequence[float],
@@ -121,6 +125,54 @@ def _part(table: dict[Any, float], layers: range, templates: dict[int, int], fir
 
 
 @frozen
+class _Split:
+    """One stage split of a group (pp ranks, pp × vp virtual stages): per virtual stage the
+    forward, backward and activation bytes; per rank its virtual stages, its parameter
+    elements (dense, expert) and its largest layer's elements."""
+
+    f: list[float]
+    b: list[float]
+    a: list[float]
+    mine: list[list[int]]
+    dense: list[int]
+    expert: list[int]
+    largest: list[int]
+
+
+def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
+    """:class:`_Split` of ``g`` for ``pp`` ranks of ``vp`` chunks, computed once per group
+    and split (every layout of the group with that split shares it: the same sums)."""
+    key = (id(g.fwd_s), id(g.bwd_s), id(g.act_bytes), id(g.templates), id(g.inventory),
+           g.num_layers, pp, vp)
+    hit = g.memo.get(key)
+    if hit is not None:
+        return hit
+    n_stages = pp * vp
+    ranges = stage_layers(g.num_layers, n_stages)
+    ends = [(v == 0, v == n_stages - 1) for v in range(n_stages)]
+    f = [_part(g.fwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
+    b = [_part(g.bwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
+    a = [_part(g.act_bytes, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
+    inv, templates = g.inventory, g.templates
+    mine_all, dense_all, expert_all, largest_all = [], [], [], []
+    for r in range(pp):
+        mine = [v for v in range(n_stages) if v % pp == r]  # chunk v on rank v mod pp
+        layers = [i for v in mine for i in ranges[v]]
+        dense, expert = inv.stage_of(layers, templates, first=0 in mine,
+                                     last=n_stages - 1 in mine, pp=pp)
+        largest = max([inv.layers[templates.get(i, i)].total for i in layers
+                       if templates.get(i, i) in inv.layers] + [0])
+        mine_all.append(mine)
+        dense_all.append(dense)
+        expert_all.append(expert)
+        largest_all.append(largest)
+    split = _Split(f=f, b=b, a=a, mine=mine_all, dense=dense_all, expert=expert_all,
+                   largest=largest_all)
+    g.memo[key] = split
+    return split
+
+
+@frozen
 class Screened:
     """A layout's screened step and memory."""
 
@@ -145,15 +197,9 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     vp = p.vp if cand.pp_schedule == "interleaved" else 1
     n_stages = pp * vp
     m = global_batch // (cand.micro_batch * p.dp)
-    ranges = stage_layers(g.num_layers, n_stages)
-    f = [_part(g.fwd_s, r, g.templates, v == 0, v == n_stages - 1) for v, r in enumerate(ranges)]
-    b = [_part(g.bwd_s, r, g.templates, v == 0, v == n_stages - 1) for v, r in enumerate(ranges)]
-    a = [_part(g.act_bytes, r, g.templates, v == 0, v == n_stages - 1)
-         for v, r in enumerate(ranges)]
-    rank_of = [v % pp for v in range(n_stages)]  # interleaved: chunk v on rank v mod pp
-    work = [0.0] * pp
-    for v in range(n_stages):
-        work[rank_of[v]] += f[v] + b[v]
+    split = _geometry(g, pp, vp)
+    f, b, a = split.f, split.b, split.a
+    work = [sum(f[v] + b[v] for v in mine) for mine in split.mine]
     chunk = [f[v] + b[v] for v in range(n_stages)]
     # the bottleneck rank runs every micro-batch; the fill and drain add one pass of each
     # other virtual stage (1F1B: Σ_v (f+b) − the slowest; interleaved: (pp − 1) average
@@ -169,10 +215,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     # sharding, as the estimator's optimizer sizes them
     from zrt_core.fsdp import sharding_plan
     from zrt_core.ir.graph import dtype_bytes
-    from zrt_core.transforms.training import grad_dtype
-
-    inv = g.inventory
-    from zrt_core.transforms.training import dp_groups
+    from zrt_core.transforms.training import dp_groups, grad_dtype
 
     dense_group, expert_group = dp_groups(p)
     dense_dp, expert_dp = p.span(dense_group)[0], p.span(expert_group)[0]
@@ -193,12 +236,9 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     worst_opt = 0.0
     tail = 0.0
     most = 0.0
-    templates_obj = g.templates
     for r in range(pp):
-        mine = [v for v in range(n_stages) if rank_of[v] == r]
-        layers = [i for v in mine for i in ranges[v]]
-        first, last = 0 in mine, n_stages - 1 in mine
-        dense, expert = inv.stage_of(layers, templates_obj, first=first, last=last, pp=pp)
+        mine = split.mine[r]
+        dense, expert = split.dense[r], split.expert[r]
         states = (dense / (dense_dp if shard_states else 1)
                   + expert / (expert_dp if shard_states else 1)) * state
         grads = (dense / dense_dp + expert / expert_dp) if shard_grads else dense + expert
@@ -213,9 +253,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
             weights += 2 * plan.quantized_bytes(int(dense + expert), plan.gemm_dtype or "")
         buffers = 0.0
         if shard_params and reshard != "none":
-            largest = max([inv.layers[templates_obj.get(i, i)].total for i in layers
-                           if templates_obj.get(i, i) in inv.layers] + [0])
-            buffers = 2 * largest * pbytes
+            buffers = 2 * split.largest[r] * pbytes
         # activations in flight: 1F1B holds pp − r micro-batches on rank r, GPipe all m,
         # interleaved Megatron's warm-up of 2 (pp − r − 1) + (vp − 1) pp + 1 chunks
         if cand.pp_schedule == "gpipe":
