@@ -22,7 +22,9 @@ class GroupModel:
     """What one layer group's layouts share, per sharding family (``zero`` or ``fsdp``):
     ``fwd_s``/``bwd_s``/``act_bytes``: per template representative (one layer) and the
     outer ``embedding``/``head`` parts of a stage, solved from the anchor's stage reports;
-    ``transient_bytes``: the anchor's largest stage transient; ``p2p_s``: one
+    ``transient_bytes``: per key (as ``fwd_s``), the smallest transient of an anchor stage
+    holding it (a stage's transient is the largest of its keys': :func:`group_model`);
+    ``p2p_s``: one
     point-to-point message; ``dp_exposed_s``: the anchor's exposed data-parallel
     communication; ``opt_s_per_element``: optimizer seconds per sharded element on the
     worst rank; ``templates``: layer index → representative; ``inventory``: the per-device
@@ -31,7 +33,7 @@ class GroupModel:
     fwd_s: dict[Any, float]
     bwd_s: dict[Any, float]
     act_bytes: dict[Any, float]
-    transient_bytes: float
+    transient_bytes: dict[Any, float]
     p2p_s: float
     dp_exposed_s: float
     opt_s_per_element: float
@@ -64,6 +66,7 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
     optimizer's seconds per element are set by :func:`with_optimizer`."""
     num_layers = max(s.layers[1] for s in report.stages)
     rows: list[dict[Any, float]] = []
+    transient: dict[Any, float] = {}
     for s in report.stages:
         counts: dict[Any, float] = {}
         for i in range(*s.layers):
@@ -75,14 +78,20 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
         if s.last:
             counts["head"] = 1.0
         rows.append(counts)
+        # the estimator's stage transient is the largest of its keys' (stages.py: layer
+        # templates, the head on the last, the embedding on the first), so a key's own is at
+        # most the smallest transient of a stage that holds it (equal for a stage of one
+        # layer; the embedding's and head's stages also hold the first and last layer,
+        # which every stage holding them holds too)
+        for k in counts:
+            transient[k] = min(transient.get(k, s.transient_bytes), s.transient_bytes)
     keys = sorted({k for r in rows for k in r}, key=str)
     fwd = _solve(rows, [s.forward_s for s in report.stages], keys)
     bwd = _solve(rows, [s.backward_s for s in report.stages], keys)
     act = _solve(rows, [s.activation_bytes for s in report.stages], keys)
     dp = report.exposed_comm_s.get("dp", 0.0)
     return GroupModel(fwd_s=fwd, bwd_s=bwd, act_bytes=act,
-                      transient_bytes=max((s.transient_bytes for s in report.stages),
-                                          default=0.0),
+                      transient_bytes=transient,
                       p2p_s=max(report.p2p_s, default=0.0), dp_exposed_s=dp,
                       opt_s_per_element=0.0, templates=templates, inventory=inventory,
                       num_layers=num_layers)
@@ -137,6 +146,8 @@ class _Split:
     dense: list[int]
     expert: list[int]
     largest: list[int]
+    #: per rank, the largest transient of its keys (the estimator's per-stage maximum)
+    transient: list[float]
 
 
 def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
@@ -154,7 +165,7 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     b = [_part(g.bwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
     a = [_part(g.act_bytes, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
     inv, templates = g.inventory, g.templates
-    mine_all, dense_all, expert_all, largest_all = [], [], [], []
+    mine_all, dense_all, expert_all, largest_all, trans_all = [], [], [], [], []
     for r in range(pp):
         mine = [v for v in range(n_stages) if v % pp == r]  # chunk v on rank v mod pp
         layers = [i for v in mine for i in ranges[v]]
@@ -162,12 +173,18 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
                                      last=n_stages - 1 in mine, pp=pp)
         largest = max([inv.layers[templates.get(i, i)].total for i in layers
                        if templates.get(i, i) in inv.layers] + [0])
+        keys = {templates.get(i, i) for i in layers if i < g.num_layers}
+        if 0 in mine:
+            keys.add("embedding")
+        if n_stages - 1 in mine:
+            keys.add("head")
+        trans_all.append(max([g.transient_bytes.get(k, 0.0) for k in keys] + [0.0]))
         mine_all.append(mine)
         dense_all.append(dense)
         expert_all.append(expert)
         largest_all.append(largest)
     split = _Split(f=f, b=b, a=a, mine=mine_all, dense=dense_all, expert=expert_all,
-                   largest=largest_all)
+                   largest=largest_all, transient=trans_all)
     g.memo[key] = split
     return split
 
@@ -266,7 +283,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
             full, rem = divmod(w, pp * vp)
             held = sum(a[v] * (full * pp + min(pp, max(0, rem - j * pp)))
                        for j, v in enumerate(mine))
-        mem = weights + grads + states + buffers + held + g.transient_bytes
+        mem = weights + grads + states + buffers + held + split.transient[r]
         worst_mem = max(worst_mem, mem)
         # the gradient sync of the rank's parameters runs beside its last micro-batch's
         # backward; what does not fit under it is the tail
