@@ -148,6 +148,9 @@ class _Split:
     largest: list[int]
     #: per rank, the largest transient of its keys (the estimator's per-stage maximum)
     transient: list[float]
+    #: per rank, the backward time from its first chunk's last backward to its end: what
+    #: the gradient sync, started there, runs beside
+    window: list[float]
 
 
 def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
@@ -165,7 +168,8 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     b = [_part(g.bwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
     a = [_part(g.act_bytes, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
     inv, templates = g.inventory, g.templates
-    mine_all, dense_all, expert_all, largest_all, trans_all = [], [], [], [], []
+    mine_all, dense_all, expert_all, largest_all, trans_all, window_all = \
+        [], [], [], [], [], []
     for r in range(pp):
         mine = [v for v in range(n_stages) if v % pp == r]  # chunk v on rank v mod pp
         layers = [i for v in mine for i in ranges[v]]
@@ -179,12 +183,19 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
         if n_stages - 1 in mine:
             keys.add("head")
         trans_all.append(max([g.transient_bytes.get(k, 0.0) for k in keys] + [0.0]))
+        # the estimator starts a rank's gradient sync at the earliest last backward of its
+        # chunks (compose.py); Megatron's interleaved order ends with pp backwards of each
+        # chunk, the last chunk first (schedule/pipeline/orders.py), so the earliest is
+        # chunk vp − 1's, followed by pp backwards of every other chunk (at least that long:
+        # waits in the drain only lengthen it); one chunk (1F1B, GPipe): its backward
+        bs = [b[v] for v in mine]
+        window_all.append(bs[-1] + pp * sum(bs[:-1]) if len(bs) > 1 else sum(bs))
         mine_all.append(mine)
         dense_all.append(dense)
         expert_all.append(expert)
         largest_all.append(largest)
     split = _Split(f=f, b=b, a=a, mine=mine_all, dense=dense_all, expert=expert_all,
-                   largest=largest_all, transient=trans_all)
+                   largest=largest_all, transient=trans_all, window=window_all)
     g.memo[key] = split
     return split
 
@@ -287,8 +298,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
         worst_mem = max(worst_mem, mem)
         # the gradient sync of the rank's parameters runs beside its last micro-batch's
         # backward; what does not fit under it is the tail
-        tail = max(tail, g.dp_s_per_element * (dense + expert)
-                   - sum(b[v] for v in mine))
+        tail = max(tail, g.dp_s_per_element * (dense + expert) - split.window[r])
         most = max(most, dense + expert)
         worst_opt = max(worst_opt, (dense / (dense_dp if shard_states else 1)
                                     + expert / (expert_dp if shard_states else 1)))
