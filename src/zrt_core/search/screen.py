@@ -20,9 +20,9 @@ from zrt_core.search.screen_model import (
     with_residual,
 )
 
-#: each round estimates the undecided layouts with the highest upper bounds: at least
-#: ``BATCH_MIN``, else 1/``BATCH_SHARE`` of those left (the rounds' bookkeeping is cheap
-#: against an exact estimate; smaller batches stop sooner once the k-th best is known)
+#: each round estimates the undecided layouts with the highest upper bounds: 1/``BATCH_SHARE``
+#: of those left, at least ``BATCH_MIN`` (a round's bookkeeping is cheap against an exact
+#: estimate; smaller batches stop sooner once the k-th best is known)
 BATCH_MIN = 8
 BATCH_SHARE = 16
 
