@@ -46,8 +46,9 @@ def _compare(config: dict, space: TrainSpace, hw: str = "h100") -> int:
                                  captured=captured, num_gpus=cand.gpus)
         assert _report_json(fast) == _report_json(full), cand
     # the sharded, fused layer graphs were made once per (tp, cp, ep, micro-batch), not
-    # once per layout
-    made = [k for k in shared.groups if k[1][0] == "sharded"]
+    # once per layout (kept apart from the per-layout entries)
+    made = [k for k in shared.layer_groups if k[1][0] == "sharded"]
+    assert not [k for k in shared.groups if k[1][0] in ("sharded", "layer")]
     assert len(made) == len({(c.parallel.tp, c.parallel.cp, c.parallel.ep, c.micro_batch)
                              for c in cands}) < len(cands)
     return len(cands)
@@ -91,3 +92,24 @@ def test_search_rows_equal_with_and_without_reuse() -> None:
     finally:
         TrainEvaluator.reuse_layers = True
     assert fast.rows == full.rows and fast.ranking == full.ranking
+
+
+def test_layer_group_entries_outlive_the_per_layout_ones() -> None:
+    # a search that comes back to a layer group after more than GROUPS_KEPT per-layout
+    # ("transform") entries still finds the group's sharded graphs: they have their own
+    # store (made counts the calls of make)
+    from zrt_core.estimate.training.reuse import GROUPS_KEPT
+
+    reuse, captured, made = TrainingReuse(), object(), []
+
+    def make(tag: str):
+        return lambda notes: made.append(tag) or tag
+
+    reuse.shared(captured, ("sharded", 1), [], make("s"))
+    for k in range(GROUPS_KEPT + 1):
+        reuse.shared(captured, ("transform", k), [], make("t"))
+    assert reuse.shared(captured, ("sharded", 1), [], make("s")) == "s"
+    # one sharded make, GROUPS_KEPT + 1 transform makes; the first transform was dropped
+    assert made.count("s") == 1 and made.count("t") == GROUPS_KEPT + 1
+    reuse.shared(captured, ("transform", 0), [], make("t"))
+    assert made.count("t") == GROUPS_KEPT + 2

@@ -106,3 +106,40 @@ def test_exact_with_what_it_does_not_apply_to(model_dir: Path, extra: tuple[str,
     assert main(["search", str(model_dir), "--hw", "h100", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("zrt: error: ") and err.count("\n") == 1 and "--exact" in err
+
+
+class _Inventory:
+    """One parameter element per layer, no experts, no per-layer sizes."""
+
+    def __init__(self) -> None:
+        self.layers: dict = {}
+
+    def stage_of(self, layers, rep_of, *, first, last, pp):
+        return len(list(layers)), 0
+
+
+def test_a_ranks_transient_and_gradient_sync_window() -> None:
+    from zrt_core.search.screen_model import GroupModel, _geometry
+
+    # 8 layers of one template (representative 0): backward 2 s each, the embedding's part
+    # 1 s, the head's 4 s; transients 10 bytes (a layer, the embedding side) and 50 (head)
+    g = GroupModel(fwd_s={0: 1.0, "embedding": 0.5, "head": 2.0},
+                   bwd_s={0: 2.0, "embedding": 1.0, "head": 4.0},
+                   act_bytes={0: 1.0}, transient_bytes={0: 10.0, "embedding": 10.0,
+                                                        "head": 50.0},
+                   p2p_s=0.0, dp_exposed_s=0.0, opt_s_per_element=0.0,
+                   templates={i: 0 for i in range(8)}, inventory=_Inventory(),
+                   num_layers=8)
+    # pp 2 × vp 2: stages of 2 layers, backward v0 = 2·2 + 1 = 5, v1 = v2 = 4, v3 = 4 + 4 = 8;
+    # rank 0 holds v0, v2 and rank 1 v1, v3. Window = the last chunk's backward + pp × the
+    # others': rank 0 4 + 2·5 = 14, rank 1 8 + 2·4 = 16. Transient: rank 0 max(10, 10) = 10,
+    # rank 1 (the head) 50
+    split = _geometry(g, 2, 2)
+    assert split.b == [5.0, 4.0, 4.0, 8.0]
+    assert split.window == [14.0, 16.0]
+    assert split.transient == [10.0, 50.0]
+    assert split.dense == [4, 4]
+    # pp 2, one chunk each: the window is the stage's backward, 4·2 + 1 = 9 and 8 + 4 = 12
+    split = _geometry(g, 2, 1)
+    assert split.window == [9.0, 12.0]
+    assert split.transient == [10.0, 50.0]

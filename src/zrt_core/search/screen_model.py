@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 #: Schedules the screen has a closed form for; a layout with another goes to the exact tier.
 SCREENED_SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -22,7 +22,9 @@ class GroupModel:
     """What one layer group's layouts share, per sharding family (``zero`` or ``fsdp``):
     ``fwd_s``/``bwd_s``/``act_bytes``: per template representative (one layer) and the
     outer ``embedding``/``head`` parts of a stage, solved from the anchor's stage reports;
-    ``transient_bytes``: the anchor's largest stage transient; ``p2p_s``: one
+    ``transient_bytes``: per key (as ``fwd_s``), the smallest transient of an anchor stage
+    holding it (a stage's transient is the largest of its keys': :func:`group_model`);
+    ``p2p_s``: one
     point-to-point message; ``dp_exposed_s``: the anchor's exposed data-parallel
     communication; ``opt_s_per_element``: optimizer seconds per sharded element on the
     worst rank; ``templates``: layer index → representative; ``inventory``: the per-device
@@ -31,7 +33,7 @@ class GroupModel:
     fwd_s: dict[Any, float]
     bwd_s: dict[Any, float]
     act_bytes: dict[Any, float]
-    transient_bytes: float
+    transient_bytes: dict[Any, float]
     p2p_s: float
     dp_exposed_s: float
     opt_s_per_element: float
@@ -42,6 +44,10 @@ class GroupModel:
     dp_s_per_element: float = 0.0
     #: the anchor's exact step minus its closed form (:func:`with_residual`)
     residual_s: float = 0.0
+    #: per stage split, what :func:`_geometry` derives from the tables and the inventory
+    #: (shared by the copies :func:`with_optimizer`/:func:`with_residual` make: they keep
+    #: those fields; keyed on the tables' identity besides)
+    memo: dict[Any, Any] = field(factory=dict, eq=False, repr=False)
 
 
 def _solve(rows: Sequence[dict[Any, float]], values: Sequence[float],
@@ -60,6 +66,7 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
     optimizer's seconds per element are set by :func:`with_optimizer`."""
     num_layers = max(s.layers[1] for s in report.stages)
     rows: list[dict[Any, float]] = []
+    transient: dict[Any, float] = {}
     for s in report.stages:
         counts: dict[Any, float] = {}
         for i in range(*s.layers):
@@ -71,14 +78,20 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
         if s.last:
             counts["head"] = 1.0
         rows.append(counts)
+        # the estimator's stage transient is the largest of its keys' (stages.py: layer
+        # templates, the head on the last, the embedding on the first), so a key's own is at
+        # most the smallest transient of a stage that holds it (equal for a stage of one
+        # layer; the embedding's and head's stages also hold the first and last layer,
+        # which every stage holding them holds too)
+        for k in counts:
+            transient[k] = min(transient.get(k, s.transient_bytes), s.transient_bytes)
     keys = sorted({k for r in rows for k in r}, key=str)
     fwd = _solve(rows, [s.forward_s for s in report.stages], keys)
     bwd = _solve(rows, [s.backward_s for s in report.stages], keys)
     act = _solve(rows, [s.activation_bytes for s in report.stages], keys)
     dp = report.exposed_comm_s.get("dp", 0.0)
     return GroupModel(fwd_s=fwd, bwd_s=bwd, act_bytes=act,
-                      transient_bytes=max((s.transient_bytes for s in report.stages),
-                                          default=0.0),
+                      transient_bytes=transient,
                       p2p_s=max(report.p2p_s, default=0.0), dp_exposed_s=dp,
                       opt_s_per_element=0.0, templates=templates, inventory=inventory,
                       num_layers=num_layers)
@@ -121,6 +134,73 @@ def _part(table: dict[Any, float], layers: range, templates: dict[int, int], fir
 
 
 @frozen
+class _Split:
+    """One stage split of a group (pp ranks, pp × vp virtual stages): per virtual stage the
+    forward, backward and activation bytes; per rank its virtual stages, its parameter
+    elements (dense, expert) and its largest layer's elements."""
+
+    f: list[float]
+    b: list[float]
+    a: list[float]
+    mine: list[list[int]]
+    dense: list[int]
+    expert: list[int]
+    largest: list[int]
+    #: per rank, the largest transient of its keys (the estimator's per-stage maximum)
+    transient: list[float]
+    #: per rank, the backward time from its first chunk's last backward to its end: what
+    #: the gradient sync, started there, runs beside
+    window: list[float]
+
+
+def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
+    """:class:`_Split` of ``g`` for ``pp`` ranks of ``vp`` chunks, computed once per group
+    and split (every layout of the group with that split shares it: the same sums)."""
+    key = (id(g.fwd_s), id(g.bwd_s), id(g.act_bytes), id(g.templates), id(g.inventory),
+           g.num_layers, pp, vp)
+    hit = g.memo.get(key)
+    if hit is not None:
+        return hit
+    n_stages = pp * vp
+    ranges = stage_layers(g.num_layers, n_stages)
+    ends = [(v == 0, v == n_stages - 1) for v in range(n_stages)]
+    f = [_part(g.fwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
+    b = [_part(g.bwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
+    a = [_part(g.act_bytes, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
+    inv, templates = g.inventory, g.templates
+    mine_all, dense_all, expert_all, largest_all, trans_all, window_all = \
+        [], [], [], [], [], []
+    for r in range(pp):
+        mine = [v for v in range(n_stages) if v % pp == r]  # chunk v on rank v mod pp
+        layers = [i for v in mine for i in ranges[v]]
+        dense, expert = inv.stage_of(layers, templates, first=0 in mine,
+                                     last=n_stages - 1 in mine, pp=pp)
+        largest = max([inv.layers[templates.get(i, i)].total for i in layers
+                       if templates.get(i, i) in inv.layers] + [0])
+        keys = {templates.get(i, i) for i in layers if i < g.num_layers}
+        if 0 in mine:
+            keys.add("embedding")
+        if n_stages - 1 in mine:
+            keys.add("head")
+        trans_all.append(max([g.transient_bytes.get(k, 0.0) for k in keys] + [0.0]))
+        # the estimator starts a rank's gradient sync at the earliest last backward of its
+        # chunks (compose.py); Megatron's interleaved order ends with pp backwards of each
+        # chunk, the last chunk first (schedule/pipeline/orders.py), so the earliest is
+        # chunk vp − 1's, followed by pp backwards of every other chunk (at least that long:
+        # waits in the drain only lengthen it); one chunk (1F1B, GPipe): its backward
+        bs = [b[v] for v in mine]
+        window_all.append(bs[-1] + pp * sum(bs[:-1]) if len(bs) > 1 else sum(bs))
+        mine_all.append(mine)
+        dense_all.append(dense)
+        expert_all.append(expert)
+        largest_all.append(largest)
+    split = _Split(f=f, b=b, a=a, mine=mine_all, dense=dense_all, expert=expert_all,
+                   largest=largest_all, transient=trans_all, window=window_all)
+    g.memo[key] = split
+    return split
+
+
+@frozen
 class Screened:
     """A layout's screened step and memory."""
 
@@ -145,15 +225,9 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     vp = p.vp if cand.pp_schedule == "interleaved" else 1
     n_stages = pp * vp
     m = global_batch // (cand.micro_batch * p.dp)
-    ranges = stage_layers(g.num_layers, n_stages)
-    f = [_part(g.fwd_s, r, g.templates, v == 0, v == n_stages - 1) for v, r in enumerate(ranges)]
-    b = [_part(g.bwd_s, r, g.templates, v == 0, v == n_stages - 1) for v, r in enumerate(ranges)]
-    a = [_part(g.act_bytes, r, g.templates, v == 0, v == n_stages - 1)
-         for v, r in enumerate(ranges)]
-    rank_of = [v % pp for v in range(n_stages)]  # interleaved: chunk v on rank v mod pp
-    work = [0.0] * pp
-    for v in range(n_stages):
-        work[rank_of[v]] += f[v] + b[v]
+    split = _geometry(g, pp, vp)
+    f, b, a = split.f, split.b, split.a
+    work = [sum(f[v] + b[v] for v in mine) for mine in split.mine]
     chunk = [f[v] + b[v] for v in range(n_stages)]
     # the bottleneck rank runs every micro-batch; the fill and drain add one pass of each
     # other virtual stage (1F1B: Σ_v (f+b) − the slowest; interleaved: (pp − 1) average
@@ -169,10 +243,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     # sharding, as the estimator's optimizer sizes them
     from zrt_core.fsdp import sharding_plan
     from zrt_core.ir.graph import dtype_bytes
-    from zrt_core.transforms.training import grad_dtype
-
-    inv = g.inventory
-    from zrt_core.transforms.training import dp_groups
+    from zrt_core.transforms.training import dp_groups, grad_dtype
 
     dense_group, expert_group = dp_groups(p)
     dense_dp, expert_dp = p.span(dense_group)[0], p.span(expert_group)[0]
@@ -193,12 +264,9 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     worst_opt = 0.0
     tail = 0.0
     most = 0.0
-    templates_obj = g.templates
     for r in range(pp):
-        mine = [v for v in range(n_stages) if rank_of[v] == r]
-        layers = [i for v in mine for i in ranges[v]]
-        first, last = 0 in mine, n_stages - 1 in mine
-        dense, expert = inv.stage_of(layers, templates_obj, first=first, last=last, pp=pp)
+        mine = split.mine[r]
+        dense, expert = split.dense[r], split.expert[r]
         states = (dense / (dense_dp if shard_states else 1)
                   + expert / (expert_dp if shard_states else 1)) * state
         grads = (dense / dense_dp + expert / expert_dp) if shard_grads else dense + expert
@@ -213,9 +281,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
             weights += 2 * plan.quantized_bytes(int(dense + expert), plan.gemm_dtype or "")
         buffers = 0.0
         if shard_params and reshard != "none":
-            largest = max([inv.layers[templates_obj.get(i, i)].total for i in layers
-                           if templates_obj.get(i, i) in inv.layers] + [0])
-            buffers = 2 * largest * pbytes
+            buffers = 2 * split.largest[r] * pbytes
         # activations in flight: 1F1B holds pp − r micro-batches on rank r, GPipe all m,
         # interleaved Megatron's warm-up of 2 (pp − r − 1) + (vp − 1) pp + 1 chunks
         if cand.pp_schedule == "gpipe":
@@ -228,12 +294,11 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
             full, rem = divmod(w, pp * vp)
             held = sum(a[v] * (full * pp + min(pp, max(0, rem - j * pp)))
                        for j, v in enumerate(mine))
-        mem = weights + grads + states + buffers + held + g.transient_bytes
+        mem = weights + grads + states + buffers + held + split.transient[r]
         worst_mem = max(worst_mem, mem)
         # the gradient sync of the rank's parameters runs beside its last micro-batch's
         # backward; what does not fit under it is the tail
-        tail = max(tail, g.dp_s_per_element * (dense + expert)
-                   - sum(b[v] for v in mine))
+        tail = max(tail, g.dp_s_per_element * (dense + expert) - split.window[r])
         most = max(most, dense + expert)
         worst_opt = max(worst_opt, (dense / (dense_dp if shard_states else 1)
                                     + expert / (expert_dp if shard_states else 1)))

@@ -21,9 +21,15 @@ from typing import Any
 
 from attrs import define, field
 
-#: Groups kept (each holds one forward and one backward graph); a search visits its
-#: candidates group by group, so a few dozen suffice and memory stays bounded.
+#: Transformed graphs kept per layout family (``transform`` entries: also keyed on pp, dp
+#: and the sharding); a search visits its candidates group by group, so a few dozen
+#: suffice and memory stays bounded.
 GROUPS_KEPT = 48
+#: Per-layer graphs kept (the ``sharded`` and ``layer`` entries, keyed on the layer group
+#: alone: the costliest to make). Kept apart from the per-layout entries, which outnumber
+#: them and would evict them when a search comes back to a group (the two-tier search's
+#: rounds do); Llama-3-70B on 1,024 H100 has 44 sharded and 132 layer groups.
+LAYER_GROUPS_KEPT = 256
 #: Priced graphs kept (graph → node costs).
 PRICED_KEPT = 64
 
@@ -57,6 +63,7 @@ class TrainingReuse:
     """
 
     groups: dict[Any, tuple[Any, Any, tuple[str, ...]]] = field(factory=dict)
+    layer_groups: dict[Any, tuple[Any, Any, tuple[str, ...]]] = field(factory=dict)
     priced: dict[Any, tuple[Any, Any, dict[int, Any]]] = field(factory=dict)
     _backends: dict[Any, tuple[Any, Any, list[Any]]] = field(factory=dict)
     _checked: dict[tuple[int, int], tuple[Any, Any]] = field(factory=dict)
@@ -71,12 +78,15 @@ class TrainingReuse:
         capture does not hash), made once; the notes it appended are appended again on
         every reuse."""
         full = (id(captured), key)
-        hit = _lru_get(self.groups, full)
+        per_layer = key[0] in ("sharded", "layer")  # estimator._transform's layer-group keys
+        store = self.layer_groups if per_layer else self.groups
+        hit = _lru_get(store, full)
         if hit is None or hit[0] is not captured:
             self.misses += 1
             made: list[str] = []
             value = make(made)
-            hit = _lru_put(self.groups, full, (captured, value, tuple(made)), GROUPS_KEPT)
+            hit = _lru_put(store, full, (captured, value, tuple(made)),
+                           LAYER_GROUPS_KEPT if per_layer else GROUPS_KEPT)
         else:
             self.hits += 1
         notes.extend(hit[2])
