@@ -22,6 +22,10 @@ def _records() -> list:
 
 
 RECORDS = _records()
+#: the training records of these sources at fp8 — priced as delayed scaling, which
+#: Megatron-Bridge's --compute_dtype cannot say (57 of the 116 records with a published
+#: layout; each gets the one-line refusal in the loop below)
+DELAYED = 57
 
 
 def _train_request(record) -> tuple[RunRequest, object, ModelDims]:
@@ -58,7 +62,7 @@ def test_the_record_set_is_the_one_the_issue_names() -> None:
 
 @pytest.mark.parametrize("framework", ["megatron", "bridge"])
 def test_every_training_record_comes_back_with_the_same_layout(framework: str) -> None:
-    done, lora, unpublished = 0, 0, 0
+    done, lora, unpublished, delayed = 0, 0, 0, 0
     for record in (r for r in RECORDS if r.workload == "train"):
         request, case, dims = _train_request(record)
         if case.layout_search:
@@ -71,6 +75,13 @@ def test_every_training_record_comes_back_with_the_same_layout(framework: str) -
                 _round_trip(framework, request, dims, case.hardware)
             lora += 1
             continue
+        if framework == "bridge" and request.train.precision == "fp8":
+            # the records' fp8 is priced as delayed scaling (docs/training-model.md), which
+            # Megatron-Bridge's --compute_dtype cannot say: one line naming fp8_cs
+            with pytest.raises(SpecError, match=r"no fp8 \(delayed scaling\).*fp8_cs"):
+                _round_trip(framework, request, dims, case.hardware)
+            delayed += 1
+            continue
         back = _round_trip(framework, request, dims, case.hardware)
         moe = dims.is_moe
         assert back.normalized(moe) == request.normalized(moe), record.id
@@ -78,8 +89,8 @@ def test_every_training_record_comes_back_with_the_same_layout(framework: str) -
     # 118 = the round-tripped ones + the Megatron-Bridge LoRA row (an id with "lora"), which
     # Megatron-LM's arguments cannot say + the 2 Megatron-LM README strong-scaling rows that
     # publish no layout
-    assert (done, lora, unpublished) == ((115, 1, 2) if framework == "megatron"
-                                         else (116, 0, 2))
+    assert (done, lora, unpublished, delayed) == ((115, 1, 2, 0) if framework == "megatron"
+                                                  else (116 - DELAYED, 0, 2, DELAYED))
 
 
 @pytest.mark.parametrize("framework", ["trtllm", "vllm"])

@@ -88,7 +88,7 @@ BAD_FIELDS = [
      "takes the default (SCHEMA.md)"),
     (TRAIN, "precision", "int3",
      "record tiny-train: precision 'int3' is not one zrt models for training — use one of "
-     "fp32, bf16, fp16, fp8, mxfp8, nvfp4, or null"),
+     "fp32, bf16, fp16, fp8, fp8_cs, mxfp8, nvfp4, or null"),
     (TRAIN, "recompute", "some",
      "record tiny-train: recompute 'some' is not one zrt models for training — use one of "
      "none, selective, full, or null"),
