@@ -226,6 +226,19 @@ def test_trtllm_bench_settings_follow_its_heuristic():
                               kv_bytes_per_token_model=163840, device_gib=80, gpus=1, pp=1,
                               input_len=20000, output_len=2000, kv_fraction=0.9)
     assert (s.max_batch, s.max_num_tokens) == (64, 2048)
+    # without chunked prefill (trtllm-bench's default) the budget holds the longest prompt
+    # plus the max batch: max(2048, 20000 + 64) = 20064
+    s = trtllm_bench_settings(total_params=70_000_000_000, weight_bytes_per_param=1.0,
+                              kv_bytes_per_token_model=163840, device_gib=80, gpus=1, pp=1,
+                              input_len=20000, output_len=2000, kv_fraction=0.9,
+                              chunked_prefill=False)
+    assert (s.max_batch, s.max_num_tokens) == (64, 20064)
+    # and a budget already above it stays: max(8192, 128 + 4096) = 8192
+    s = trtllm_bench_settings(total_params=8_000_000_000, weight_bytes_per_param=1.0,
+                              kv_bytes_per_token_model=65536, device_gib=80, gpus=1, pp=1,
+                              input_len=128, output_len=128, kv_fraction=0.9,
+                              chunked_prefill=False)
+    assert (s.max_batch, s.max_num_tokens) == (4096, 8192)
     assert engine_profile("vllm").settings(
         total_params=1, weight_bytes_per_param=1, kv_bytes_per_token_model=1, device_gib=1,
         tp=1, pp=1, input_len=1, output_len=1).max_batch == 1024
