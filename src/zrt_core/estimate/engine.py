@@ -128,6 +128,17 @@ class EngineProfile:
         return self.kv_fraction * free if free > 0 else free
 
 
+def bench_group_size(tp: int, ep: int, expert_tp: int) -> int:
+    """The ``--tp`` trtllm-bench is given for a layout: ``tp``, or the whole expert group
+    (``ep × expert_tp`` ranks) when the experts span data-parallel replicas — attention DP
+    (``enable_attention_dp``), where TensorRT-LLM's ``tp_size`` is the attention-DP group
+    and ``max_batch_size`` / ``max_num_tokens`` hold per rank ("Max batch size in each
+    rank", the DeepSeek-R1 best-practice guide's ``--tp 8 --ep 8 --max_batch_size 384
+    --concurrency 3072``). ``trtllm_bench_settings`` then sizes the heuristic over that
+    many GPUs, and each replica runs with what it returns."""
+    return max(tp, ep * expert_tp)
+
+
 def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
                           kv_bytes_per_token_model: float, device_gib: float, gpus: int,
                           pp: int, input_len: int, output_len: int, kv_fraction: float,
