@@ -334,6 +334,35 @@ def test_trtllm_extra_llm_api_options(tmp_path: Path) -> None:
     assert back.normalized() == request.normalized()
 
 
+# TensorRT-LLM's DeepSeek-R1 best-practice guide (v1.0 era), max-throughput on 8 GPUs:
+# trtllm-bench --tp 8 --ep 8 --max_batch_size 384 with this extra_llm_api_options YAML
+TRTLLM_ADP = """
+cuda_graph_config:
+  enable_padding: true
+  batch_sizes: [1, 2, 4, 8, 16, 32, 64, 128, 256, 384]
+enable_attention_dp: true
+tensor_parallel_size: 8
+moe_expert_parallel_size: 8
+max_batch_size: 384
+"""
+
+
+def test_trtllm_attention_dp_is_data_parallel_attention_over_the_expert_group() -> None:
+    got = read_text("trtllm", TRTLLM_ADP)
+    request = request_from_values({**got.values, "input_len": 1024, "output_len": 2048})
+    p = request.parallel
+    # attention on 8 ranks with whole heads (tp 1, dp 8); experts EP 8, moe_tp 8 / 8 = 1
+    assert (p.tp, p.dp, p.ep, p.expert_tp) == (1, 8, 8, 1)
+    assert request.infer.batch == 384  # per rank
+    assert any("enable_attention_dp" in n for n in got.notes)
+    assert not any("enable_attention_dp" in n for n in got.ignored)
+    text = emit("trtllm", request, Header(model="dsr1", hardware="nvidia_h200", experts=256))
+    assert "enable_attention_dp: true" in text and "tensor_parallel_size: 8" in text
+    back = request_from_values({**read_text("trtllm", text).values, "input_len": 1024,
+                                "output_len": 2048})
+    assert back.normalized() == request.normalized()
+
+
 @pytest.mark.parametrize("text, message", [
     ("tensor_parallel_size: two\n", "tensor_parallel_size must be an integer"),
     ("tensor_parallel_size: 4\nmoe_expert_parallel_size: 3\n", "does not divide"),

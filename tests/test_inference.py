@@ -226,9 +226,46 @@ def test_trtllm_bench_settings_follow_its_heuristic():
                               kv_bytes_per_token_model=163840, device_gib=80, gpus=1, pp=1,
                               input_len=20000, output_len=2000, kv_fraction=0.9)
     assert (s.max_batch, s.max_num_tokens) == (64, 2048)
+    # without chunked prefill (trtllm-bench's default) the budget holds the longest prompt
+    # plus the max batch: max(2048, 20000 + 64) = 20064
+    s = trtllm_bench_settings(total_params=70_000_000_000, weight_bytes_per_param=1.0,
+                              kv_bytes_per_token_model=163840, device_gib=80, gpus=1, pp=1,
+                              input_len=20000, output_len=2000, kv_fraction=0.9,
+                              chunked_prefill=False)
+    assert (s.max_batch, s.max_num_tokens) == (64, 20064)
+    # and a budget already above it stays: max(8192, 128 + 4096) = 8192
+    s = trtllm_bench_settings(total_params=8_000_000_000, weight_bytes_per_param=1.0,
+                              kv_bytes_per_token_model=65536, device_gib=80, gpus=1, pp=1,
+                              input_len=128, output_len=128, kv_fraction=0.9,
+                              chunked_prefill=False)
+    assert (s.max_batch, s.max_num_tokens) == (4096, 8192)
     assert engine_profile("vllm").settings(
         total_params=1, weight_bytes_per_param=1, kv_bytes_per_token_model=1, device_gib=1,
         tp=1, pp=1, input_len=1, output_len=1).max_batch == 1024
+
+
+def test_attention_dp_sizes_trtllm_bench_over_the_expert_group():
+    from zrt_core.estimate.engine import bench_group_size
+
+    # TP 8 (experts TP-split, ep 1 x etp 8 = 8) and TP 8 + EP 8 inside it (8 x 1): --tp 8
+    assert bench_group_size(8, 1, 8) == 8
+    assert bench_group_size(8, 8, 1) == 8
+    # attention DP: tp 1, dp 8, ep 8 -> the experts span the 8 replicas: --tp 8, whose
+    # heuristic each replica then runs with
+    assert bench_group_size(1, 8, 1) == 8
+    # a dense model's replicas stay apart: tp 2 (ep 1 x etp 2) -> --tp 2
+    assert bench_group_size(2, 1, 2) == 2
+    # 70e9 params at 1 byte = 65.19 GiB, 16 MiB per 256-token request: sized for one GPU
+    # of 80 GiB, (80 - 65.19) x 0.9 = 13.33 GiB -> 852.9 requests -> 128 x 7 = 896, tokens
+    # 1706 -> 2048; over the attention-DP group of 8, (640 - 65.19) x 0.9 = 517.3 GiB ->
+    # 33,109 -> capped at 4096, tokens 8192 (each rank's limits)
+    kwargs = dict(total_params=70_000_000_000, weight_bytes_per_param=1.0,
+                  kv_bytes_per_token_model=65536, device_gib=80, pp=1, input_len=128,
+                  output_len=128, kv_fraction=0.9)
+    s = trtllm_bench_settings(gpus=1, **kwargs)
+    assert (s.max_batch, s.max_num_tokens) == (896, 2048)
+    s = trtllm_bench_settings(gpus=bench_group_size(1, 8, 1), **kwargs)
+    assert (s.max_batch, s.max_num_tokens) == (4096, 8192)
 
 
 def test_trtllm_bench_takes_hybrid_models_extra_cache_as_it_does():

@@ -116,7 +116,7 @@ class EngineProfile:
             gpus=tp * pp, pp=pp, input_len=input_len, output_len=output_len,
             kv_fraction=self.kv_fraction,
             extra_bytes_per_request_model=kv_extra_bytes_per_request_model,
-            hybrid=recurrent_state)
+            hybrid=recurrent_state, chunked_prefill=self.chunked_prefill)
 
     def kv_budget_bytes(self, capacity_bytes: float, weights: float, activations: float
                         ) -> float:
@@ -128,11 +128,22 @@ class EngineProfile:
         return self.kv_fraction * free if free > 0 else free
 
 
+def bench_group_size(tp: int, ep: int, expert_tp: int) -> int:
+    """The ``--tp`` trtllm-bench is given for a layout: ``tp``, or the whole expert group
+    (``ep × expert_tp`` ranks) when the experts span data-parallel replicas — attention DP
+    (``enable_attention_dp``), where TensorRT-LLM's ``tp_size`` is the attention-DP group
+    and ``max_batch_size`` / ``max_num_tokens`` hold per rank ("Max batch size in each
+    rank", the DeepSeek-R1 best-practice guide's ``--tp 8 --ep 8 --max_batch_size 384
+    --concurrency 3072``). ``trtllm_bench_settings`` then sizes the heuristic over that
+    many GPUs, and each replica runs with what it returns."""
+    return max(tp, ep * expert_tp)
+
+
 def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
                           kv_bytes_per_token_model: float, device_gib: float, gpus: int,
                           pp: int, input_len: int, output_len: int, kv_fraction: float,
-                          extra_bytes_per_request_model: float = 0.0, hybrid: bool = False
-                          ) -> EngineSettings:
+                          extra_bytes_per_request_model: float = 0.0, hybrid: bool = False,
+                          chunked_prefill: bool = True) -> EngineSettings:
     """``trtllm-bench``'s ``calc_engine_setting`` + ``finetune_setting`` (see the module
     docstring): all in GiB as it computes them.
 
@@ -142,6 +153,10 @@ def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
         not grow with it (trtllm-bench's ``extra_model_cache_in_gb``: Mamba states).
     :param hybrid: a model with recurrent state (trtllm-bench's ``NemotronHybridConfig``):
         the cache fraction is squared and the batch is not rounded up.
+    :param chunked_prefill: False (trtllm-bench's default) raises the token budget to at
+        least the longest prompt plus the max batch (``bench/benchmark/utils/general.py``,
+        ``get_settings``: "Forcing max_num_tokens to max_isl + max_batch_size"); the
+        synthetic datasets have one prompt length, so max_isl = ``input_len``.
     """
     engine_gib = total_params * weight_bytes_per_param / GIB
     available = device_gib * gpus - engine_gib
@@ -165,6 +180,8 @@ def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
         max_tokens = 512 * math.ceil(raw_tokens / 512)
     else:
         max_tokens = 1024 * math.ceil(raw_tokens / 1024)
+    if not chunked_prefill:
+        max_tokens = max(max_tokens, input_len + int(max_bs))
     return EngineSettings(max_batch=int(max_bs), max_num_tokens=int(max_tokens))
 
 

@@ -42,7 +42,7 @@ from zrt_core.cost.pricing import (
 )
 from zrt_core.errors import SpecError, ZrtError
 from zrt_core.estimate.captures import CapturedModel, load_or_capture
-from zrt_core.estimate.engine import GIB, EngineProfile, engine_profile
+from zrt_core.estimate.engine import GIB, EngineProfile, bench_group_size, engine_profile
 from zrt_core.estimate.guards import check_flops, check_serving
 from zrt_core.estimate.memory import (
     KVCacheSize,
@@ -306,7 +306,8 @@ class _Estimator:
             weight_bytes_per_param=_engine_bytes_per_param(self.infer),
             kv_bytes_per_token_model=kv_per_token_model,
             kv_extra_bytes_per_request_model=kv_extra_model, recurrent_state=recurrent,
-            device_gib=self.hw.memory.capacity_gb, tp=p.tp, pp=pp,
+            device_gib=self.hw.memory.capacity_gb,
+            tp=bench_group_size(p.tp, p.ep, p.expert_tp), pp=pp,
             input_len=isl, output_len=osl)
         budget_tokens = settings.max_num_tokens
         mem, fit = self._memory_report(memory, budget_tokens, 0)

@@ -5,6 +5,8 @@ Keys and defaults: the LLM API's ``LlmArgs`` (NVIDIA/TensorRT-LLM
 ``tensorrt_llm/llmapi/llm_args.py``: ``tensor_parallel_size`` 1, ``pipeline_parallel_size`` 1,
 ``context_parallel_size`` 1, ``moe_expert_parallel_size`` / ``moe_tensor_parallel_size`` None,
 ``enable_attention_dp`` False, ``kv_cache_config``, ``quant_config``, ``dtype`` "auto").
+``enable_attention_dp: true`` reads as attention data-parallel over the tensor-parallel
+ranks (zrt's tp 1, dp = tensor_parallel_size) with the experts split over all of them.
 """
 
 from __future__ import annotations
@@ -62,8 +64,13 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
                         f"{etp} ≠ tensor_parallel_size {tp}", "make their product tp")
     if "enable_attention_dp" in doc and as_bool(doc["enable_attention_dp"],
                                                 "enable_attention_dp", where):
-        ignored.append("enable_attention_dp true (not modelled: attention is priced "
-                       "tensor-parallel over tensor_parallel_size)")
+        # attention data-parallel over the tp ranks, each with whole heads and its own
+        # scheduler; the experts stay split ep × moe_tp over them (llm_args.py,
+        # modules/fused_moe: tokens all-gathered to the expert group)
+        values.update(tp=1, dp=tp, etp=etp if etp is not None else tp)
+        notes.append(f"enable_attention_dp: attention data-parallel over the {tp} ranks "
+                     f"(tp 1, dp {tp}), experts ep {ep or 1} × expert tp "
+                     f"{values['etp']}; max_batch_size and max_num_tokens hold per rank")
     if "max_batch_size" in doc:
         values["batch"] = num("max_batch_size", None)
     kv = doc.get("kv_cache_config") or {}
@@ -112,20 +119,26 @@ def write(request: RunRequest, header: Header) -> str:
         raise SpecError("--emit trtllm writes a serving run; this is a training run",
                         "use --emit megatron, bridge, torchtitan or deepspeed")
     p = request.parallel
-    if p.dp > 1 or p.vp > 1:
+    # attention DP: one server of dp ranks whose experts span them (tp 1, ep × etp = dp)
+    adp = p.tp == 1 and p.cp == 1 and p.dp > 1 and header.experts != 0 \
+        and p.ep * p.expert_tp == p.dp
+    if (p.dp > 1 and not adp) or p.vp > 1:
         raise SpecError(f"one TensorRT-LLM server holds tp × pp × cp ranks; dp={p.dp} "
                         f"vp={p.vp} are not its options",
                         "emit one replica (dp 1) and launch dp of them")
     lines = [f"# {line}" for line in header.lines("TensorRT-LLM extra_llm_api_options")]
     lines.append(f"# workload: input_len {infer.input_len}, output_len {infer.output_len} "
                  "(trtllm-bench's dataset)")
-    lines += [f"tensor_parallel_size: {p.tp}", f"pipeline_parallel_size: {p.pp}"]
+    group = p.dp if adp else p.tp
+    lines += [f"tensor_parallel_size: {group}", f"pipeline_parallel_size: {p.pp}"]
+    if adp:
+        lines.append("enable_attention_dp: true")
     if p.cp > 1:
         lines.append(f"context_parallel_size: {p.cp}")
     if header.experts != 0 and (p.ep > 1 or p.etp is not None):
-        if p.ep * p.expert_tp != p.tp:
+        if p.ep * p.expert_tp != group:
             raise SpecError(f"TensorRT-LLM splits the experts over the tp ranks: ep × expert "
-                            f"tp = {p.ep} × {p.expert_tp} must be tp = {p.tp}",
+                            f"tp = {p.ep} × {p.expert_tp} must be tp = {group}",
                             "choose ep × etp = tp")
         lines += [f"moe_expert_parallel_size: {p.ep}",
                   f"moe_tensor_parallel_size: {p.expert_tp}"]
