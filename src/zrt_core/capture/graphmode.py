@@ -352,18 +352,24 @@ class GraphPhaseRunner(PhaseRunner):
     def run(self) -> None:
         import torch
 
+        from zrt_core.capture.graphmode_lean import lean_tracing
+
         try:
-            super().run()
+            with lean_tracing(self.model):
+                super().run()
         finally:
             torch._dynamo.reset()
 
     def _call(self, phase: str, **kwargs: Any) -> Any:
         import torch
 
+        from zrt_core.capture.graphmode_lean import DYNAMO_CONFIG
+
         try:
             # model code logs and warns (transformers' warning_once...): capture silences
             # them anyway, and under fullgraph each would be a graph break
-            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()):
+            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions(),
+                                            **DYNAMO_CONFIG):
                 return self._compiled(**kwargs)
         except ModelError:
             raise

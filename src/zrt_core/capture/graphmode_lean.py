@@ -1,0 +1,103 @@
+"""Graph mode's lean tracing: Python that Dynamo need not trace op by op while it compiles a
+phase, and Dynamo features a recording backend does not use (docs/graph-mode.md, Speed).
+
+Dynamo symbolically executes every bytecode of the model's Python, its helpers included,
+so what costs nothing in eager mode costs milliseconds per call here. Each change below
+keeps the traced graph the same (same ops, shapes, module stacks; the benchmark compares
+the recorded graphs node by node) and is undone when the capture ends:
+
+- **Config attribute reads.** transformers' ``PreTrainedConfig.__getattribute__`` (the
+  ``attribute_map`` aliases) and the heterogeneity mixin's override of it are Python
+  functions, inlined by Dynamo on every ``config.x`` read (thousands per phase on
+  DeepSeek-V3). A homogeneous config's class is swapped for a subclass that reads
+  attributes the plain way and resolves each alias through a property: same values.
+- **``layers[: config.num_hidden_layers]``.** ``ModuleList.__getitem__`` with a slice
+  builds a new ``ModuleList`` (``add_module`` per layer, traced). A slice that covers the
+  whole list returns the list itself: the same modules in the same order.
+- **Dynamo's garbage collection after each compile** (``run_gc_after_compile``): a
+  ``gc.collect(1)`` per phase that frees nothing the capture needs freed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+#: Dynamo settings while a phase compiles (``torch._dynamo.config``)
+DYNAMO_CONFIG: dict[str, Any] = {"run_gc_after_compile": False}
+
+_FAST_CLASSES: dict[Any, type] = {}
+
+
+def _fast_config_class(cls: type, aliases: dict[str, str]) -> type:
+    """``cls`` with plain attribute reads; each ``attribute_map`` alias a property."""
+    key = (cls, tuple(sorted(aliases.items())))
+    cached = _FAST_CLASSES.get(key)
+    if cached is not None:
+        return cached
+
+    def alias(target: str) -> property:
+        return property(lambda self: getattr(self, target))
+
+    namespace: dict[str, Any] = {"__getattribute__": object.__getattribute__,
+                                 "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    namespace.update({name: alias(target) for name, target in aliases.items()})
+    fast = type(cls.__name__, (cls,), namespace)
+    _FAST_CLASSES[key] = fast
+    return fast
+
+
+def _whole_slice(cls: type) -> type:
+    """``cls`` (a ``ModuleList``) whose slice covering every item is the list itself."""
+    cached = _FAST_CLASSES.get(cls)
+    if cached is not None:
+        return cached
+
+    def __getitem__(self: Any, idx: Any) -> Any:
+        if isinstance(idx, slice) and idx.step is None and not idx.start \
+                and (idx.stop is None or idx.stop >= len(self)):
+            return self
+        return cls.__getitem__(self, idx)
+
+    fast = type(cls.__name__, (cls,), {"__getitem__": __getitem__,
+                                       "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
+    _FAST_CLASSES[cls] = fast
+    return fast
+
+
+def _configs(model: Any) -> list[Any]:
+    """The distinct transformers configs the model's modules hold."""
+    from transformers import PreTrainedConfig
+
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, PreTrainedConfig):
+                found.setdefault(id(value), value)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def lean_tracing(model: Any) -> Iterator[None]:
+    """Swap the classes above in for the duration of a graph-mode capture."""
+    import torch.nn as nn
+
+    swapped: list[tuple[Any, type]] = []
+    try:
+        for config in _configs(model):
+            if "_heterogeneity_spec" in vars(config):  # per-layer reads must stay checked
+                continue
+            cls = type(config)
+            aliases = dict(object.__getattribute__(config, "attribute_map") or {})
+            config.__class__ = _fast_config_class(cls, aliases)
+            swapped.append((config, cls))
+        for module in model.modules():
+            if type(module) is nn.ModuleList:
+                module.__class__ = _whole_slice(nn.ModuleList)
+                swapped.append((module, nn.ModuleList))
+        yield
+    finally:
+        for obj, cls in reversed(swapped):
+            obj.__class__ = cls
