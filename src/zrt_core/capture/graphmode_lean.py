@@ -10,10 +10,17 @@ the recorded graphs node by node) and is undone when the capture ends:
   ``attribute_map`` aliases) and the heterogeneity mixin's override of it are Python
   functions, inlined by Dynamo on every ``config.x`` read (thousands per phase on
   DeepSeek-V3). A homogeneous config's class is swapped for a subclass that reads
-  attributes the plain way and resolves each alias through a property: same values.
+  attributes the plain way and resolves each alias through a property: same values. Its
+  ``per_layer_config`` (the cache builds one layer per entry) is a tuple of the config
+  itself, which is what transformers' view returns for each layer of such a config.
 - **``layers[: config.num_hidden_layers]``.** ``ModuleList.__getitem__`` with a slice
   builds a new ``ModuleList`` (``add_module`` per layer, traced). A slice that covers the
   whole list returns the list itself: the same modules in the same order.
+- **The MoE routing histogram and its offsets** (:mod:`zrt_core.capture.moe`): pure
+  functions of the token count, ``top_k``, the expert count and the imbalance, looping over
+  every expert (256 on DeepSeek-V3). Marked ``torch.compiler.assume_constant_result``,
+  Dynamo calls them once with those constants instead of tracing the loops; the tuple they
+  return is what the traced loop would have produced.
 - **Dynamo's garbage collection after each compile** (``run_gc_after_compile``): a
   ``gc.collect(1)`` per phase that frees nothing the capture needs freed.
 """
@@ -41,11 +48,33 @@ def _fast_config_class(cls: type, aliases: dict[str, str]) -> type:
         return property(lambda self: getattr(self, target))
 
     namespace: dict[str, Any] = {"__getattribute__": object.__getattribute__,
-                                 "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+                                 "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 "per_layer_config": property(lambda self: self._zrt_layers)}
     namespace.update({name: alias(target) for name, target in aliases.items()})
     fast = type(cls.__name__, (cls,), namespace)
     _FAST_CLASSES[key] = fast
     return fast
+
+
+class _LayerConfigs(tuple):  # type: ignore[type-arg]
+    """A homogeneous config's ``per_layer_config``: the config itself once per layer, as
+    transformers' view returns it for every integer index, as a tuple Dynamo iterates
+    natively (the view is a ``Sequence`` iterated through ``__getitem__`` until
+    ``IndexError``); a layer-type name is answered by the view itself."""
+
+    def __new__(cls, config: Any) -> _LayerConfigs:
+        out = super().__new__(cls, (config,) * int(config.num_hidden_layers))
+        out._config = config
+        return out
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            from transformers.integrations.heterogeneity.configuration_utils import (
+                _PerLayerConfigView,
+            )
+
+            return _PerLayerConfigView(self._config)[key]
+        return super().__getitem__(key)
 
 
 def _whole_slice(cls: type) -> type:
@@ -82,8 +111,13 @@ def _configs(model: Any) -> list[Any]:
 @contextlib.contextmanager
 def lean_tracing(model: Any) -> Iterator[None]:
     """Swap the classes above in for the duration of a graph-mode capture."""
+    import torch
     import torch.nn as nn
 
+    from zrt_core.capture import moe
+
+    for fn in (moe.routing_histogram, moe.cumulative_rows):
+        torch.compiler.assume_constant_result(fn)  # marks the function (an attribute)
     swapped: list[tuple[Any, type]] = []
     try:
         for config in _configs(model):
@@ -91,6 +125,7 @@ def lean_tracing(model: Any) -> Iterator[None]:
                 continue
             cls = type(config)
             aliases = dict(object.__getattribute__(config, "attribute_map") or {})
+            vars(config)["_zrt_layers"] = _LayerConfigs(config)  # built here, not traced
             config.__class__ = _fast_config_class(cls, aliases)
             swapped.append((config, cls))
         for module in model.modules():
@@ -101,3 +136,4 @@ def lean_tracing(model: Any) -> Iterator[None]:
     finally:
         for obj, cls in reversed(swapped):
             obj.__class__ = cls
+            vars(obj).pop("_zrt_layers", None)
