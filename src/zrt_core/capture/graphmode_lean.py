@@ -23,6 +23,10 @@ the recorded graphs node by node) and is undone when the capture ends:
   return is what the traced loop would have produced.
 - **Dynamo's garbage collection after each compile** (``run_gc_after_compile``): a
   ``gc.collect(1)`` per phase that frees nothing the capture needs freed.
+- **AOTAutograd's custom-op aliasing check** (``check_custom_op_aliasing``): the first run
+  of every compiled graph goes through a Python dispatch mode that checks whether custom
+  ops alias their inputs (a warning for kernel authors). Each graph here runs once, so
+  every run paid it; the check records nothing and changes no output.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import Any
 
 #: Dynamo settings while a phase compiles (``torch._dynamo.config``)
 DYNAMO_CONFIG: dict[str, Any] = {"run_gc_after_compile": False}
+#: AOTAutograd settings while graphs compile and run (``torch._functorch.config``)
+FUNCTORCH_CONFIG: dict[str, Any] = {"check_custom_op_aliasing": False}
 
 _FAST_CLASSES: dict[Any, type] = {}
 
@@ -112,6 +118,7 @@ def _configs(model: Any) -> list[Any]:
 def lean_tracing(model: Any) -> Iterator[None]:
     """Swap the classes above in for the duration of a graph-mode capture."""
     import torch
+    import torch._functorch.config
     import torch.nn as nn
 
     from zrt_core.capture import moe
@@ -132,7 +139,8 @@ def lean_tracing(model: Any) -> Iterator[None]:
             if type(module) is nn.ModuleList:
                 module.__class__ = _whole_slice(nn.ModuleList)
                 swapped.append((module, nn.ModuleList))
-        yield
+        with torch._functorch.config.patch(**FUNCTORCH_CONFIG):
+            yield
     finally:
         for obj, cls in reversed(swapped):
             obj.__class__ = cls
