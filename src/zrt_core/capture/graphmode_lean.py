@@ -21,6 +21,14 @@ the recorded graphs node by node) and is undone when the capture ends:
   every expert (256 on DeepSeek-V3). Marked ``torch.compiler.assume_constant_result``,
   Dynamo calls them once with those constants instead of tracing the loops; the tuple they
   return is what the traced loop would have produced.
+- **Prefill's empty KV cache.** A decoder whose ``forward`` builds its cache as
+  ``DynamicCache(config=self.config)`` when handed none makes Dynamo build that object
+  (one cache layer per decoder layer, 61 on DeepSeek-V3) bytecode by bytecode and
+  reconstruct it after the graph. Graph mode builds the same empty cache before the call
+  and hands it in (:func:`prefill_cache`); the model fills it as it would its own. Only
+  caches of full-attention layers, whose construction runs no tensor op: a sliding-window
+  layer creates tensors when built (recorded in the traced prefill), and other cache
+  classes (hybrid, Mamba caches a family builds itself) are left to the model.
 - **Dynamo's garbage collection after each compile** (``run_gc_after_compile``): a
   ``gc.collect(1)`` per phase that frees nothing the capture needs freed.
 - **AOTAutograd's custom-op aliasing check** (``check_custom_op_aliasing``): the first run
@@ -100,6 +108,38 @@ def _whole_slice(cls: type) -> type:
                                        "__qualname__": cls.__qualname__})
     _FAST_CLASSES[cls] = fast
     return fast
+
+
+#: how a decoder's ``forward`` builds its cache when handed none (transformers 5.x)
+_DYNAMIC_CACHE_BUILD = "DynamicCache(config=self.config)"
+
+
+def prefill_cache(model: Any) -> Any:
+    """The empty cache the model's decoder would build for prefill, built outside Dynamo;
+    None when its ``forward`` builds anything else (or nothing) that way."""
+    import inspect
+    import re
+
+    decoder = getattr(model, "base_model", None)
+    if decoder is None or decoder is model:
+        decoder = getattr(model, "model", None)
+    forward = getattr(type(decoder), "forward", None) if decoder is not None else None
+    try:
+        source = inspect.getsource(forward) if forward is not None else ""
+    except (OSError, TypeError):
+        return None
+    builds = re.findall(r"\b\w*Cache\(", source)
+    if _DYNAMIC_CACHE_BUILD not in source or set(builds) != {"DynamicCache("}:
+        return None
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=decoder.config)
+    # full-attention layers only: a sliding-window layer creates tensors when built, which
+    # the traced model records (lift_fresh_copy) and a cache built here would not
+    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", ())):
+        return None
+    return cache
 
 
 def _configs(model: Any) -> list[Any]:
