@@ -3,8 +3,8 @@ phase, and Dynamo features a recording backend does not use (docs/graph-mode.md,
 
 Dynamo symbolically executes every bytecode of the model's Python, its helpers included,
 so what costs nothing in eager mode costs milliseconds per call here. Each change below
-keeps the traced graph the same (same ops, shapes, module stacks; the benchmark compares
-the recorded graphs node by node) and is undone when the capture ends:
+keeps the traced graph the same (same ops, shapes, module stacks: every recorded node was
+compared before and after, docs/graph-mode.md) and is undone when the capture ends:
 
 - **Config attribute reads.** transformers' ``PreTrainedConfig.__getattribute__`` (the
   ``attribute_map`` aliases) and the heterogeneity mixin's override of it are Python
@@ -170,6 +170,8 @@ def lean_tracing(model: Any) -> Iterator[None]:
         for config in _configs(model):
             if "_heterogeneity_spec" in vars(config):  # per-layer reads must stay checked
                 continue
+            if not isinstance(getattr(config, "num_hidden_layers", None), int):
+                continue  # no layer count to build per_layer_config from: left as it is
             cls = type(config)
             aliases = dict(object.__getattribute__(config, "attribute_map") or {})
             vars(config)["_zrt_layers"] = _LayerConfigs(config)  # built here, not traced
