@@ -38,7 +38,7 @@ from zrt_core.capture.phases import PhaseRunner
 from zrt_core.capture.recorder import _SKIP as _SKIP_SENTINEL
 from zrt_core.capture.recorder import RawOp, _json_scalar, _plan
 from zrt_core.errors import ModelError
-from zrt_core.ir.graph import TensorMeta
+from zrt_core.ir.graph import Phase, TensorMeta
 
 # the recorders of the phases being captured, innermost last (compiled graphs append to it)
 _SINKS: list[GraphRecorder] = []
@@ -352,18 +352,30 @@ class GraphPhaseRunner(PhaseRunner):
     def run(self) -> None:
         import torch
 
+        from zrt_core.capture.graphmode_lean import lean_tracing
+
         try:
-            super().run()
+            with lean_tracing(self.model):
+                super().run()
         finally:
             torch._dynamo.reset()
 
     def _call(self, phase: str, **kwargs: Any) -> Any:
         import torch
 
+        from zrt_core.capture.compat import cache_keyword
+        from zrt_core.capture.graphmode_lean import DYNAMO_CONFIG, prefill_cache
+
+        keyword = cache_keyword(self.model)
+        if phase == Phase.PREFILL and kwargs.get("use_cache") and kwargs.get(keyword) is None:
+            cache = prefill_cache(self.model)  # the model's own empty cache, built untraced
+            if cache is not None:
+                kwargs[keyword] = cache
         try:
             # model code logs and warns (transformers' warning_once...): capture silences
             # them anyway, and under fullgraph each would be a graph break
-            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions()):
+            with torch._dynamo.config.patch(ignore_logging_functions=_logging_functions(),
+                                            **DYNAMO_CONFIG):
                 return self._compiled(**kwargs)
         except ModelError:
             raise

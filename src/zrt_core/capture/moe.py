@@ -85,14 +85,20 @@ def routing_histogram(tokens: int, top_k: int, num_experts: int, imbalance: floa
     return (hot, *others)
 
 
-def _offsets(rows: tuple[int, ...], device: Any) -> Any:
-    import torch
-
+def cumulative_rows(rows: tuple[int, ...]) -> tuple[int, ...]:
+    """The grouped GEMM's ``offs``: the end row of each group (pure Python, so graph mode
+    can evaluate it once instead of tracing the loop, see capture.graphmode_lean)."""
     cumulative, acc = [], 0
     for r in rows:
         acc += r
         cumulative.append(acc)
-    return torch.tensor(cumulative, dtype=torch.int32, device=device)
+    return tuple(cumulative)
+
+
+def _offsets(rows: tuple[int, ...], device: Any) -> Any:
+    import torch
+
+    return torch.tensor(list(cumulative_rows(rows)), dtype=torch.int32, device=device)
 
 
 def grouped_linear(x: Any, weight_kn: Any, offsets: Any, rows: tuple[int, ...]) -> Any:
