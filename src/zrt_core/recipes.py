@@ -200,25 +200,32 @@ def _settings(recipe: Recipe) -> tuple[Any, ...]:
     return tuple(v for f, v in attrs.asdict(recipe, recurse=False).items() if f not in skip)
 
 
-def candidates(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
-               ) -> list[Recipe]:
-    """Rows matching a validation record's release, model, GPU, precision, GPU count, global
-    batch, micro batch and published layout (tp, pp, vp, cp, ep; etp when the record gives it)."""
+def _same_run(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None) -> list[Recipe]:
+    """Rows of a validation record's release, model, GPU, precision, GPU count and global
+    batch, whatever their layout."""
     rows = _bundled() if rows is None else rows
     found = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?)\b", str(record.get("source", "")))
     gpu = HARDWARE_GPU.get(str(record.get("hardware")))
     model = model_key(str((record.get("model") or {}).get("name", "")))
     precisions = RECORD_PRECISION.get(str(record.get("precision")), ())
-    par = record.get("parallel") or {}
     if found is None or gpu is None or model is None or not precisions:
         return []
-    layout = (par.get("tp") or 1, par.get("pp") or 1, par.get("vp") or 1, par.get("cp") or 1,
-              par.get("ep") or 1)
     return [r for r in rows
             if r.release == found.group(1) and r.model == model and r.gpu == gpu
             and r.precision in precisions and r.num_gpus == record.get("num_gpus")
-            and r.gbs == record.get("global_batch") and r.mbs == record.get("micro_batch")
-            and r.layout == layout and (par.get("etp") is None or r.etp == par.get("etp"))]
+            and r.gbs == record.get("global_batch")]
+
+
+def candidates(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
+               ) -> list[Recipe]:
+    """Rows matching a validation record's release, model, GPU, precision, GPU count, global
+    batch, micro batch and published layout (tp, pp, vp, cp, ep; etp when the record gives it)."""
+    par = record.get("parallel") or {}
+    layout = (par.get("tp") or 1, par.get("pp") or 1, par.get("vp") or 1, par.get("cp") or 1,
+              par.get("ep") or 1)
+    return [r for r in _same_run(record, rows)
+            if r.mbs == record.get("micro_batch") and r.layout == layout
+            and (par.get("etp") is None or r.etp == par.get("etp"))]
 
 
 def layout_conflict(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
@@ -230,17 +237,7 @@ def layout_conflict(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None =
     v0.2.0's ``GPT_OSS_120B_B200_BF16_BASE_CONFIG`` sets EP 64): a reader should know."""
     if candidates(record, rows):
         return None
-    rows = _bundled() if rows is None else rows
-    found = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?)\b", str(record.get("source", "")))
-    gpu = HARDWARE_GPU.get(str(record.get("hardware")))
-    model = model_key(str((record.get("model") or {}).get("name", "")))
-    precisions = RECORD_PRECISION.get(str(record.get("precision")), ())
-    if found is None or gpu is None or model is None or not precisions:
-        return None
-    same = [r for r in rows
-            if r.release == found.group(1) and r.model == model and r.gpu == gpu
-            and r.precision in precisions and r.num_gpus == record.get("num_gpus")
-            and r.gbs == record.get("global_batch")]
+    same = _same_run(record, rows)
     if not same or any((r.layout, r.mbs) != (same[0].layout, same[0].mbs) for r in same[1:]):
         return None
     return same[0]
