@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from attrs import frozen
 
+from zrt_core.cost.opdims import EXPERT_GROUPS_ATTR
 from zrt_core.ir.graph import Category, OpGraph
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def launches(node, cost: NodeCost | None, splits: Mapping[int, int] | None = Non
         return 0
     if _op(node) in GROUPED_GEMM_OPS:
         return max(1, len(node.attrs.get("group_rows") or ()))
-    return max(1, (splits or {}).get(node.id, 1))
+    return max(1, (splits or {}).get(node.id, 1), int(node.attrs.get(EXPERT_GROUPS_ATTR) or 0))
 
 
 def layer_host(graph: OpGraph, costs: Mapping[int, NodeCost], *, moe_sync: bool

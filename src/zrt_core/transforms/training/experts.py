@@ -31,6 +31,7 @@ from zrt_core.cost.opdims import (
     op_base,
 )
 from zrt_core.ir.graph import Category, OpGraph, OpNode
+from zrt_core.transforms.training.expert_epilogue import megatron_expert_epilogue
 
 #: TransformerEngine's compute streams for its multi-stream GEMM and cast loops
 #: (``get_num_compute_streams`` returns the constant 4).
@@ -63,7 +64,8 @@ def expert_gemm_loop(graph: OpGraph, streams: int = TE_COMPUTE_STREAMS, *,
             n = evolve(n, attrs={**n.attrs, EXPERT_STREAMS_ATTR: streams,
                                  EXPERT_GROUPS_ATTR: g, EXPERT_EAGER_ATTR: eager})
         out.append(n)
-    return graph.with_nodes(out, list(graph.edges))
+    return megatron_expert_epilogue(graph.with_nodes(out, list(graph.edges)), groups,
+                                    eager=eager)
 
 
 def _groups(node: OpNode) -> int:
