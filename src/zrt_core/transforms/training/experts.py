@@ -15,7 +15,8 @@ CUTLASS ptr-array) are opt-in (``NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM``,
 :func:`expert_gemm_loop` marks a training graph's grouped GEMMs, and the casts feeding
 them, with ``attrs[EXPERT_STREAMS_ATTR] = 4``; the roofline then prices each as that loop
 (:meth:`zrt_core.cost.roofline.RooflineBackend.gemm`, ``memory_bound``). Serving graphs are not marked: the
-serving engines' fused MoE kernels are single launches.
+serving engines' fused MoE kernels are single launches. The experts' biases and a clamped GLU
+are then priced as ``TEGroupedMLP`` runs them (:mod:`.expert_epilogue`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def expert_gemm_loop(graph: OpGraph, streams: int = TE_COMPUTE_STREAMS, *,
     issues round-robin over the same compute streams: ``transformer_engine/common/cast/
     cast.cu``); ``attrs[EXPERT_GROUPS_ATTR]`` holds the groups, ``attrs[EXPERT_EAGER_ATTR]``
     whether the host launches each kernel (``eager``; False: replayed from a CUDA graph).
+    Biases and clamps around the experts follow
+    :func:`~zrt_core.transforms.training.expert_epilogue.megatron_expert_epilogue`.
     Unchanged when it has no grouped GEMM."""
     groups = {n.id: _groups(n) for n in graph.nodes
               if n.category == Category.MATMUL and op_base(n.op) in GROUPED_GEMM_OPS}
