@@ -245,9 +245,6 @@ class TrainSpec:
     #: decoder layers' weights live only in TransformerEngine's quantized storage (no 16-bit
     #: copy beside it; the fp32 master copy is the optimizer's)
     quantized_params: bool = field(default=False, validator=_flag)
-    #: Megatron's ``fp8_dot_product_attention``: under an fp8-family recipe TransformerEngine
-    #: runs the core attention in fp8 (its inputs cast per tensor; docs/cost-model.md)
-    fp8_attention: bool = field(default=False, validator=_flag)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -260,8 +257,7 @@ class TrainSpec:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules", "zero",
             "fsdp", "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
-            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32", "quantized_params",
-            "fp8_attention")}
+            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32", "quantized_params")}
 
 
 @frozen

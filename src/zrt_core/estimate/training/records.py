@@ -202,10 +202,6 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
             train = evolve(train, quantized_params=True)
             assumptions.append("fp8 weights without a bf16 copy (Megatron-Bridge's fp8 "
                                "mixed-precision recipes: fp8_param_gather=True)")
-        if recipe is not None and recipe.fp8_dot_product_attention and precision != "bf16":
-            train = evolve(train, fp8_attention=True)
-            assumptions.append(f"fp8 core attention (fp8_dot_product_attention, "
-                               f"{_recipe_name(recipe)})")
     attention = "flash"
     if any(s in source for s in LEGACY_MEGATRON_SOURCES):
         attention = "unfused"

@@ -209,12 +209,7 @@ class Precision:
             forward_ids = {t.tensor_id for n in self.forward.nodes
                            for m in (n, *n.fused_from) for t in (*m.inputs, *m.outputs)
                            if t.tensor_id is not None}
-        fp8_attention = ctx.train is not None and ctx.train.fp8_attention
         for n in graph.nodes:
-            if fp8_attention and n.category == Category.ATTENTION and plan.quantized_layer(
-                    graph.templates.get(n.layer_index), n.layer_index):
-                next_id = _fp8_attention(n, backward, next_id, casts, producers, out, edges)
-                continue
             if not _is_linear_gemm(n, backward) or not plan.quantized_layer(
                     graph.templates.get(n.layer_index), n.layer_index):
                 out.append(n)
@@ -268,53 +263,6 @@ class Precision:
             layer_index=consumer.layer_index, layer_kind=consumer.layer_kind, flops=flops,
             bytes_read=int(read), bytes_written=int(written), formula="precision.quantize",
             attrs={QUANTIZE_ATTR: True, "recipe": plan.recipe, "dtype": dtype})
-
-
-#: The dtype TransformerEngine's fp8 attention computes in (Megatron-Bridge's fp8 presets set
-#: ``fp8="e4m3"``); its scales are per tensor, from each tensor's own amax.
-FP8_ATTENTION_DTYPE = "float8_e4m3fn"
-
-
-def _fp8_attention(n: OpNode, backward: bool, next_id: int, casts: dict[int, OpNode],
-                   producers: Mapping[int | None, int], out: list[OpNode],
-                   edges: list[tuple[int, int]]) -> int:
-    """An attention node as TransformerEngine's ``fp8_dot_product_attention`` runs it: its
-    4-D inputs in fp8, so the roofline prices it at the fp8 tensor rate. The forward casts
-    Q, K and V, the backward its output gradient (Q, K, V and O are the forward's fp8
-    copies): one kernel per tensor that reads the bf16 tensor twice (amax, then cast) and
-    writes one fp8 copy. Returns the next free node id."""
-    first = 1 if backward else 0
-    inputs = []
-    for i, t in enumerate(n.inputs):
-        if len(t.shape) != 4 or t.dtype not in _FLOAT_DTYPES:
-            inputs.append(t)
-            continue
-        cast_it = (i < first) if backward else True
-        if cast_it and t.param is None and t.tensor_id is not None:
-            if t.tensor_id not in casts:
-                elements = t.numel
-                cast = OpNode(
-                    id=next_id, op="precision.quantize", category=Category.ELEMENTWISE,
-                    phase=n.phase, inputs=(t,),
-                    outputs=(TensorMeta(shape=t.shape, dtype=FP8_ATTENTION_DTYPE),),
-                    module_path=n.module_path, module_class=n.module_class,
-                    layer_index=n.layer_index, layer_kind=n.layer_kind, flops=3 * elements,
-                    bytes_read=int(2 * elements * dtype_bytes(t.dtype)),
-                    bytes_written=int(elements * dtype_bytes(FP8_ATTENTION_DTYPE)),
-                    formula="precision.quantize",
-                    attrs={QUANTIZE_ATTR: True, "recipe": "fp8_attention",
-                           "dtype": FP8_ATTENTION_DTYPE})
-                next_id += 1
-                casts[t.tensor_id] = cast
-                out.append(cast)
-                if t.tensor_id in producers:
-                    edges.append((producers[t.tensor_id], cast.id))
-            edges.append((casts[t.tensor_id].id, n.id))
-        inputs.append(evolve(t, dtype=FP8_ATTENTION_DTYPE))
-    read = sum(t.nbytes for t in inputs)
-    out.append(evolve(n, inputs=tuple(inputs), bytes_read=read,
-                      attrs={**n.attrs, "precision": "fp8_attention"}))
-    return next_id
 
 
 #: What TransformerEngine's activation kernels (and their backward, the fused dact) are named
