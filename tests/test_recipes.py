@@ -125,6 +125,23 @@ def test_26_08_deepseek_v3_gb300_mxfp8_is_full_iteration_graph_hybridep_with_a2a
     assert (r.recompute_granularity, r.recompute_modules) == ("selective", ())
 
 
+def test_26_08_fp8_dot_product_attention_follows_each_perf_config() -> None:
+    # Megatron-Bridge@067f987d perf_recipes: deepseek/gb300/deepseek_v3.py calls
+    # _enable_deepseek_full_iteration_mxfp8(cfg, fp8_dot_product_attention=True, ...); the
+    # gb200 config passes only fp8_output_proj, so MixedPrecisionConfig's default False
+    # stands; gpt_oss/common.py _apply_gpt_oss_120b_full_iter_fp8mx_configs sets it on both
+    fp8 = {gpu: _only(f"mbridge-26.08-pre-training-deepseek-v3-{gpu}-256gpu-mxfp8-gbs4096")
+           .fp8_dot_product_attention for gpu in ("gb200", "gb300")}
+    assert fp8 == {"gb200": False, "gb300": True}
+    for gpu in ("gb200", "gb300"):
+        r = _only(f"mbridge-26.08-pre-training-gpt-oss-120b-{gpu}-64gpu-mxfp8-gbs1280")
+        assert r.fp8_dot_product_attention is True
+    # 25.09's perf matrices are not read for it: unresolved, never guessed
+    rows = [r for r in recipes.load_rows() if r.release == "25.09"]
+    assert {r.fp8_dot_product_attention for r in rows} == {None}
+    assert all("fp8_dot_product_attention" in r.recipe_defaults for r in rows)
+
+
 def test_26_04_01_deepseek_v3_gb200_bf16_row() -> None:
     # v0.4.2 scripts/performance/configs/deepseek/deepseek_workload_base_configs.py
     # DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_BF16_V1: PP=4 VP=4 EP=64 GBS=2048, hybridep,

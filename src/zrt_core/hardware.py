@@ -91,6 +91,10 @@ class ComputeSpec:
     fp8_tflops: float | None = None
     fp4_tflops: float | None = None
     int8_tops: float | None = None
+    #: 10^12 exponentials per second of the special-function units (MUFU.EX2): the rate
+    #: softmax's exp runs at inside attention, its third roofline beside tensor FLOPs and
+    #: bytes (docs/cost-model.md "Attention's exponentials"). None: not bounded.
+    exp_tera_per_s: float | None = None
 
     def peak_tflops(self, dtype: str) -> float:
         """Peak for a dtype name; an unsupported low precision falls back to the next wider.
@@ -339,7 +343,7 @@ class HardwareSpec:
                             "ids look like nvidia_h100_sxm; put short names under aliases")
 
         c = Fields(top.mapping("compute"), f"{source_file}: compute",
-                   set(COMPUTE_DTYPES))
+                   set(COMPUTE_DTYPES) | {"exp_tera_per_s"})
         compute = ComputeSpec(
             fp32_tflops=c.number("fp32", required=True, positive=True),
             bf16_tflops=c.number("bf16", required=True, positive=True),
@@ -348,6 +352,7 @@ class HardwareSpec:
             fp8_tflops=c.number("fp8", positive=True),
             fp4_tflops=c.number("fp4", positive=True),
             int8_tops=c.number("int8", positive=True),
+            exp_tera_per_s=c.number("exp_tera_per_s", positive=True),
         )
 
         m = Fields(top.mapping("memory"), f"{source_file}: memory",

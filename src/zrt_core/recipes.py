@@ -59,7 +59,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "moe_pad_expert_input_to_capacity": _OPT_BOOL, "moe_expert_capacity_factor": _OPT_NUM,
     "moe_expert_rank_capacity_factor": _OPT_NUM, "moe_permute_fusion": _OPT_BOOL,
     "moe_router_fusion": _OPT_BOOL, "cpu_offloading_num_layers": _OPT_INT,
-    "offload_modules": _OPT_LIST, "use_megatron_fsdp": (bool,), "recipe_defaults": (list,),
+    "offload_modules": _OPT_LIST, "use_megatron_fsdp": (bool,),
+    "fp8_dot_product_attention": _OPT_BOOL, "recipe_defaults": (list,),
     "provider_defaults": (list,),
     "provenance_tag": (str,), "provenance_file": (str,), "provenance_config": (str,),
 }
@@ -111,6 +112,9 @@ class Recipe:
     cpu_offloading_num_layers: int | None
     offload_modules: tuple[str, ...] | None = attrs.field(converter=_tuple)
     use_megatron_fsdp: bool
+    #: ``MixedPrecisionConfig.fp8_dot_product_attention``: TransformerEngine runs the core
+    #: attention (QKᵀ, softmax, PV and their gradients) in fp8 (None: not resolved)
+    fp8_dot_product_attention: bool | None
     recipe_defaults: tuple[str, ...] = attrs.field(converter=tuple)
     provider_defaults: tuple[str, ...] = attrs.field(converter=tuple)
     provenance_tag: str

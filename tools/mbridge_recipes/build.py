@@ -9,6 +9,18 @@ def g(cfg, k):
     v = cfg.get(k, U)
     return None if v == U else v
 def isset(cfg, k): return cfg.get(k, U) != U
+def fp8_dpa(cfg, unresolved):
+    """MixedPrecisionConfig.fp8_dot_product_attention: the config's own write, else the
+    dataclass default False when the config is one of training/mixed_precision.py's presets
+    (none of them sets it, at every tag read); another recipe's object: unresolved."""
+    mp = cfg.get("mixed_precision")
+    m = re.match(r"'([^']*)' (\{.*)$", mp, re.S) if isinstance(mp, str) else None
+    if m is None:
+        unresolved.append("fp8_dot_product_attention"); return None
+    writes = json.loads(m.group(2))
+    if "fp8_dot_product_attention" in writes: return bool(writes["fp8_dot_product_attention"])
+    if m.group(1).startswith("megatron.bridge.training.mixed_precision."): return False
+    unresolved.append("fp8_dot_product_attention"); return None
 rows = []
 import subprocess
 MIRROR = "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"
@@ -100,6 +112,7 @@ for f in sorted(glob.glob("/tmp/mbx/lib-*.json")):
             "cpu_offloading_num_layers": g(c, "model.cpu_offloading_num_layers"),
             "offload_modules": g(c, "model.offload_modules") if g(c, "model.fine_grained_activation_offloading") else None,
             "use_megatron_fsdp": bool(g(c, "ddp.use_megatron_fsdp")),
+            "fp8_dot_product_attention": fp8_dpa(c, unresolved),
             "recipe_defaults": sorted(set(unresolved)),
             "provenance": {"tag": tag if tag != "HEAD" else "067f987d", "file": r["file"], "config": config},
         }
@@ -155,7 +168,9 @@ for yf in sorted(glob.glob("/tmp/mb/v0.1.0rc4/scripts/performance/configs/*/*_ll
                     "moe_expert_rank_capacity_factor": None, "moe_permute_fusion": None,
                     "moe_router_fusion": base_model.get("moe_router_fusion"), "cpu_offloading_num_layers": None,
                     "offload_modules": None, "use_megatron_fsdp": bool(o.get("use_megatron_fsdp")),
-                    "recipe_defaults": sorted(set(unresolved)), "provider_defaults": [],
+                    "fp8_dot_product_attention": None,
+                    "recipe_defaults": sorted(set(unresolved + ["fp8_dot_product_attention"])),
+                    "provider_defaults": [],
                     "provenance": {"tag": "v0.1.0rc4", "file": f"scripts/performance/configs/{os.path.basename(os.path.dirname(yf))}/{os.path.basename(yf)}",
                                    "config": f"perf_matrix.{gpu}.{nkey}.{prec} + {RS}:main() {model} branch"},
                 })

@@ -81,6 +81,43 @@ def test_h100_attention_roofline_reproduces_flashattention3(host):
     assert _rms(_log_errors(host, "nvidia_h100_sxm", "nvidia_h100_sxm/attention_fa3")) < 0.07
 
 
+def test_the_exponential_bound_never_binds_on_the_flashattention3_points(host):
+    # the FA3 kernel times the H100 attention settings were fitted to already include the
+    # softmax's SFU time: the exp term (3.9 T/s) must leave every one of them unchanged
+    spec = evolve(host.hardware_spec("nvidia_h100_sxm"), efficiency=evolve(
+        host.hardware_spec("nvidia_h100_sxm").efficiency, matmul_sustained=1.0))
+    assert spec.compute.exp_tera_per_s == 3.9
+    without = RooflineBackend(evolve(spec, compute=evolve(spec.compute, exp_tera_per_s=None)))
+    rows = next(t for t in host.measured_tables
+                if t.name == "nvidia_h100_sxm/attention_fa3").load()
+    for row in rows:
+        cost = RooflineBackend(spec).price(_node_for(row))
+        assert cost.detail["exp_bound"] is False
+        assert cost.time_s == without.price(_node_for(row)).time_s
+        # b*h*pairs / 3.9e12 is at most 31% of the published kernel time (d 64 backward)
+        assert cost.detail["exp_s"] < 0.32 * row.time_s
+
+
+def test_fp8_attention_at_head_dim_64_is_exp_bound_on_gb200_not_gb300(host):
+    q = TensorMeta((1, 64, 4096, 64), "float8_e4m3fn")
+    pairs = 4096 * 4097 // 2  # 8390656 kept by the causal mask
+    node = OpNode(id=1, op="zrt.attention", category="attention", phase="prefill",
+                  inputs=[q] * 3, outputs=[q], flops=4 * 64 * pairs * 64,
+                  bytes_read=3 * q.nbytes, bytes_written=q.nbytes, formula="zrt.attention",
+                  attrs={"is_causal": True})
+    exps = 64 * pairs  # 537001984
+    gb200 = RooflineBackend(host.hardware_spec("nvidia_gb200_nvl72")).price(node)
+    gb300 = RooflineBackend(host.hardware_spec("nvidia_gb300_nvl72")).price(node)
+    # GB200: 537001984 / 5e12 = 107.4 us over its tensor part (fp8 5 PF x 0.55 x shape)
+    assert gb200.detail["exp_bound"] is True
+    assert gb200.compute_s == pytest.approx(exps / 5e12, rel=1e-12)
+    # GB300: 537001984 / 10.7e12 = 50.2 us under its tensor part, which stands
+    assert gb300.detail["exp_bound"] is False
+    assert gb300.detail["exp_s"] == pytest.approx(exps / 10.7e12, rel=1e-12)
+    assert gb300.compute_s == gb300.detail["tensor_s"]
+    assert gb200.time_s / gb300.time_s == pytest.approx(1.82, abs=0.01)
+
+
 def test_h800_fp8_gemm_roofline_against_deepgemm(host):
     # 20% RMS: DeepGEMM times are kernel-only (no launch) and its K=512 shapes run slower
     # than any per-class setting can follow; the measured table prices those shapes exactly

@@ -80,6 +80,7 @@ def run_show(args) -> int:
     for key in ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4"):
         rows.append((f"{key} dense", _unit(c.get(key), "TFLOP/s")))
     rows.append(("int8 dense", _unit(c.int8_tops, "TOP/s")))
+    rows.append(("softmax exp (SFU)", _unit(c.exp_tera_per_s, "T exp/s")))
     rows.append(("HBM", f"{spec.memory.capacity_gb:g} GB at "
                         f"{spec.memory.bandwidth_gb_per_s:g} GB/s"))
     for cache in spec.memory.caches:

@@ -49,6 +49,13 @@ Attention (category ``attention``: fused SDPA / FlashAttention nodes)
     softmax work per tile does not shrink with d. With H100 numbers (0.66 / 0.58, 256,
     d0 = 40) this reproduces FlashAttention-3's 24 published points to 5% RMS. Decode
     (``s_q ≤ 16``) is priced without shape loss and is memory-bound on the KV cache.
+    Softmax's exponentials run on the special-function units, not the tensor cores: one
+    per visible pair and query head (``b · h · pairs``, forward and backward, which
+    recomputes P), at ``compute.exp_tera_per_s``; the kernel takes
+    ``max(tensor FLOPs time, exps / exp rate, bytes time)``. The FLOPs-per-exp ratio is
+    4d forward (10d backward), so the bound bites at small head dims, at fp8's doubled
+    tensor rate, and on Blackwell (5 T exp/s under 2.5 PFLOP/s) far more than on
+    Blackwell Ultra (10.7) or Hopper (3.9 under 0.99); it never binds on the FA3 points.
 Everything else (norms, elementwise, softmax, reductions, optimizer, embedding, copies)
     compute at ``vector`` × the fp32 CUDA-core peak, bytes at ``memory`` × HBM bandwidth.
 Views and metadata ops (``zero_cost``) are free; collectives go to
@@ -118,6 +125,8 @@ class RooflineBackend:
                                if eff.attention_backward is not None else eff.attention)
         self._rates: dict[str, tuple[str, float]] = {}
         self._bf16_flops_per_s = hardware.compute.bf16_tflops * 1e12
+        exp_tera = hardware.compute.exp_tera_per_s
+        self.exp_per_s = exp_tera * 1e12 if exp_tera else 0.0
 
     @classmethod
     def for_hardware(cls, hardware: HardwareSpec, host: PluginHost | None = None
@@ -279,6 +288,15 @@ class RooflineBackend:
             shape, parts = self.attention_shape_efficiency(dims, backward)
             detail.update(parts)
         compute_s = flops / (peak * min(1.0, efficiency * shape)) if flops else 0.0
+        if dims is not None and self.exp_per_s:
+            # softmax's exponentials: one per visible (query, key) pair and query head,
+            # forward and backward alike (the backward recomputes P = exp(S - LSE)), at the
+            # special-function units' peak; a third roofline beside the tensor FLOPs and bytes
+            exps = dims.b * dims.h * dims.pairs
+            exp_s = exps / self.exp_per_s
+            detail.update(exps=exps, exp_tera_per_s=self.exp_per_s / 1e12,
+                          tensor_s=compute_s, exp_s=exp_s, exp_bound=exp_s > compute_s)
+            compute_s = max(compute_s, exp_s)
         return self._finish(rule, compute_s, nbytes / self.hbm_bytes_per_s, self.launch_s,
                             detail)
 
