@@ -23,7 +23,7 @@ def fp8_dpa(cfg, unresolved):
     unresolved.append("fp8_dot_product_attention"); return None
 rows = []
 import subprocess
-MIRROR = "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"
+MIRROR = os.environ.get("MB", "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
 PROVIDER = [("deepseek_v3", "deepseek/deepseek_provider.py"), ("qwen3_vl", "qwen_vl/qwen3_vl_provider.py"),
             ("qwen3_", "qwen/qwen_provider.py"), ("gpt_oss", "gpt_oss/gpt_oss_provider.py"),
             ("kimi", "kimi/kimi_provider.py"), ("nemotron_3", "nemotronh/nemotron_h_provider.py")]
@@ -187,7 +187,7 @@ FAMDIRS = [("deepseek", ["deepseek"]), ("kimi", ["kimi", "deepseek"]), ("qwen3_v
            ("qwen35_vl", ["qwen_vl", "qwen"]), ("qwen3", ["qwen"]), ("gpt_oss", ["gpt_oss"]),
            ("nemotron_3", ["nemotronh", "mamba"])]
 SIMPLE = ("cuda_graph_impl", "moe_permute_fusion", "moe_shared_expert_overlap", "moe_router_fusion")
-MLM = "/work/.mirror/NVIDIA+Megatron-LM/repo"
+MLM = os.environ.get("MLM", "/work/.mirror/NVIDIA+Megatron-LM/repo")
 TAGREF = {v: k for k, v in TAGS.items()}
 _grep = {}
 def provider_value(tag, model, field):
@@ -247,4 +247,5 @@ hdr = ("# Megatron-Bridge MoE pre-training perf configs, one row per (release, m
 def dump(v): return yaml.safe_dump(v, default_flow_style=True, width=100000).strip()
 lines = [hdr, "columns: " + dump(COLUMNS), "rows:"]
 lines += ["- " + dump(flat(r)) for r in rows]
-open("/work/wt/recipes/src/zrt_core/data/recipes/megatron_bridge.yaml", "w").write("\n".join(lines) + "\n")
+open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "zrt_core", "data",
+               "recipes", "megatron_bridge.yaml"), "w").write("\n".join(lines) + "\n")
