@@ -210,7 +210,8 @@ def _anchored(g: GroupModel, report: Any, cand: Any, evaluator: Any,
                              seq_len=evaluator.seq_len, hw=evaluator.hw, train=train,
                              plan=plan)
 
-    g = with_optimizer(g, report, screen(g))
+    g = with_optimizer(g, report, screen(g), cand.parallel,
+                       train.zero >= 1 or train.fsdp, evaluator.hw)
     return with_residual(g, report, screen(g))
 
 
