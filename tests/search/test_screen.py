@@ -195,3 +195,21 @@ def test_gradient_sync_per_element_scaled_to_a_layouts_groups() -> None:
     # an anchor without a gradient reduction (dp 1): the per-element time as it was
     bare = with_optimizer(g, _Report({}), screened, Parallel(tp=8, pp=128), True, hw)
     assert bare.dp_sync == ()
+
+
+def test_anchor_is_the_most_stages_of_two_layers_or_more() -> None:
+    from zrt_core.search.screen import _anchor_order
+    from zrt_core.strategy import Parallel
+
+    class _T:
+        def __init__(self, pp: int, vp: int, schedule: str) -> None:
+            self.parallel = Parallel(pp=pp, vp=vp)
+            self.pp_schedule = schedule
+
+    # 8 layers: pp 8 (8 stages of one layer), pp 2 × vp 2 (4 of two), pp 2 (2 of four),
+    # pp 4 × vp 2 (8 of one): the 4-stage split first, then 2, then the one-layer splits
+    cands = [_T(8, 1, "1f1b"), _T(2, 2, "interleaved"), _T(2, 1, "1f1b"),
+             _T(4, 2, "interleaved")]
+    assert _anchor_order([0, 1, 2, 3], cands, 8) == [1, 2, 0, 3]
+    # the layer count unknown: the most stages first
+    assert _anchor_order([0, 1, 2, 3], cands, None) == [0, 3, 1, 2]

@@ -25,6 +25,13 @@ from zrt_core.search.screen_model import (
 BATCH_MIN = 8
 BATCH_SHARE = 16
 
+#: the anchor's virtual stages hold at least this many layers where a layout of the group
+#: allows it: its per-layer times then carry no one-layer chunk's own costs, and its
+#: pipeline simulation, stage schedules and optimizer are those of half as many virtual
+#: stages as the deepest split's (Llama-3-70B on 1,024 H100: pp 8 × vp 5, not pp 16 × vp 5;
+#: docs/search.md, "Two tiers")
+ANCHOR_LAYERS_PER_STAGE = 2
+
 
 @frozen
 class Margins:
@@ -145,9 +152,10 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
             if i not in screenable:
                 estimate(i)  # no closed form for this schedule: exact
         model = None
-        # the anchor: the most virtual stages (the most equations for the per-layer solve)
+        # the anchor: the most virtual stages of two layers or more (_anchor_order)
         plain = [i for i in screenable if not resharded(cands[i])]
-        for i in sorted(plain or screenable, key=lambda j: -_stages(cands[j]))[:3]:
+        for i in _anchor_order(plain or screenable, cands,
+                               _num_layers(evaluator, cands[idx[0]]))[:3]:
             _, report = estimate(i)
             latest = evaluator.reuse.latest_transform() if report is not None else None
             if latest is not None:
@@ -190,6 +198,28 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
         for i in sorted(batch, key=lambda j: (str(anchor_key(cands[j])), j)):
             estimate(i)
     return rounds, margins
+
+
+def _anchor_order(idx: list[int], cands: Sequence[Any], num_layers: int | None
+                  ) -> list[int]:
+    """The group's anchor candidates, best first: the most virtual stages (the most
+    equations for the per-layer solve) with at least :data:`ANCHOR_LAYERS_PER_STAGE`
+    layers each, then the rest by most virtual stages."""
+    limit = num_layers // ANCHOR_LAYERS_PER_STAGE if num_layers else None
+    return sorted(idx, key=lambda j: (limit is not None and _stages(cands[j]) > limit,
+                                      -_stages(cands[j])))
+
+
+def _num_layers(evaluator: Any, cand: Any) -> int | None:
+    """The model's decoder layers (from the capture's config), None where unknown."""
+    from zrt_core.errors import ZrtError
+    from zrt_core.modelinfo import ModelDims
+
+    try:
+        config = evaluator.capture(cand.micro_batch, cand.precision).config
+        return ModelDims.from_config(dict(config)).layers
+    except ZrtError:  # no count: the anchor is the one with the most stages
+        return None
 
 
 def _stages(c: Any) -> int:
