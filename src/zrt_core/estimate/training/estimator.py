@@ -333,7 +333,7 @@ def estimate_training(
                                           lambda: p2p_times_s(hw, parallel, message))
     vp = parallel.vp if schedule == "interleaved" else 1
     # the simulation is a function of these values alone: layouts that differ only in
-    # what it does not read (ZeRO 0-2: the same stage times) share one (search reuse)
+    # what it does not read (ZeRO 0 and 1: the same stage times) share one (search reuse)
     summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap) \
         if reuse is None else reuse.value(
             ("pipeline", schedule, stage_times, parallel.pp, vp, m, tuple(p2p), wrap),
