@@ -31,11 +31,12 @@ def _report_json(report: object) -> dict:
     return out
 
 
-def _compare(config: dict, space: TrainSpace, hw: str = "h100") -> int:
+def _compare(config: dict, space: TrainSpace, hw: str = "h100",
+             shared: TrainingReuse | None = None) -> int:
     host = get_plugin_manager()
     cands, _ = enumerate_train(space, ModelDims.from_config(config), 8)
     ev = TrainEvaluator(config, hw, space.global_batch, space.seq_len, host=host)
-    shared = TrainingReuse()
+    shared = shared if shared is not None else TrainingReuse()
     for cand in cands:
         train = train_spec(cand, space.global_batch, space.seq_len)
         captured = ev.capture(cand.micro_batch, cand.precision)
@@ -62,6 +63,21 @@ def test_dense_layouts_equal_their_full_estimates() -> None:
                        cp=(1, 2), vp=(1, 2), micro_batch=(1,), recompute=("none",),
                        sharding=("zero1", "fsdp"), pp_schedule=("1f1b", "interleaved"))
     assert _compare(LLAMA, space) == 16
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_zero_stages_share_one_pipeline_simulation() -> None:
+    # ZeRO 0 and 1 leave the forward and backward graphs, so the stage times the pipeline
+    # simulation reads, as they are; ZeRO-2 reduce-scatters the gradients in every
+    # micro-batch's backward (fsdp.py: grads_per_microbatch), other stage times. 8 GPUs,
+    # tp 1, pp 2 (1F1B), dp 4, three shardings = 3 layouts, every report equal to its
+    # estimate from scratch, 2 simulations made (the reuse's "pipeline" entries)
+    space = TrainSpace(gpus=(8,), global_batch=16, seq_len=64, tp=(1,), pp=(2,), cp=(1,),
+                       vp=(1,), micro_batch=(1,), recompute=("none",),
+                       sharding=("zero0", "zero1", "zero2"), pp_schedule=("1f1b",))
+    shared = TrainingReuse()
+    assert _compare(LLAMA, space, shared=shared) == 3
+    assert len([k for k in shared._values if k[0] == "pipeline"]) == 2
 
 
 @pytest.mark.needs("zrt-nvidia")

@@ -143,3 +143,73 @@ def test_a_ranks_transient_and_gradient_sync_window() -> None:
     split = _geometry(g, 2, 1)
     assert split.window == [9.0, 12.0]
     assert split.transient == [10.0, 50.0]
+
+
+class _Report:
+    """What :func:`with_optimizer` reads of an anchor's ``TrainingReport``."""
+
+    def __init__(self, collectives: dict) -> None:
+        self.optimizer_s = 0.0
+        self.exposed_comm_s = {"dp": 0.5}
+        self.hidden_comm_s = {"dp": 1.5}
+        self.collectives = collectives
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_gradient_sync_per_element_scaled_to_a_layouts_groups() -> None:
+    from zrt_core.cost.collectives import collective_cost
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.search.screen_model import GroupModel, _sync_s, with_optimizer
+    from zrt_core.strategy import Parallel
+
+    hw = get_plugin_manager().hardware_spec("h100")
+    # the anchor: tp 8 × pp 16 × dp 8 (1,024 GPUs), ZeRO-1; its backward reduce-scatters
+    # 10 buckets of 400 MB over dp in 2 s for 10⁹ parameter elements (over its ranks); the
+    # all-gather (the optimizer's parameter gather) is not a gradient reduction: left out
+    table = {"backward/dp/reduce_scatter": {"calls": 10, "bytes": 4e9, "time_s": 2.0},
+             "backward/dp/all_gather": {"calls": 10, "bytes": 2e9, "time_s": 9.0}}
+    g = GroupModel(fwd_s={}, bwd_s={}, act_bytes={}, transient_bytes={}, p2p_s=0.0,
+                   dp_exposed_s=0.0, opt_s_per_element=0.0, templates={},
+                   inventory=_Inventory(), num_layers=1,
+                   dp_sync=(("dp", "reduce_scatter", 10, 4e9),))
+    anchor = Parallel(tp=8, pp=16, dp=8)
+    screened = Screened(step_s=1.0, tokens_per_s_per_gpu=1.0, memory_bytes=0.0,
+                        usable_bytes=1.0, opt_elements=1.0, rank_elements=1e8,
+                        total_elements=1e9)
+    g = with_optimizer(g, _Report(table), screened, anchor, True, hw)
+    # the anchor's per-element dp time (exposed + hidden over its worst rank's elements)
+    # stays for FSDP: (0.5 + 1.5) / 10⁸
+    assert g.dp_s_per_element == pytest.approx(2e-8)
+    # on the anchor's own groups: 2 s / 10⁹ elements
+    assert g.sync_s_per_element * _sync_s(g, anchor, True, hw) == pytest.approx(2e-9)
+    # on tp 8 × pp 1 × dp 128: ten 400 MB reduce-scatters over 128 ranks spread over all
+    # 1,024, against ten over 8 spread over 64 (the anchor's), times the anchor's rate
+    wide = Parallel(tp=8, pp=1, dp=128)
+    ratio = collective_cost("reduce_scatter", 4e8, 128, 1024, hw).time_s / \
+        collective_cost("reduce_scatter", 4e8, 8, 64, hw).time_s
+    assert g.sync_s_per_element * _sync_s(g, wide, True, hw) == pytest.approx(2e-9 * ratio)
+    assert ratio > 1.0
+    # ZeRO-0 all-reduces the same buckets
+    ar = collective_cost("all_reduce", 4e8, 128, 1024, hw).time_s * 10
+    assert _sync_s(g, wide, False, hw) == pytest.approx(ar)
+    # an anchor without a gradient reduction (dp 1): the per-element time as it was
+    bare = with_optimizer(g, _Report({}), screened, Parallel(tp=8, pp=128), True, hw)
+    assert bare.dp_sync == ()
+
+
+def test_anchor_is_the_most_stages_of_two_layers_or_more() -> None:
+    from zrt_core.search.screen import _anchor_order
+    from zrt_core.strategy import Parallel
+
+    class _T:
+        def __init__(self, pp: int, vp: int, schedule: str) -> None:
+            self.parallel = Parallel(pp=pp, vp=vp)
+            self.pp_schedule = schedule
+
+    # 8 layers: pp 8 (8 stages of one layer), pp 2 × vp 2 (4 of two), pp 2 (2 of four),
+    # pp 4 × vp 2 (8 of one): the 4-stage split first, then 2, then the one-layer splits
+    cands = [_T(8, 1, "1f1b"), _T(2, 2, "interleaved"), _T(2, 1, "1f1b"),
+             _T(4, 2, "interleaved")]
+    assert _anchor_order([0, 1, 2, 3], cands, 8) == [1, 2, 0, 3]
+    # the layer count unknown: the most stages first
+    assert _anchor_order([0, 1, 2, 3], cands, None) == [0, 3, 1, 2]

@@ -4,7 +4,6 @@ the exact estimator on every layout the screen cannot rule out of the top-k or t
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +24,13 @@ from zrt_core.search.screen_model import (
 #: estimate; smaller batches stop sooner once the k-th best is known)
 BATCH_MIN = 8
 BATCH_SHARE = 16
+
+#: the anchor's virtual stages hold at least this many layers where a layout of the group
+#: allows it: its per-layer times then carry no one-layer chunk's own costs, and its
+#: pipeline simulation, stage schedules and optimizer are those of half as many virtual
+#: stages as the deepest split's (Llama-3-70B on 1,024 H100: pp 8 × vp 5, not pp 16 × vp 5;
+#: docs/search.md, "Two tiers")
+ANCHOR_LAYERS_PER_STAGE = 2
 
 
 @frozen
@@ -146,9 +152,10 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
             if i not in screenable:
                 estimate(i)  # no closed form for this schedule: exact
         model = None
-        # the anchor: the most virtual stages (the most equations for the per-layer solve)
+        # the anchor: the most virtual stages of two layers or more (_anchor_order)
         plain = [i for i in screenable if not resharded(cands[i])]
-        for i in sorted(plain or screenable, key=lambda j: -_stages(cands[j]))[:3]:
+        for i in _anchor_order(plain or screenable, cands,
+                               _num_layers(evaluator, cands[idx[0]]))[:3]:
             _, report = estimate(i)
             latest = evaluator.reuse.latest_transform() if report is not None else None
             if latest is not None:
@@ -175,9 +182,10 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
                 # below, so its throughput is an upper bound only
                 screened[i] = evolve(screened[i], upper_only=True)
     rounds = 0
+    table = _table(cands, screened)
     while True:
         margins = margins.widened(*_observed(exact, screened))
-        todo = _undecided(cands, exact, screened, margins, top_k)
+        todo = _undecided(cands, exact, screened, margins, top_k, table)
         if not todo:
             break
         rounds += 1
@@ -190,6 +198,28 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
         for i in sorted(batch, key=lambda j: (str(anchor_key(cands[j])), j)):
             estimate(i)
     return rounds, margins
+
+
+def _anchor_order(idx: list[int], cands: Sequence[Any], num_layers: int | None
+                  ) -> list[int]:
+    """The group's anchor candidates, best first: the most virtual stages (the most
+    equations for the per-layer solve) with at least :data:`ANCHOR_LAYERS_PER_STAGE`
+    layers each, then the rest by most virtual stages."""
+    limit = num_layers // ANCHOR_LAYERS_PER_STAGE if num_layers else None
+    return sorted(idx, key=lambda j: (limit is not None and _stages(cands[j]) > limit,
+                                      -_stages(cands[j])))
+
+
+def _num_layers(evaluator: Any, cand: Any) -> int | None:
+    """The model's decoder layers (from the capture's config), None where unknown."""
+    from zrt_core.errors import ZrtError
+    from zrt_core.modelinfo import ModelDims
+
+    try:
+        config = evaluator.capture(cand.micro_batch, cand.precision).config
+        return ModelDims.from_config(dict(config)).layers
+    except ZrtError:  # no count: the anchor is the one with the most stages
+        return None
 
 
 def _stages(c: Any) -> int:
@@ -210,7 +240,8 @@ def _anchored(g: GroupModel, report: Any, cand: Any, evaluator: Any,
                              seq_len=evaluator.seq_len, hw=evaluator.hw, train=train,
                              plan=plan)
 
-    g = with_optimizer(g, report, screen(g))
+    g = with_optimizer(g, report, screen(g), cand.parallel,
+                       train.zero >= 1 or train.fsdp, evaluator.hw)
     return with_residual(g, report, screen(g))
 
 
@@ -232,50 +263,70 @@ def _observed(exact: dict[int, dict[str, Any]], screened: dict[int, Screened]
     return t, m
 
 
+@frozen
+class _Table:
+    """The screened values as arrays (fixed once every layout is screened), so each round's
+    bounds are a few vector operations: candidate index, tokens/s per GPU, memory, usable
+    memory, upper bound only, GPU count."""
+
+    idx: Any
+    tput: Any
+    mem: Any
+    usable: Any
+    upper_only: Any
+    gpus: Any
+
+
+def _table(cands: Sequence[Any], screened: dict[int, Screened]) -> _Table:
+    import numpy as np
+
+    items = list(screened.items())
+    return _Table(idx=np.array([i for i, _ in items], dtype=np.int64),
+                  tput=np.array([s.tokens_per_s_per_gpu for _, s in items], dtype=float),
+                  mem=np.array([s.memory_bytes for _, s in items], dtype=float),
+                  usable=np.array([s.usable_bytes for _, s in items], dtype=float),
+                  upper_only=np.array([s.upper_only for _, s in items], dtype=bool),
+                  gpus=np.array([cands[i].gpus for i, _ in items], dtype=np.int64))
+
+
 def _undecided(cands: Sequence[Any], exact: dict[int, dict[str, Any]],
-               screened: dict[int, Screened], mg: Margins, top_k: int) -> list[int]:
+               screened: dict[int, Screened], mg: Margins, top_k: int,
+               table: _Table | None = None) -> list[int]:
     """Screened layouts not yet estimated whose bounds could put them in the top-k, first
-    per GPU count, or on the front (tokens/s per GPU against memory)."""
-    # (tokens/s lower, upper, memory lower, upper, surely fits, could fit) per layout
-    known: list[tuple[float, float, float, float, bool, bool, int]] = []
-    for i, row in exact.items():
-        if "rejected" not in row and row["fits"]:
-            t, mem = row["tokens_per_s_per_gpu"], row["memory_gib"] * 2.0 ** 30
-            known.append((t, t, mem, mem, True, True, cands[i].gpus))
-    open_: list[tuple[int, float, float, float, float, bool, bool]] = []
-    for i, s in screened.items():
-        if i in exact:
-            continue
-        fits_surely = s.memory_bytes * mg.mem_hi <= s.usable_bytes
-        fits_maybe = s.memory_bytes * mg.mem_lo <= s.usable_bytes
-        if not fits_maybe:
-            continue  # out on memory whatever the error
-        low = 0.0 if s.upper_only else s.tokens_per_s_per_gpu * mg.tput_lo
-        open_.append((i, low, s.tokens_per_s_per_gpu * mg.tput_hi, s.memory_bytes * mg.mem_lo,
-                      s.memory_bytes * mg.mem_hi, fits_surely and not s.upper_only,
-                      fits_maybe))
-    # lower bounds of the layouts certain to fit (exact or screened)
-    sure = [(k[0], k[3], k[6]) for k in known] + \
-        [(o[1], o[4], cands[o[0]].gpus) for o in open_ if o[5]]
-    lows = sorted((x[0] for x in sure), reverse=True)
-    kth = lows[top_k - 1] if len(lows) >= top_k else 0.0
-    best_per_gpus: dict[int, float] = {}
-    for low, _, g in sure:
-        best_per_gpus[g] = max(best_per_gpus.get(g, 0.0), low)
-    # the front: x is out if a sure layout is faster (lower bound) and smaller (upper)
-    dom = sorted(((x[0], x[1]) for x in sure), reverse=True)
-    keys = [-d[0] for d in dom]
-    prefix_min: list[float] = []
-    cur = float("inf")
-    for _, mem_hi in dom:
-        cur = min(cur, mem_hi)
-        prefix_min.append(cur)
-    todo = []
-    for i, _lo, hi, mem_lo, _mem_hi, _sure, _maybe in open_:
-        if hi >= kth or hi >= best_per_gpus.get(cands[i].gpus, 0.0):
-            todo.append(i)
-            continue
-        j = bisect.bisect_left(keys, -hi)  # sure layouts with lower bound > hi: dom[:j]
-        if j == 0 or prefix_min[j - 1] >= mem_lo:
-            todo.append(i)
-    return sorted(todo)
+    per GPU count, or on the front (tokens/s per GPU against memory). ``table``:
+    :func:`_table` of ``screened`` (made here when not given)."""
+    import numpy as np
+
+    tb = table if table is not None else _table(cands, screened)
+    # the layouts estimated exactly that fit: their exact values, certain
+    known = [(row["tokens_per_s_per_gpu"], row["memory_gib"] * 2.0 ** 30, cands[i].gpus)
+             for i, row in exact.items() if "rejected" not in row and row["fits"]]
+    done = np.fromiter(exact, dtype=np.int64, count=len(exact))
+    open_ = ~np.isin(tb.idx, done) & (tb.mem * mg.mem_lo <= tb.usable)  # else out on memory
+    sure = open_ & (tb.mem * mg.mem_hi <= tb.usable) & ~tb.upper_only
+    # bounds: throughput [lo, hi], memory [mem_lo, mem_hi] (each the same product as a
+    # scalar would give)
+    hi = tb.tput * mg.tput_hi
+    low_s = (tb.tput * mg.tput_lo)[sure]
+    mem_lo = tb.mem * mg.mem_lo
+    mem_hi_s = (tb.mem * mg.mem_hi)[sure]
+    # lower bounds, upper memory and GPU count of the layouts certain to fit
+    lows = np.concatenate([np.array([k[0] for k in known], dtype=float), low_s])
+    mems = np.concatenate([np.array([k[1] for k in known], dtype=float), mem_hi_s])
+    gpus = np.concatenate([np.array([k[2] for k in known], dtype=np.int64), tb.gpus[sure]])
+    kth = float(np.sort(lows)[::-1][top_k - 1]) if len(lows) >= top_k else 0.0
+    best = np.zeros(len(tb.idx))  # the best sure lower bound of each layout's GPU count
+    for g in np.unique(gpus).tolist():
+        best[tb.gpus == g] = lows[gpus == g].max()
+    keep = (hi >= kth) | (hi >= best)
+    # the front: x is out if a sure layout is faster (lower bound above x's upper) and
+    # smaller (its upper memory at most x's lower)
+    order = np.argsort(-lows, kind="stable")
+    keys = -lows[order]
+    prefix_min = np.minimum.accumulate(mems[order]) if len(order) else mems
+    j = np.searchsorted(keys, -hi, side="left")  # sure layouts with lower bound > hi
+    beaten = np.zeros(len(tb.idx), dtype=bool)
+    has = j > 0
+    beaten[has] = prefix_min[j[has] - 1] < mem_lo[has]
+    keep |= ~beaten
+    return sorted(tb.idx[open_ & keep].tolist())

@@ -41,9 +41,18 @@ class GroupModel:
     inventory: Any
     num_layers: int
     #: data-parallel communication seconds per parameter element on the anchor's worst rank
+    #: (gradient sync and parameter gathers together)
     dp_s_per_element: float = 0.0
+    #: gradient-sync seconds per parameter element and per second of ``dp_sync`` priced on
+    #: a layout's groups (:func:`_sync_s`; on the anchor, its own per-element sync time)
+    sync_s_per_element: float = 0.0
     #: the anchor's exact step minus its closed form (:func:`with_residual`)
     residual_s: float = 0.0
+    #: the anchor's gradient reductions (one micro-batch's backward over the whole model,
+    #: the report's collective table): (group, kind, calls, bytes) per entry; a layout's
+    #: per-element sync time is the anchor's scaled by these collectives priced on its own
+    #: groups (:func:`_sync_scale`); empty: the anchor's per-element time as it is
+    dp_sync: tuple[tuple[str, str, int, float], ...] = ()
     #: per stage split, what :func:`_geometry` derives from the tables and the inventory
     #: (shared by the copies :func:`with_optimizer`/:func:`with_residual` make: they keep
     #: those fields; keyed on the tables' identity besides)
@@ -90,22 +99,64 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
     bwd = _solve(rows, [s.backward_s for s in report.stages], keys)
     act = _solve(rows, [s.activation_bytes for s in report.stages], keys)
     dp = report.exposed_comm_s.get("dp", 0.0)
-    return GroupModel(fwd_s=fwd, bwd_s=bwd, act_bytes=act,
+    sync = tuple((group, kind, int(e["calls"]), float(e["bytes"]))
+                 for key, e in sorted((report.collectives or {}).items())
+                 for phase, group, kind in [key.split("/", 2)]
+                 if phase == "backward" and group in SYNC_GROUPS and kind in SYNC_KINDS)
+    return GroupModel(fwd_s=fwd, bwd_s=bwd, act_bytes=act, dp_sync=sync,
                       transient_bytes=transient,
                       p2p_s=max(report.p2p_s, default=0.0), dp_exposed_s=dp,
                       opt_s_per_element=0.0, templates=templates, inventory=inventory,
                       num_layers=num_layers)
 
 
-def with_optimizer(g: GroupModel, report: Any, anchor: Screened) -> GroupModel:
+#: the data-parallel groups gradients are reduced over and the reductions (the collective
+#: table's ``backward/<group>/<kind>``: transforms/training/data_parallel.py)
+SYNC_GROUPS = ("dp", "dp_cp", "edp")
+SYNC_KINDS = ("reduce_scatter", "all_reduce")
+
+
+def with_optimizer(g: GroupModel, report: Any, anchor: Screened, parallel: Any = None,
+                   sharded: bool = True, hw: Any = None) -> GroupModel:
     """``g`` with the anchor's optimizer seconds per state element on its worst rank (the
-    optimizer's kernels stream the rank's shard: time ∝ elements)."""
+    optimizer's kernels stream the rank's shard: time ∝ elements) and its gradient sync
+    seconds per parameter element: the gradient reductions of its backward (every layer's
+    bucket, the collective table) over the elements they reduce (the sum over its ranks),
+    without the optimizer's parameter gather, which runs after the step or beside the next
+    forward, not beside the backward; without the table, every data-parallel second of
+    the anchor over its worst rank's elements."""
     from attrs import evolve
 
     per = report.optimizer_s / anchor.opt_elements if anchor.opt_elements else 0.0
     dp = report.exposed_comm_s.get("dp", 0.0) + report.hidden_comm_s.get("dp", 0.0)
     dp_per = dp / anchor.rank_elements if anchor.rank_elements else 0.0
-    return evolve(g, opt_s_per_element=per, dp_s_per_element=dp_per)
+    g = evolve(g, opt_s_per_element=per, dp_s_per_element=dp_per)
+    sync_s = sum(e["time_s"] for key, e in (report.collectives or {}).items()
+                 for phase, group, kind in [key.split("/", 2)]
+                 if phase == "backward" and group in SYNC_GROUPS and kind in SYNC_KINDS)
+    base = _sync_s(g, parallel, sharded, hw) if g.dp_sync and parallel is not None else 0.0
+    if sync_s > 0 and anchor.total_elements > 0 and base > 0:
+        return evolve(g, sync_s_per_element=sync_s / anchor.total_elements / base)
+    return evolve(g, dp_sync=())
+
+
+def _sync_s(g: GroupModel, parallel: Any, sharded: bool, hw: Any) -> float:
+    """The anchor's gradient reductions priced on ``parallel``'s groups (reduce-scatter
+    when the optimizer is sharded, all-reduce otherwise: data_parallel.py), one collective
+    of the average bucket per call; memoised per group sizes and spans."""
+    from zrt_core.cost.collectives import collective_cost
+
+    kind = "reduce_scatter" if sharded else "all_reduce"
+    spans = tuple(parallel.span(group) for group, _, _, _ in g.dp_sync)
+    key = ("sync", id(g.dp_sync), kind, spans)
+    hit = g.memo.get(key)
+    if hit is None:
+        hit = 0.0
+        for (_, _, calls, nbytes), (size, span) in zip(g.dp_sync, spans, strict=True):
+            if size > 1 and calls:
+                hit += collective_cost(kind, nbytes / calls, size, span, hw).time_s * calls
+        g.memo[key] = hit
+    return hit
 
 
 def with_residual(g: GroupModel, report: Any, anchor: Screened) -> GroupModel:
@@ -212,6 +263,8 @@ class Screened:
     opt_elements: float
     #: parameter elements on the rank with the most
     rank_elements: float = 0.0
+    #: parameter elements summed over the ranks (each stage's once)
+    total_elements: float = 0.0
     #: the throughput bounds the exact one from above only (more communication than the
     #: anchor's per-layer times hold: :func:`~zrt_core.search.screen.resharded`)
     upper_only: bool = False
@@ -264,6 +317,11 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     worst_opt = 0.0
     tail = 0.0
     most = 0.0
+    total = 0.0
+    # gradient sync seconds per element: the anchor's scaled to this layout's groups and
+    # reduction (:func:`with_optimizer`), or the anchor's own
+    dp_per = g.sync_s_per_element * _sync_s(g, p, shard_states, hw) \
+        if g.dp_sync and not train.fsdp else g.dp_s_per_element
     for r in range(pp):
         mine = split.mine[r]
         dense, expert = split.dense[r], split.expert[r]
@@ -298,8 +356,9 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
         worst_mem = max(worst_mem, mem)
         # the gradient sync of the rank's parameters runs beside its last micro-batch's
         # backward; what does not fit under it is the tail
-        tail = max(tail, g.dp_s_per_element * (dense + expert) - split.window[r])
+        tail = max(tail, dp_per * (dense + expert) - split.window[r])
         most = max(most, dense + expert)
+        total += dense + expert
         worst_opt = max(worst_opt, (dense / (dense_dp if shard_states else 1)
                                     + expert / (expert_dp if shard_states else 1)))
     step = pipeline + max(g.dp_exposed_s, tail) + g.opt_s_per_element * worst_opt \
@@ -307,7 +366,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     tokens = global_batch * seq_len
     return Screened(step_s=step, tokens_per_s_per_gpu=tokens / (step * p.world_size),
                     memory_bytes=worst_mem, usable_bytes=usable, opt_elements=worst_opt,
-                    rank_elements=most)
+                    rank_elements=most, total_elements=total)
 
 
 def _usable_fraction() -> float:

@@ -332,7 +332,12 @@ def estimate_training(
         if reuse is None else reuse.value(("p2p", hw, parallel, message),
                                           lambda: p2p_times_s(hw, parallel, message))
     vp = parallel.vp if schedule == "interleaved" else 1
-    summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap)
+    # the simulation is a function of these values alone: layouts that differ only in
+    # what it does not read (ZeRO 0 and 1: the same stage times) share one (search reuse)
+    summary = _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap) \
+        if reuse is None else reuse.value(
+            ("pipeline", schedule, stage_times, parallel.pp, vp, m, tuple(p2p), wrap),
+            lambda: _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap))
     gather_delay, gather_busy = first_forward_delay_s(
         fwd, fwd_first, costs, rules, stage_ranges, stage_reports) \
         if fwd_first is not None else (0.0, ())
