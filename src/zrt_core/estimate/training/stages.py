@@ -44,8 +44,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             ranges: Sequence[range], saved: Mapping[int | str, float],
             transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
             host_model: HostModel | None = None, microbatches: int = 1,
-            memo: dict[Any, Any] | None = None, ep_sm_share: float = 0.0
-            ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
+            memo: dict[Any, Any] | None = None, ep_sm_share: float = 0.0,
+            overlap_share: float = 0.0) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
     stage forward and backward (the fp8 amax reduction), counted as exposed ``dp``;
@@ -54,7 +54,10 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
     last micro-batch's gradient reduction), kept by the caller for these ``fwd``/``bwd``
     graphs, their costs, ``rules``, ``host_model`` and whether the schedule splits the
     backward (:meth:`.reuse.TrainingReuse.of_graphs`); ``ep_sm_share``: the SMs the EP
-    dispatch kernels hold under batch-level overlap (:func:`ep_comm_sm_share`)."""
+    dispatch kernels hold under batch-level overlap (:func:`ep_comm_sm_share`);
+    ``overlap_share``: the SMs any other overlapped collective holds
+    (:func:`comm_overlap_share`): the compute beside it is slower by that share of the
+    collective's hidden time, counted as exposed ``overlap``."""
     host_model = host_model or HostModel()
     fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
         if host_model.launch_s > 0 else {}
@@ -165,8 +168,12 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             idle = tl.idle_s
             if idle > 1e-12:
                 exposed["other"] = exposed.get("other", 0.0) + idle
+        slow_f = overlap_slowdown_s(ft.hidden_comm_s, overlap_share, ep_sm_share)
+        slow_b = overlap_slowdown_s(bt.hidden_comm_s, overlap_share, ep_sm_share)
+        if slow_f + slow_b > 0:
+            exposed["overlap"] = exposed.get("overlap", 0.0) + slow_f + slow_b
         ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches,
-                                                     ep_sm_share)
+                                                     ep_sm_share or overlap_share)
         if ep_hidden_f + ep_hidden_b > 0:
             exposed["ep"] = exposed.get("ep", 0.0) - ep_hidden_f - ep_hidden_b
             hidden["ep"] = hidden.get("ep", 0.0) + ep_hidden_f + ep_hidden_b
@@ -177,8 +184,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         reports.append(StageReport(
             stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
             if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
-            last=last, forward_s=ft.makespan_s + sync_s + host_f - ep_hidden_f,
-            backward_s=bt.makespan_s + sync_s + host_b - ep_hidden_b,
+            last=last, forward_s=ft.makespan_s + sync_s + host_f - ep_hidden_f + slow_f,
+            backward_s=bt.makespan_s + sync_s + host_b - ep_hidden_b + slow_b,
             weight_s=wgrad,
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
@@ -270,6 +277,29 @@ def _p2p_message_bytes(fwd: OpGraph, parallel: Parallel, train: TrainSpec, dims:
 #: 16`` (``megatron/core/transformer/transformer_config.py``). NCCL's all-to-all is not
 #: listed: its channel count is NCCL's choice at run time, not a recipe setting.
 EP_DISPATCH_SMS = {"deepep": 20, "hybridep": 16}
+
+
+def comm_overlap_share(hw: HardwareSpec) -> float:
+    """The share of the SMs an overlapped collective's kernels hold while it runs beside
+    computation (``efficiency.comm_overlap_sms`` of ``parallel_units``; 0 where either is
+    not given): NCCL keeps one resident CTA per channel for the whole collective, and
+    TransformerEngine's userbuffers a configured ``num_sm`` (docs/overlap-rules.md)."""
+    sms, units = hw.efficiency.comm_overlap_sms, hw.efficiency.parallel_units
+    return sms / units if 0 < sms < units else 0.0
+
+
+def overlap_slowdown_s(hidden: Mapping[str, float], share: float, ep_share: float = 0.0
+                       ) -> float:
+    """Compute time lost to the SMs that overlapped collectives hold: each group's hidden
+    time (communication that ran beside computation) × the share of SMs its kernels take
+    (``ep_share`` for the EP group where its dispatcher's SMs are known, ``share``
+    otherwise). Pipeline point-to-point messages (one or two channels) are left out."""
+    lost = 0.0
+    for group, t in hidden.items():
+        if group == "pp" or t <= 0:
+            continue
+        lost += t * (ep_share if group == "ep" and ep_share > 0 else share)
+    return lost
 
 
 def ep_comm_sm_share(dispatcher: str, parallel_units: int) -> float:
