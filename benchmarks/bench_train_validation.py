@@ -1,7 +1,7 @@
 """Predict every training record of a validation file and print the step-time errors.
 
     python benchmarks/bench_train_validation.py [FILE] [--only SUBSTR] [--json OUT]
-        [--cache DIR] [--verbose] [--fit | --fit-sustained | --fit-host | --fit-expert]
+        [--cache DIR] [--verbose] [--fit | --fit-sustained | --fit-host | --fit-expert | --fit-overlap]
 
 For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
 fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
@@ -31,6 +31,9 @@ leave-one-source-out and leave-one-hardware-out step-time MAPE (docs/moe-trainin
 
 ``--fit-expert`` fits ``expert_kernel_us`` (device time per per-expert GEMM of
 TransformerEngine's ``GroupedLinear`` loop) the same way, one value for every NVIDIA GPU.
+
+``--fit-overlap`` fits ``comm_overlap_sms`` (the SMs a collective's kernels hold while it
+overlaps computation) the same way, one value for every NVIDIA GPU (docs/overlap-rules.md).
 """
 
 from __future__ import annotations
@@ -207,6 +210,20 @@ def fit_expert(path: Path, only: str | None, cache: Path | None) -> dict[str, An
                      HOST_TIE, moved_only=True)
 
 
+#: SMs, 0 … 32 in steps of 4: up to NCCL's channel limit (one resident CTA per channel;
+#: ``ncclConfig_t.maxCTAs``, 32 unless set) and TransformerEngine userbuffers' largest
+#: ``num_sm`` in NeMo's H100 configurations (24); DeepEP's 20 and HybridEP's 16 lie inside.
+OVERLAP_GRID = tuple(float(v) for v in range(0, 33, 4))
+
+
+def fit_overlap(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
+    """Fit ``comm_overlap_sms`` (:data:`OVERLAP_GRID`) once for every NVIDIA GPU on the
+    step-time MAPE of every training record, with the leave-one-source-out and
+    leave-one-hardware-out report of ``--fit-host``."""
+    return _grid_fit(path, only, cache, "comm_overlap_sms", OVERLAP_GRID, EXPERT_GPU_TYPES,
+                     HOST_TIE)
+
+
 def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
               grid: tuple[float, ...], types: dict[str, tuple[str, ...]], tie: float,
               moved_only: bool = False) -> dict[str, Any]:
@@ -238,7 +255,8 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
                 if v not in (grid[0], grid[-1]) and row[grid[0]] == row[grid[-1]]:
                     row[v] = row[grid[0]]
                     continue
-                spec = _evolve(hw, efficiency=_evolve(hw.efficiency, **{field: v}))
+                value = int(v) if isinstance(getattr(hw.efficiency, field), int) else v
+                spec = _evolve(hw, efficiency=_evolve(hw.efficiency, **{field: value}))
                 row[v] = (_estimate(case, cap, host, spec).step_time_s - measured) / measured
             row = {v: row[v] for v in grid}
         except ZrtError:
@@ -369,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-host", action="store_true",
                         help="fit host_launch_us per host CPU type, with leave-one-source-"
                              "out and leave-one-hardware-out errors, instead")
+    parser.add_argument("--fit-overlap", action="store_true",
+                        help="fit comm_overlap_sms (SMs an overlapped collective holds), "
+                             "with leave-one-source-out and leave-one-hardware-out errors, "
+                             "instead")
     parser.add_argument("--fit-expert", action="store_true",
                         help="fit expert_kernel_us (device time per per-expert GEMM of a "
                              "training MoE layer), with leave-one-source-out and leave-one-"
@@ -376,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
-    if args.fit or args.fit_sustained or args.fit_host or args.fit_expert:
+    if args.fit or args.fit_sustained or args.fit_host or args.fit_expert or args.fit_overlap:
         fitted = (fit_host if args.fit_host else fit_expert if args.fit_expert
+                  else fit_overlap if args.fit_overlap
                   else fit_sustained if args.fit_sustained else fit)(
             args.file, args.only, args.cache)
         if args.json:

@@ -89,6 +89,8 @@ BAD_FIELDS = [
      "toy_gpu.yaml: aliases[1] must be a lower-case name"),
     ("id: toy_gpu", "id: Toy-GPU", "toy_gpu.yaml: id 'Toy-GPU' must be lower-case"),
     ("power_w: 300", "power_w: 0", "toy_gpu.yaml: power_w must be > 0, got 0"),
+    ("efficiency: {matmul: 0.8", "efficiency: {comm_overlap_sms: 8, matmul: 0.8",
+     "toy_gpu.yaml: efficiency.comm_overlap_sms (8) must be fewer than parallel_units (0)"),
     ("name: Toy GPU 16GB\n", "", "toy_gpu.yaml: name is required"),
 ]
 

@@ -210,6 +210,12 @@ class Efficiency:
         loops of one cuBLAS GEMM and one cast per expert over four streams; not charged when
         replayed from a CUDA graph); fitted on the MoE training records
         (docs/moe-training.md); 0: not modelled.
+    :param comm_overlap_sms: SMs a collective's kernels hold while the collective runs
+        beside computation (NCCL runs one resident CTA per channel, TransformerEngine's
+        userbuffers a configured ``num_sm``): the compute beside it runs on the other
+        ``parallel_units`` meanwhile. Training only (serving runs collectives on the
+        compute stream); fitted on the training records (docs/overlap-rules.md); 0: not
+        modelled.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -234,6 +240,7 @@ class Efficiency:
     attention_d_overhead: int = 0
     host_launch_us: float = 0.0
     expert_kernel_us: float = 0.0
+    comm_overlap_sms: int = 0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -405,6 +412,14 @@ class HardwareSpec:
             eff_kwargs[k] = e.number(k, getattr(defaults, k), non_negative=True)
         for k in counts:
             eff_kwargs[k] = e.integer(k, getattr(defaults, k), positive=True)
+        if eff_kwargs["comm_overlap_sms"] and \
+                not eff_kwargs["comm_overlap_sms"] < eff_kwargs["parallel_units"]:
+            raise SpecError(
+                f"{source_file}: efficiency.comm_overlap_sms "
+                f"({eff_kwargs['comm_overlap_sms']}) must be fewer than parallel_units "
+                f"({eff_kwargs['parallel_units']})",
+                "give the SMs (units) the device has as parallel_units, or leave "
+                "comm_overlap_sms out")
 
         aliases = top.list("aliases")
         for i, a in enumerate(aliases):

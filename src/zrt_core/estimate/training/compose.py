@@ -12,6 +12,7 @@ from zrt_core.estimate.training.capture import TrainingCapture
 from zrt_core.estimate.training.optimizer import _OptimizerStep
 from zrt_core.estimate.training.pipeline import _PipelineSummary, _rank_stages
 from zrt_core.estimate.training.spec import _GROUP_ORDER, USABLE_MEMORY_FRACTION
+from zrt_core.estimate.training.stages import comm_overlap_share, scale_up_groups
 from zrt_core.ir.graph import (
     OpGraph,
     Phase,
@@ -139,6 +140,15 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
         all_exposed["dp"] = all_exposed.get("dp", 0.0) + optimizer.comm_exposed_s
     elif optimizer.comm_s:
         all_hidden["dp"] = all_hidden.get("dp", 0.0) + optimizer.comm_s
+    # the gradient reduction hidden under the last backwards, the next step's parameter
+    # gathers and FSDP's hidden gathers hold SMs beside the compute they overlap
+    tail_hidden = all_hidden.get("dp", 0.0) - hidden.get("dp", 0.0) + \
+        (gathers - start_delay_s if gathers > start_delay_s else 0.0)
+    slow = comm_overlap_share(hw) * max(0.0, tail_hidden) \
+        if "dp" in scale_up_groups(parallel, hw) else 0.0
+    if slow > 0:
+        all_exposed["overlap"] = all_exposed.get("overlap", 0.0) + slow
+        optimizer_comm_exposed += slow
     step = pipeline + optimizer.compute_s + optimizer_comm_exposed
 
     # throughput and utilisation

@@ -33,7 +33,9 @@ from zrt_core.estimate.training.stages import (
     _amax_reduction_s,
     _p2p_message_bytes,
     _stages,
+    comm_overlap_share,
     ep_comm_sm_share,
+    scale_up_groups,
 )
 from zrt_core.ir.graph import (
     Category,
@@ -311,7 +313,8 @@ def estimate_training(
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
         microbatches=m, memo=None if reuse is None else reuse.of_graphs(
             fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict),
-        ep_sm_share=ep_comm_sm_share(parallel.ep_dispatcher, hw.efficiency.parallel_units))
+        ep_sm_share=ep_comm_sm_share(parallel.ep_dispatcher, hw.efficiency.parallel_units),
+        overlap_share=comm_overlap_share(hw), overlap_groups=scale_up_groups(parallel, hw))
     if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
         notes.append("EP all-to-all overlapped across micro-batches (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm): each pair of one micro-batch's "

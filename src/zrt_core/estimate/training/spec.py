@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 USABLE_MEMORY_FRACTION = 0.95
 ATTENTION_KERNELS = ("flash", "unfused")
 CROSS_ENTROPY_KERNELS = ("fused", "megatron")
-_GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "other")
+_GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "overlap",
+                "other")
 
 
 def _ro(value: Mapping[str, Any] | None) -> Mapping[str, Any]:

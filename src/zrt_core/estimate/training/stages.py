@@ -44,7 +44,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             ranges: Sequence[range], saved: Mapping[int | str, float],
             transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
             host_model: HostModel | None = None, microbatches: int = 1,
-            memo: dict[Any, Any] | None = None, ep_sm_share: float = 0.0
+            memo: dict[Any, Any] | None = None, ep_sm_share: float = 0.0,
+            overlap_share: float = 0.0, overlap_groups: frozenset[str] | None = None
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
@@ -54,7 +55,11 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
     last micro-batch's gradient reduction), kept by the caller for these ``fwd``/``bwd``
     graphs, their costs, ``rules``, ``host_model`` and whether the schedule splits the
     backward (:meth:`.reuse.TrainingReuse.of_graphs`); ``ep_sm_share``: the SMs the EP
-    dispatch kernels hold under batch-level overlap (:func:`ep_comm_sm_share`)."""
+    dispatch kernels hold under batch-level overlap (:func:`ep_comm_sm_share`);
+    ``overlap_share``: the SMs any other overlapped collective holds
+    (:func:`comm_overlap_share`): the compute beside it is slower by that share of the
+    collective's hidden time, counted as exposed ``overlap``, for the ``overlap_groups``
+    (:func:`scale_up_groups`)."""
     host_model = host_model or HostModel()
     fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
         if host_model.launch_s > 0 else {}
@@ -165,8 +170,15 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             idle = tl.idle_s
             if idle > 1e-12:
                 exposed["other"] = exposed.get("other", 0.0) + idle
+        slow_f = overlap_slowdown_s(ft.hidden_comm_s, overlap_share, ep_sm_share,
+                                    overlap_groups)
+        slow_b = overlap_slowdown_s(bt.hidden_comm_s, overlap_share, ep_sm_share,
+                                    overlap_groups)
+        if slow_f + slow_b > 0:
+            exposed["overlap"] = exposed.get("overlap", 0.0) + slow_f + slow_b
+        ep_nccl = overlap_share if overlap_groups is None or "ep" in overlap_groups else 0.0
         ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches,
-                                                     ep_sm_share)
+                                                     ep_sm_share or ep_nccl)
         if ep_hidden_f + ep_hidden_b > 0:
             exposed["ep"] = exposed.get("ep", 0.0) - ep_hidden_f - ep_hidden_b
             hidden["ep"] = hidden.get("ep", 0.0) + ep_hidden_f + ep_hidden_b
@@ -177,8 +189,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         reports.append(StageReport(
             stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
             if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
-            last=last, forward_s=ft.makespan_s + sync_s + host_f - ep_hidden_f,
-            backward_s=bt.makespan_s + sync_s + host_b - ep_hidden_b,
+            last=last, forward_s=ft.makespan_s + sync_s + host_f - ep_hidden_f + slow_f,
+            backward_s=bt.makespan_s + sync_s + host_b - ep_hidden_b + slow_b,
             weight_s=wgrad,
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
@@ -270,6 +282,44 @@ def _p2p_message_bytes(fwd: OpGraph, parallel: Parallel, train: TrainSpec, dims:
 #: 16`` (``megatron/core/transformer/transformer_config.py``). NCCL's all-to-all is not
 #: listed: its channel count is NCCL's choice at run time, not a recipe setting.
 EP_DISPATCH_SMS = {"deepep": 20, "hybridep": 16}
+
+
+def comm_overlap_share(hw: HardwareSpec) -> float:
+    """The share of the SMs an overlapped collective's kernels hold while it runs beside
+    computation (``efficiency.comm_overlap_sms`` of ``parallel_units``; 0 where either is
+    not given): NCCL keeps one resident CTA per channel for the whole collective, and
+    TransformerEngine's userbuffers a configured ``num_sm`` (docs/overlap-rules.md)."""
+    sms, units = hw.efficiency.comm_overlap_sms, hw.efficiency.parallel_units
+    return sms / units if 0 < sms < units else 0.0
+
+
+#: Groups whose collectives can overlap computation inside a stage or a step.
+_OVERLAP_GROUPS = ("tp", "etp", "cp", "ep", "dp", "dp_cp", "edp")
+
+
+def scale_up_groups(parallel: Parallel, hw: HardwareSpec) -> frozenset[str]:
+    """The parallel groups whose ranks lie inside one scale-up domain (an NVLink node or
+    rack): their collectives move data with the SMs' own loads and stores (NCCL's NVLink
+    transports, TransformerEngine's userbuffers), so the SMs they hold are busy. A group
+    that crosses the network is not counted: there the NIC moves the data (GPUDirect RDMA)
+    and NCCL's kernels post and reduce what arrives (docs/overlap-rules.md)."""
+    limit = hw.scale_up_devices
+    return frozenset(g for g in _OVERLAP_GROUPS if parallel.span(g)[1] <= limit)
+
+
+def overlap_slowdown_s(hidden: Mapping[str, float], share: float, ep_share: float = 0.0,
+                       groups: frozenset[str] | None = None) -> float:
+    """Compute time lost to the SMs that overlapped collectives hold: each group's hidden
+    time (communication that ran beside computation) × the share of SMs its kernels take
+    (``ep_share`` for the EP group where its dispatcher's SMs are known, ``share``
+    otherwise), over ``groups`` (default: all but the pipeline's point-to-point messages,
+    which take one or two channels)."""
+    lost = 0.0
+    for group, t in hidden.items():
+        if group == "pp" or t <= 0 or (groups is not None and group not in groups):
+            continue
+        lost += t * (ep_share if group == "ep" and ep_share > 0 else share)
+    return lost
 
 
 def ep_comm_sm_share(dispatcher: str, parallel_units: int) -> float:
