@@ -214,7 +214,8 @@ class Efficiency:
         beside computation (NCCL runs one resident CTA per channel, TransformerEngine's
         userbuffers a configured ``num_sm``): the compute beside it runs on the other
         ``parallel_units`` meanwhile. Training only (serving runs collectives on the
-        compute stream); fitted on the training records (docs/overlap-rules.md); 0: not
+        compute stream); ``--fit-overlap`` fits it on the training records, and the NVIDIA
+        packs ship 0 until that fit passes cross-validation (docs/overlap-rules.md); 0: not
         modelled.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
