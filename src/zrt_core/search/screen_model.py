@@ -100,9 +100,7 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
     act = _solve(rows, [s.activation_bytes for s in report.stages], keys)
     dp = report.exposed_comm_s.get("dp", 0.0)
     sync = tuple((group, kind, int(e["calls"]), float(e["bytes"]))
-                 for key, e in sorted((report.collectives or {}).items())
-                 for phase, group, kind in [key.split("/", 2)]
-                 if phase == "backward" and group in SYNC_GROUPS and kind in SYNC_KINDS)
+                 for group, kind, e in _gradient_reductions(report))
     return GroupModel(fwd_s=fwd, bwd_s=bwd, act_bytes=act, dp_sync=sync,
                       transient_bytes=transient,
                       p2p_s=max(report.p2p_s, default=0.0), dp_exposed_s=dp,
@@ -114,6 +112,14 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
 #: table's ``backward/<group>/<kind>``: transforms/training/data_parallel.py)
 SYNC_GROUPS = ("dp", "dp_cp", "edp")
 SYNC_KINDS = ("reduce_scatter", "all_reduce")
+
+
+def _gradient_reductions(report: Any) -> list[tuple[str, str, Any]]:
+    """(group, kind, collective-table entry) of a report's gradient reductions: its
+    backward's reduce-scatters / all-reduces over the data-parallel groups, in key order."""
+    return [(group, kind, e) for key, e in sorted((report.collectives or {}).items())
+            for phase, group, kind in [key.split("/", 2)]
+            if phase == "backward" and group in SYNC_GROUPS and kind in SYNC_KINDS]
 
 
 def with_optimizer(g: GroupModel, report: Any, anchor: Screened, parallel: Any = None,
@@ -131,9 +137,7 @@ def with_optimizer(g: GroupModel, report: Any, anchor: Screened, parallel: Any =
     dp = report.exposed_comm_s.get("dp", 0.0) + report.hidden_comm_s.get("dp", 0.0)
     dp_per = dp / anchor.rank_elements if anchor.rank_elements else 0.0
     g = evolve(g, opt_s_per_element=per, dp_s_per_element=dp_per)
-    sync_s = sum(e["time_s"] for key, e in (report.collectives or {}).items()
-                 for phase, group, kind in [key.split("/", 2)]
-                 if phase == "backward" and group in SYNC_GROUPS and kind in SYNC_KINDS)
+    sync_s = sum(e["time_s"] for _, _, e in _gradient_reductions(report))
     base = _sync_s(g, parallel, sharded, hw) if g.dp_sync and parallel is not None else 0.0
     if sync_s > 0 and anchor.total_elements > 0 and base > 0:
         return evolve(g, sync_s_per_element=sync_s / anchor.total_elements / base)
@@ -148,7 +152,7 @@ def _sync_s(g: GroupModel, parallel: Any, sharded: bool, hw: Any) -> float:
 
     kind = "reduce_scatter" if sharded else "all_reduce"
     spans = tuple(parallel.span(group) for group, _, _, _ in g.dp_sync)
-    key = ("sync", id(g.dp_sync), kind, spans)
+    key = ("sync", g.dp_sync, kind, spans)
     hit = g.memo.get(key)
     if hit is None:
         hit = 0.0

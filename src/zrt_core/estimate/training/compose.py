@@ -142,10 +142,11 @@ def _compose(*, captured: TrainingCapture, hw: HardwareSpec, parallel: Parallel,
         all_hidden["dp"] = all_hidden.get("dp", 0.0) + optimizer.comm_s
     # the gradient reduction hidden under the last backwards, the next step's parameter
     # gathers and FSDP's hidden gathers hold SMs beside the compute they overlap
+    share = comm_overlap_share(hw)
     tail_hidden = all_hidden.get("dp", 0.0) - hidden.get("dp", 0.0) + \
         (gathers - start_delay_s if gathers > start_delay_s else 0.0)
-    slow = comm_overlap_share(hw) * max(0.0, tail_hidden) \
-        if "dp" in scale_up_groups(parallel, hw) else 0.0
+    slow = share * max(0.0, tail_hidden) \
+        if share and "dp" in scale_up_groups(parallel, hw) else 0.0
     if slow > 0:
         all_exposed["overlap"] = all_exposed.get("overlap", 0.0) + slow
         optimizer_comm_exposed += slow

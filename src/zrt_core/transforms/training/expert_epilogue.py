@@ -72,6 +72,10 @@ def megatron_expert_epilogue(graph: OpGraph, groups: dict[int, int], *,
     for a, b in graph.edges:
         producers.setdefault(b, []).append(a)
         consumers.setdefault(a, []).append(b)
+    per_layer: dict[int | None, int] = {}  # a layer's local experts (its largest group)
+    for i, g in groups.items():
+        layer = by_id[i].layer_index
+        per_layer[layer] = max(per_layer.get(layer, 0), g)
     changed: dict[int, OpNode] = {}
     # the forward's expert GEMMs seen so far in each layer (recomputed ones apart)
     seen: dict[tuple[int | None, bool], int] = {}
@@ -82,7 +86,7 @@ def megatron_expert_epilogue(graph: OpGraph, groups: dict[int, int], *,
             key = (n.layer_index, recomputed)
             seen[key] = seen.get(key, 0) + 1
             continue
-        if base == "index" and _is_bias_gather(n, by_id, producers, groups):
+        if base == "index" and _is_bias_gather(n, per_layer):
             fc2 = _fc2_add(n, by_id, consumers, producers, groups)
             if fc2 is None:
                 # fc1's bias: added in the GEMM's epilogue; the fused node that read the
@@ -103,7 +107,7 @@ def megatron_expert_epilogue(graph: OpGraph, groups: dict[int, int], *,
                 changed[add.id] = _loop(add, g * BIAS_LOOP_FORWARD_KERNELS, eager,
                                         read=3 * rows, written=3 * rows, what="fc2_bias")
         elif base == "index_put" and n.attrs.get("accumulate") and _is_bias_table(n):
-            g = _layer_groups(n.layer_index, groups, by_id)
+            g = per_layer.get(n.layer_index, 0)
             if not g:
                 continue
             if seen.get((n.layer_index, False), 0) == 0:
@@ -117,9 +121,8 @@ def megatron_expert_epilogue(graph: OpGraph, groups: dict[int, int], *,
                 # fc1's bias gradient: the weight-gradient GEMMs' epilogue
                 changed[n.id] = evolve(n, zero_cost=True, attrs={**n.attrs,
                                                                  EPILOGUE_ATTR: "fc1_bias_grad"})
-        elif n.category == Category.ELEMENTWISE and _layer_groups(
-                n.layer_index, groups, by_id) and _clamped_glu(n, producers, groups,
-                                                               consumers):
+        elif n.category == Category.ELEMENTWISE and per_layer.get(n.layer_index) \
+                and _clamped_glu(n, producers, groups, consumers):
             u = _half_bytes(n)
             if u:
                 node = changed.get(n.id, n)
@@ -154,14 +157,13 @@ def _is_bias_table(node: OpNode) -> bool:
     return bool(node.inputs) and len(node.inputs[0].shape) == 2
 
 
-def _is_bias_gather(node: OpNode, by_id: dict[int, OpNode], producers: dict[int, list[int]],
-                    groups: dict[int, int]) -> bool:
+def _is_bias_gather(node: OpNode, per_layer: dict[int | None, int]) -> bool:
     """An ``aten.index`` of rows from a ``[E, W]`` table into ``[rows, W]``, in a layer with
-    expert GEMMs."""
+    expert GEMMs (``per_layer``: a layer's local experts)."""
     if not _is_bias_table(node) or not node.outputs or len(node.outputs[0].shape) != 2:
         return False
     return node.outputs[0].shape[1] == node.inputs[0].shape[1] and bool(
-        _layer_groups(node.layer_index, groups, by_id))
+        per_layer.get(node.layer_index))
 
 
 def _fc2_add(gather: OpNode, by_id: dict[int, OpNode], consumers: dict[int, list[int]],
@@ -197,10 +199,6 @@ def _reaches_gemm(start: int, consumers: dict[int, list[int]], groups: dict[int,
                     nxt.append(c)
         frontier = nxt
     return False
-
-
-def _layer_groups(layer: int | None, groups: dict[int, int], by_id: dict[int, OpNode]) -> int:
-    return max((g for i, g in groups.items() if by_id[i].layer_index == layer), default=0)
 
 
 def _clamped_glu(node: OpNode, producers: dict[int, list[int]], groups: dict[int, int],
