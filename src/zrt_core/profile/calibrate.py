@@ -12,15 +12,18 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
   written as the dtype's peak and ``efficiency.matmul`` is 1. Each GEMM cycles through
   weight matrices filling ``mem_mb`` MB, as a model's layers do: its weights come from
   memory, not from a cache the previous call warmed.
-* attention: causal SDPA forward and backward (``b=1, h=4, d=64``) over the sequence
-  lengths of the grid, fitted the same way in the visible keys per query: the efficiency
-  (of the fp32 rate) and the KV-loop overhead ``kv0`` of the roofline's attention rule.
+* attention: causal SDPA forward and backward over the sequence lengths of the grid,
+  fitted the same way in the visible keys per query: the efficiency (of the GEMM rate of
+  the same dtype) and the KV-loop overhead ``kv0`` of the roofline's attention rule. On a
+  CPU in fp32 with ``b=1, h=4, d=64``; on a GPU in bf16 (the dtype models run in there, and
+  the one its flash kernels take) with ``b=2, h=32, d=128``, enough query tiles to fill
+  the SMs from the shortest length up.
 * memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats: with the
   default 64 MB, beyond a CPU's caches — a training step's saved activations and a decode
   step's weights stream from DRAM.
 * launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
 * vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
-  tensor, one FLOP per element as zrt's formulas count them: the geometric mean of their
+  tensor (32k elements on a CPU; 4M on a GPU, whose launch would otherwise be all of it), one FLOP per element as zrt's formulas count them: the geometric mean of their
   rates (launch taken off) over the fp32 GEMM rate is ``efficiency.vector``.
 """
 
@@ -88,6 +91,8 @@ class Calibration:
     vector_flops: float
     capacity_gb: float
     date: str
+    #: the dtype attention was timed in (its efficiency is over this dtype's GEMM rate)
+    attention_dtype: str = "fp32"
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
@@ -108,13 +113,13 @@ class Calibration:
         for key in untimed:
             compute[key] = compute["fp32"]
         launch = self.launch_overhead_us
+        attn_rate = self.fit(self.attention_dtype).rate_flops
         eff = {
             "matmul": 1.0,
             "memory": 1.0,
-            # SDPA's fitted rate over the fp32 GEMM rate (capped at 1: a fraction)
-            "attention": _sig(min(1.0, self.attention[0].rate_flops / fp32.rate_flops)),
-            "attention_backward": _sig(min(1.0, self.attention[1].rate_flops
-                                           / fp32.rate_flops)),
+            # SDPA's fitted rate over the GEMM rate of its dtype (capped at 1: a fraction)
+            "attention": _sig(min(1.0, self.attention[0].rate_flops / attn_rate)),
+            "attention_backward": _sig(min(1.0, self.attention[1].rate_flops / attn_rate)),
             # pointwise FLOP rate over the fp32 GEMM rate (capped at 1: a fraction)
             "vector": _sig(min(1.0, self.vector_flops / fp32.rate_flops)),
             "launch_overhead_us": _sig(launch),
@@ -132,8 +137,8 @@ class Calibration:
                     + (f", {self.device.threads} thread{'s' * (self.device.threads > 1)})"
                        if self.device.kind == "cpu" else ")"),
             "vendor": "measured",
-            "source": (f"zrt calibrate on {self.date}: torch {self.device.to_json()['torch']}"
-                       f", {len(self.gemm)} GEMMs, fit RMS "
+            "source": (f"zrt calibrate on {self.date}: {self.device.provenance()}"
+                       f", {len(self.gemm)} GEMMs, attention in {self.attention_dtype}, fit RMS "
                        + ", ".join(f"{f.dtype} {f.rms_rel_error:.1%}" for f in self.fits)
                        + (f"; {' and '.join(untimed)} not timed: the fp32 rate"
                           if untimed else "")),
@@ -149,6 +154,7 @@ class Calibration:
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device.to_json(), "date": self.date,
+                "attention_dtype": self.attention_dtype,
                 "memory_gb_per_s": self.memory_gb_per_s,
                 "launch_overhead_us": self.launch_overhead_us,
                 "vector_flops": self.vector_flops,
@@ -208,11 +214,12 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     launch_s = time_call(device, lambda: torch.add(one, one), repeats=repeats,
                          min_time_s=min_time_s)[0]
 
-    attention = _attention_fits(device, sizes, repeats, min_time_s)
+    attention_dtype = "bf16" if device.kind == "cuda" and "bf16" in dtypes else "fp32"
+    attention = _attention_fits(device, sizes, repeats, min_time_s, attention_dtype)
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
     return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
-                       vector_flops=vector,
+                       vector_flops=vector, attention_dtype=attention_dtype,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
@@ -250,11 +257,14 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
 def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: float
                   ) -> float:
     """Geometric mean over :data:`VECTOR_OPS` of elements per second (launch taken off) on
-    a 32k-element fp32 tensor (128 kB: in a core's L2)."""
+    an fp32 tensor in the caches: 32k elements on a CPU (128 kB: a core's L2); 4M on a GPU
+    (16 MB in and 16 MB out: within an H100's 50 MB L2), where 32k elements take less time
+    than the launch and left nothing to measure."""
     import torch
     import torch.nn.functional as F
 
-    x = torch.rand(32 * 1024, device=device.torch_device) + 0.5
+    numel = 4 * 1024 * 1024 if device.kind == "cuda" else 32 * 1024
+    x = torch.rand(numel, device=device.torch_device) + 0.5
     ops = {"mul": lambda: x * x, "add": lambda: x + x, "neg": lambda: -x,
            "rsqrt": lambda: torch.rsqrt(x), "silu": lambda: F.silu(x),
            "gelu": lambda: F.gelu(x), "exp": lambda: torch.exp(x), "pow2": lambda: x.pow(2)}
@@ -265,25 +275,28 @@ def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: flo
     return math.exp(sum(logs) / len(logs))
 
 
-def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time_s: float
-                    ) -> tuple[GemmFit, GemmFit]:
-    """Causal SDPA forward and backward (fp32) fitted like a GEMM, with the visible keys per
-    query in the place of k (FLOPs as zrt counts them: ``AttentionDims``)."""
+def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time_s: float,
+                    dtype: str = "fp32") -> tuple[GemmFit, GemmFit]:
+    """Causal SDPA forward and backward in ``dtype`` fitted like a GEMM, with the visible
+    keys per query in the place of k (FLOPs as zrt counts them: ``AttentionDims``)."""
     import torch
     import torch.nn.functional as F
 
     from zrt_core.cost.opdims import AttentionDims
 
     dev = device.torch_device
+    torch_type = getattr(torch, TORCH_DTYPES[dtype])
+    b, h, d = (2, 32, 128) if device.kind == "cuda" else (1, 4, 64)
     forward, backward = [], []
     # the GEMM sizes and twice the largest: three lengths at least for a three-number fit
     for s in sorted({*sizes, 2 * max(sizes)}):
-        dims = AttentionDims(b=1, h=4, h_kv=4, s_q=s, s_kv=s, d=64, causal=True)
-        q, k, v = (torch.randn(1, 4, s, 64, device=dev, requires_grad=True) for _ in range(3))
+        dims = AttentionDims(b=b, h=h, h_kv=h, s_q=s, s_kv=s, d=d, causal=True)
+        q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch_type, requires_grad=True)
+                   for _ in range(3))
         with torch.no_grad():
             fwd_s = time_call(device, lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
                 q, k, v, is_causal=True), repeats=repeats, min_time_s=min_time_s)[0]
-        grad = torch.randn(1, 4, s, 64, device=dev)
+        grad = torch.randn(b, h, s, d, device=dev, dtype=torch_type)
 
         def both(q: Any = q, k: Any = k, v: Any = v, grad: Any = grad) -> None:
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
@@ -291,9 +304,9 @@ def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time
         both_s = time_call(device, both, repeats=repeats, min_time_s=min_time_s)[0]
         visible = round(dims.visible_keys)
         # a GemmPoint's flops are 2mnk: m·n·k carries the attention FLOPs over 2
-        forward.append(GemmPoint("fp32", 1, dims.forward_flops // (2 * visible), visible,
+        forward.append(GemmPoint(dtype, 1, dims.forward_flops // (2 * visible), visible,
                                  fwd_s))
-        backward.append(GemmPoint("fp32", 1, dims.backward_flops // (2 * visible), visible,
+        backward.append(GemmPoint(dtype, 1, dims.backward_flops // (2 * visible), visible,
                                   max(both_s - fwd_s, both_s * 0.05)))
     return (fit_gemm("attention_fwd", forward, tiles=(1,)),
             fit_gemm("attention_bwd", backward, tiles=(1,)))

@@ -41,6 +41,9 @@ class Device:
     kind: str
     name: str
     threads: int
+    #: what the timings depend on beyond torch (a GPU's driver, CUDA, cuBLAS, cuDNN): the
+    #: provenance tables and packs carry
+    libraries: str = ""
 
     @property
     def torch_device(self) -> str:
@@ -70,7 +73,18 @@ class Device:
 
         return {"kind": self.kind, "name": self.name, "threads": self.threads,
                 "torch": torch.__version__,
-                "cuda": torch.version.cuda if self.kind == "cuda" else None}
+                "cuda": torch.version.cuda if self.kind == "cuda" else None,
+                "libraries": self.libraries}
+
+    def provenance(self) -> str:
+        """One line naming the device and the software its timings came from."""
+        import torch
+
+        if self.kind == "cpu":
+            where = f"{self.threads} thread{'s' * (self.threads > 1)}"
+        else:
+            where = self.libraries or f"CUDA {torch.version.cuda}"
+        return f"{self.name} ({self.kind}, {where}), torch {torch.__version__}"
 
 
 def open_device(kind: str, *, threads: int = 1) -> Device:
@@ -87,11 +101,40 @@ def open_device(kind: str, *, threads: int = 1) -> Device:
             raise DeviceError("device cuda is not present (torch sees no CUDA GPU)",
                               "run on a machine with a GPU and a CUDA build of torch, "
                               "or use --device cpu")
-        return Device("cuda", torch.cuda.get_device_name(0), 0)
+        return Device("cuda", torch.cuda.get_device_name(0), 0, _cuda_libraries())
     if threads < 1:
         raise DeviceError(f"--threads must be at least 1, got {threads}")
     torch.set_num_threads(threads)
     return Device("cpu", _cpu_name(), threads)
+
+
+def _cuda_libraries() -> str:
+    """Driver, CUDA, cuBLAS and cuDNN versions, as far as they can be read."""
+    import importlib.metadata
+    import subprocess
+
+    import torch
+
+    parts = []
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                                 "--format=csv,noheader"], capture_output=True, text=True,
+                                timeout=20, check=False).stdout.split()
+        if driver:
+            parts.append(f"driver {driver[0]}")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    parts.append(f"CUDA {torch.version.cuda}")
+    for dist in ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"):
+        try:
+            parts.append(f"cuBLAS {importlib.metadata.version(dist)}")
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    cudnn = torch.backends.cudnn.version()
+    if cudnn:
+        parts.append(f"cuDNN {cudnn}")
+    return ", ".join(parts)
 
 
 def _cpu_name() -> str:

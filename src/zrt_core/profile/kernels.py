@@ -213,14 +213,9 @@ def profile(kernels: Sequence[Kernel], device: Device, out: Path, hardware_id: s
 
     :raises SpecError: ``out`` exists but is not a valid table for ``hardware_id``.
     """
-    import torch
-
     done = existing_rows(out, hardware_id)
     provenance = (f"zrt profile {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d')} on "
-                  f"{device.name} ({device.kind}"
-                  + (f", {device.threads} thread{'s' * (device.threads > 1)}"
-                     if device.kind == "cpu" else f", CUDA {torch.version.cuda}")
-                  + f"), torch {torch.__version__}, best of {repeats}")
+                  f"{device.provenance()}, best of {repeats}")
     new_file = not out.exists()
     out.parent.mkdir(parents=True, exist_ok=True)
     count = 0

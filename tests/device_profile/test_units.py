@@ -1,0 +1,44 @@
+"""Units of the ground-truth chain that need no device: provenance lines and the pack a
+calibration writes (the attention efficiency over its own dtype's GEMM rate)."""
+
+from __future__ import annotations
+
+import torch
+
+from zrt_core.profile.calibrate import Calibration, GemmFit
+from zrt_core.profile.device import Device
+
+
+def test_provenance_names_device_threads_libraries_and_torch():
+    assert Device("cpu", "EPYC", 1).provenance() == f"EPYC (cpu, 1 thread), torch {torch.__version__}"
+    assert Device("cpu", "EPYC", 4).provenance() == f"EPYC (cpu, 4 threads), torch {torch.__version__}"
+    gpu = Device("cuda", "NVIDIA H200", 0, "driver 580.159.04, CUDA 13.0")
+    assert gpu.provenance() == ("NVIDIA H200 (cuda, driver 580.159.04, CUDA 13.0), torch "
+                                f"{torch.__version__}")
+    assert gpu.to_json()["libraries"] == "driver 580.159.04, CUDA 13.0"
+
+
+def _calibration(attention_dtype: str) -> Calibration:
+    fits = (GemmFit("fp32", 50e12, 64.0, 10e-6, 0.1, 32),
+            GemmFit("bf16", 800e12, 128.0, 8e-6, 0.1, 64))
+    attention = (GemmFit("attention_fwd", 600e12, 118.0, 5e-6, 0.1),
+                 GemmFit("attention_bwd", 560e12, 90.0, 9e-6, 0.1))
+    return Calibration(device=Device("cuda", "GPU", 0, "CUDA 13.0"), gemm=(), fits=fits,
+                       attention=attention, memory_gb_per_s=4000.0, launch_overhead_us=6.5,
+                       vector_flops=8e12, capacity_gb=141.0, date="2026-11-26",
+                       attention_dtype=attention_dtype)
+
+
+def test_attention_efficiency_is_over_the_gemm_rate_of_its_dtype():
+    eff = _calibration("bf16").to_pack()["efficiency"]
+    # 600 / 800 and 560 / 800 TFLOP/s: bf16 attention over the bf16 GEMM rate
+    assert eff["attention"] == 0.75
+    assert eff["attention_backward"] == 0.7
+    # the fp32 fit sets the GEMM rule: K overhead 64, row tile 32, fixed 10 - 6.5 = 3.5 us
+    assert (eff["matmul_k_overhead"], eff["matmul_tile_m"], eff["matmul_overhead_us"]) == (
+        64, 32, 3.5)
+    # vector: 8e12 / 50e12 (the fp32 rate)
+    assert eff["vector"] == 0.16
+    # over the fp32 rate (50 TFLOP/s) the same kernel is more than the peak: capped at 1
+    assert _calibration("fp32").to_pack()["efficiency"]["attention"] == 1.0
+    assert "attention in bf16" in _calibration("bf16").to_pack()["source"]
