@@ -66,6 +66,9 @@ def test_measure_then_diff_train(chain, capsys, tmp_path):
     assert d["measured_s"] == m["step_s"]
     assert d["end_to_end_ratio"] == pytest.approx(d["predicted_s"] / d["measured_s"])
     assert 0.05 < d["end_to_end_ratio"] < 20  # loose: a shared CI CPU
+    # the ops' own time is the profiler's self times summed; the ratio is over it
+    assert d["measured_op_s"] == pytest.approx(sum(k["self_s"] for k in m["kernels"]))
+    assert d["op_ratio"] == pytest.approx(d["predicted_s"] / d["measured_op_s"])
     assert [r["index"] for r in d["layers"]] == [0, 1]
     assert all(r["predicted_s"] > 0 and r["measured_s"] > 0 for r in d["layers"])
     assert {"matmul", "attention"} <= {r["category"] for r in d["categories"]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from attrs import evolve
-from zrt_nvidia.plugin import MEASURED_TABLES
+from zrt_nvidia.plugin import MEASURED_TABLES, OPT_IN_TABLES
 
 from zrt_core.cost.backend import PriceSource
 from zrt_core.cost.pricing import build_backends
@@ -19,7 +19,9 @@ def host():
 
 def test_every_table_loads_and_names_an_installed_hardware_id(host):
     tables = [t for t in host.measured_tables if t.name.split("/")[0].startswith("nvidia_")]
-    assert len(tables) == len(MEASURED_TABLES) == 3
+    assert len(MEASURED_TABLES) == 3 and len(OPT_IN_TABLES) == 1
+    assert [t.name for t in tables if t.opt_in] == ["nvidia_h200/zrt_profile"]
+    assert len(tables) == 4
     for table in tables:
         rows = table.load()
         assert rows, table.name
@@ -89,3 +91,20 @@ def test_decode_gemm_time_never_falls_as_the_batch_grows(host, n, k):
         assert at_32.source == PriceSource.ROOFLINE
         # (32·8192 + 8192·1024 + 32·1024)·2 = 17,367,040 bytes
         assert at_32.time_s == pytest.approx(17_367_040 / (3.35e12 * 0.88) + 5.5e-6, rel=1e-3)
+
+
+def test_the_opt_in_h200_table_prices_only_when_named(host):
+    from zrt_core.cost.measured import MeasuredBackend
+    from zrt_core.profile.tables import backends_with_tables, load_table_rows
+
+    h200 = _isolated(host.hardware_spec("nvidia_h200"))
+    # no default table measures the H200: its estimates stay on the roofline
+    assert MeasuredBackend.for_hardware(h200, host) is None
+    rows = load_table_rows("nvidia_h200/zrt_profile", "nvidia_h200", host)
+    assert len(rows) == 181 and all(r.source.startswith("zrt profile 2026-11-26 on NVIDIA H200")
+                                    for r in rows)
+    backend = backends_with_tables(h200, host, "nvidia_h200/zrt_profile")[0]
+    cost = backend.price(_mm(4096, 4096, 4096, "bfloat16"))
+    # the table's row: 4096 x 4096 x 4096 bf16 in 175.2 us on the H200
+    assert cost.source == PriceSource.MEASURED
+    assert cost.time_s == pytest.approx(175.2e-6, rel=1e-9)

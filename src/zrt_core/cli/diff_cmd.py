@@ -19,8 +19,9 @@ def register(sub: Any) -> None:
     p.add_argument("measurement", metavar="M.json", help="what zrt measure --json wrote")
     p.add_argument("--hw", required=True, metavar="ID",
                    help="hardware id or a pack YAML (zrt calibrate -o FILE.yaml)")
-    p.add_argument("--tables", metavar="DIR", default=None,
-                   help="measured kernel tables (*.csv, zrt profile) to price from first")
+    p.add_argument("--tables", metavar="DIR|NAME", default=None,
+                   help="measured kernel tables (a directory of *.csv from zrt profile, or a "
+                        "shipped table's name: nvidia_h200/zrt_profile) to price from first")
     p.add_argument("--html", metavar="FILE", default=None,
                    help="write the two timelines and the tables as HTML")
     add_json_flag(p)
@@ -46,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     con.print(f"{result['model']} {result['mode']} on {hw.name}: predicted "
               f"{result['predicted_s'] * 1e3:.3f} ms, measured "
               f"{result['measured_s'] * 1e3:.3f} ms, ratio {result['end_to_end_ratio']:.3f}")
+    if result["op_ratio"] is not None:
+        con.print(f"the ops' own time (profiler) {result['measured_op_s'] * 1e3:.3f} ms, "
+                  f"ratio {result['op_ratio']:.3f}; the rest of the step, "
+                  f"{(result['measured_s'] - result['measured_op_s']) * 1e3:.3f} ms, is time "
+                  "no op ran (the host issuing eager ops, Python)")
 
     def rows(items: list[dict[str, Any]], key: str) -> list[tuple[Any, ...]]:
         return [(r[key], f"{r['predicted_s'] * 1e3:.3f}", f"{r['measured_s'] * 1e3:.3f}",

@@ -118,8 +118,9 @@ def register(sub: Any) -> None:
     add_compile_args(p)
     p.add_argument("--out", metavar="DIR",
                    help="write report.html, report.json and trace.json here")
-    p.add_argument("--tables", metavar="DIR", default=None,
-                   help="measured kernel tables (*.csv, zrt profile) to price from first; "
+    p.add_argument("--tables", metavar="DIR|NAME", default=None,
+                   help="measured kernel tables (a directory of *.csv from zrt profile, or a "
+                        "shipped table's name) to price from first; "
                         "the report says what share they priced and the biggest misses")
     add_fusion_rules_flag(p)
     p.add_argument("--no-cache", action="store_true",

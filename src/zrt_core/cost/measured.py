@@ -96,12 +96,16 @@ class MeasuredTable:
     :param hardware_id: the hardware the times were measured on.
     :param path: the CSV file (format in this module's docstring).
     :param description: how and where it was measured.
+    :param opt_in: priced from only when a run names it (``--tables NAME``): times of
+        kernels as eager PyTorch runs them one by one (``zrt profile``) are right for an
+        eager step and wrong for an engine that fuses and graph-replays them.
     """
 
     name: str
     hardware_id: str
     path: str
     description: str = ""
+    opt_in: bool = False
 
     def load(self) -> tuple[MeasuredRow, ...]:
         """The validated rows; a malformed file raises :class:`SpecError` naming file and row."""
@@ -355,7 +359,8 @@ class MeasuredBackend:
     @classmethod
     def for_hardware(cls, hardware: HardwareSpec, host: PluginHost) -> MeasuredBackend | None:
         """The ``CostBackendSpec`` factory: None when no table names this hardware."""
-        tables = [t for t in host.measured_tables if t.hardware_id == hardware.id]
+        tables = [t for t in host.measured_tables
+                  if t.hardware_id == hardware.id and not t.opt_in]
         if not tables:
             return None
         rows: list[MeasuredRow] = []

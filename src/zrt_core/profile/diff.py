@@ -137,6 +137,9 @@ def diff(measurement: Mapping[str, Any], costed: Sequence[Any]) -> dict[str, Any
                   for c in sorted(set(category_pred) | set(category_meas))
                   if category_pred.get(c, 0.0) > 0 or category_meas.get(c, 0.0) > 0]
     errors = [abs(r["error"]) for r in layers if r["error"] is not None]
+    # the ops' own time (device time on a GPU): the step less this is time no op ran — the
+    # host issuing eager ops slower than the GPU runs them, or Python on a CPU
+    op_s = sum(float(k["self_s"]) for k in measurement.get("kernels", []))
     from zrt_core.cost.coverage import coverage
 
     return {
@@ -148,6 +151,8 @@ def diff(measurement: Mapping[str, Any], costed: Sequence[Any]) -> dict[str, Any
         "predicted_s": total,
         "measured_s": measured_s,
         "end_to_end_ratio": total / measured_s,
+        "measured_op_s": op_s,
+        "op_ratio": total / op_s if op_s > 0 else None,
         "layer_mape": sum(errors) / len(errors) if errors else None,
         "layers": layers,
         "modules": modules,

@@ -1,5 +1,7 @@
 """User measured tables (``--tables DIR``): every ``*.csv`` in a directory, validated, put in
-front of the hardware's own backends so they price first (exact hit or interpolation)."""
+front of the hardware's own backends so they price first (exact hit or interpolation).
+``--tables NAME`` names a table a plugin ships instead (``nvidia_h200/zrt_profile``), the
+way to price from one it ships opt-in."""
 
 from __future__ import annotations
 
@@ -10,22 +12,40 @@ from typing import Any
 from zrt_core.errors import SpecError
 
 
-def load_table_rows(directory: str | Path, hardware_id: str) -> list[Any]:
-    """The rows of every CSV in ``directory`` that measure ``hardware_id``.
+def table_files(spec: str | Path, host: Any = None) -> list[Path]:
+    """The CSVs ``--tables`` names: a directory's ``*.csv``, or the file of the table a
+    plugin ships under the name ``spec``.
 
-    :raises SpecError: no directory, no CSV, a malformed table (missing columns, negative
-        times: named by file and line), or no row for ``hardware_id``.
+    :raises SpecError: neither a directory nor a shipped table's name; no CSV in it.
     """
-    from zrt_core.cost.measured import load_csv
-
-    directory = Path(directory)
+    directory = Path(spec)
     if not directory.is_dir():
-        raise SpecError(f"--tables {directory}: not a directory",
-                        "give the directory zrt profile wrote its CSV tables to")
+        shipped = {t.name: t for t in host.measured_tables} if host is not None else {}
+        if str(spec) in shipped:
+            return [Path(shipped[str(spec)].path)]
+        names = ", ".join(sorted(shipped)) or "none"
+        raise SpecError(f"--tables {spec}: not a directory nor a shipped table "
+                        f"(shipped: {names})",
+                        "give the directory zrt profile wrote its CSV tables to, or a "
+                        "shipped table's name")
     files = sorted(directory.glob("*.csv"))
     if not files:
         raise SpecError(f"--tables {directory}: no *.csv tables",
                         "write them with zrt profile --out DIR")
+    return files
+
+
+def load_table_rows(directory: str | Path, hardware_id: str, host: Any = None) -> list[Any]:
+    """The rows of every CSV ``--tables`` names (:func:`table_files`) that measure
+    ``hardware_id``.
+
+    :raises SpecError: no such directory or shipped table, no CSV, a malformed table
+        (missing columns, negative times: named by file and line), or no row for
+        ``hardware_id``.
+    """
+    from zrt_core.cost.measured import load_csv
+
+    files = table_files(directory, host)
     rows: list[Any] = []
     seen: set[str] = set()
     for f in files:
@@ -60,7 +80,7 @@ def backends_with_tables(hardware: Any, host: Any, directory: str | Path | None
     from zrt_core.cost.measured import MeasuredBackend
     from zrt_core.cost.pricing import build_backends
 
-    rows = load_table_rows(directory, hardware.id)
+    rows = load_table_rows(directory, hardware.id, host)
     return [MeasuredBackend(hardware, rows), *build_backends(hardware, host)]
 
 
@@ -73,11 +93,10 @@ def register_tables(host: Any, directory: str | Path, hardware: Any) -> None:
     from zrt_core import hookimpl
     from zrt_core.cost.measured import MeasuredTable
 
-    load_table_rows(directory, hardware.id)
+    load_table_rows(directory, hardware.id, host)
     tables = [MeasuredTable(name=f"user/{f.name}", hardware_id=hardware.id, path=str(f),
                             description=f"--tables {directory}")
-              for f in sorted(Path(directory).glob("*.csv"))
-              if hardware.id in _hardware_ids(f)]
+              for f in table_files(directory, host) if hardware.id in _hardware_ids(f)]
     @hookimpl
     def zrt_measured_tables() -> list[Any]:
         return list(tables)

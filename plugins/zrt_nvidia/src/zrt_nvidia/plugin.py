@@ -17,6 +17,7 @@ def zrt_hardware_specs() -> list[HardwareSpec]:
 TABLES_DIR = Path(__file__).parent / "tables"
 
 #: (hardware id, table, what it holds); the file is ``tables/<hardware id>_<table>.csv``.
+#: Published measurements of the kernels the frameworks run: priced from by default.
 MEASURED_TABLES = (
     ("nvidia_h100_sxm", "gemm_bf16_openxla",
      "bf16 GEMM/batched GEMM times on an sm_90 GPU from OpenXLA's published interpolator table"),
@@ -24,6 +25,14 @@ MEASURED_TABLES = (
      "FlashAttention-3 bf16 forward/backward times from PyTorch's benchmark and the FA3 paper"),
     ("nvidia_h800", "gemm_fp8_deepgemm",
      "DeepGEMM fp8 dense and grouped GEMM times for DeepSeek-V3 shapes (README, Feb 2025)"),
+)
+#: Eager PyTorch kernels one by one, timed by ``zrt profile`` on the GPU: right for an eager
+#: step (``zrt diff``), not for engines that fuse and graph-replay (TensorRT-LLM), so priced
+#: from only when a run names them (``--tables nvidia_h200/zrt_profile``; docs/profile.md).
+OPT_IN_TABLES = (
+    ("nvidia_h200", "zrt_profile",
+     "bf16 GEMM, attention and pointwise times of eager PyTorch measured by zrt profile on an "
+     "H200 (2026-11-26; Llama-3.1-8B and Qwen3-30B-A3B shapes; docs/profile.md)"),
 )
 
 
@@ -33,5 +42,7 @@ def zrt_measured_tables():
     from zrt_core.plugin import MeasuredTable
 
     return [MeasuredTable(name=f"{hw}/{table}", hardware_id=hw,
-                          path=str(TABLES_DIR / f"{hw}_{table}.csv"), description=what)
-            for hw, table, what in MEASURED_TABLES]
+                          path=str(TABLES_DIR / f"{hw}_{table}.csv"), description=what,
+                          opt_in=opt_in)
+            for tables, opt_in in ((MEASURED_TABLES, False), (OPT_IN_TABLES, True))
+            for hw, table, what in tables]
