@@ -336,3 +336,32 @@ def test_max_throughput_says_why_ttft_equals_tpot(host, captured):
         input_len=32, output_len=16, batch=2), host=host, captured=captured)
     assert latency.ttft_s != latency.tpot_s
     assert not any(n.startswith("TTFT equals TPOT") for n in latency.notes)
+
+
+def test_num_requests_replays_the_finite_set(host, captured):
+    from zrt_core.estimate.engine import EngineProfile
+
+    engine = EngineProfile(name="toy", kv_fraction=0.9, runtime_reserve_gib=0.0,
+                           kv_block_tokens=32, fixed_max_batch=4, fixed_max_tokens=60,
+                           chunked_prefill=False)
+    steady = estimate_inference(None, _toy(), Parallel(), InferSpec(input_len=32, output_len=3),
+                                host=host, captured=captured, engine=engine)
+    r = estimate_inference(None, _toy(), Parallel(),
+                           InferSpec(input_len=32, output_len=3, num_requests=2),
+                           host=host, captured=captured, engine=engine)
+    t = r.throughput
+    # 60 tokens an iteration hold one 32-token prompt: it 0 admits 1; it 1 decodes it and
+    # admits the 2nd ((60 - 1) // 32 = 1); it 2 decodes both; it 3 the 2nd alone
+    assert (t["iterations"], t["prompt_iterations"], t["peak_running"]) == (4, 2, 2)
+    assert r.output_tokens_per_s == pytest.approx(2 * 3 / t["benchmark_s"], rel=1e-12)
+    assert t["steady_state_output_tokens_per_s"] == pytest.approx(steady.output_tokens_per_s,
+                                                                  rel=1e-12)
+    # two requests never fill the 3 steady slots: the set is slower than the steady state
+    assert r.output_tokens_per_s < steady.output_tokens_per_s
+    assert r.workload["num_requests"] == 2 and "num_requests" not in steady.workload
+    # vLLM's chunked prefill is not replayed: the steady state, and a note that says so
+    vllm = estimate_inference(None, _toy(), Parallel(),
+                              InferSpec(input_len=32, output_len=3, num_requests=2),
+                              host=host, captured=captured, engine="vllm")
+    assert any("not replayed" in n for n in vllm.notes)
+    assert "benchmark_s" not in vllm.throughput

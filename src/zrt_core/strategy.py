@@ -271,6 +271,9 @@ class InferSpec:
     :param shared_expert_overlap: the shared experts run on their own stream beside the
         routed path's EP all-to-all (SGLang's and TensorRT-LLM's DeepSeek MoE;
         ``--moe-shared-expert-overlap``); default off, every kernel back to back.
+    :param num_requests: the requests an offline max-throughput benchmark serves, all
+        queued at once (``trtllm-bench``'s dataset); the throughput then includes the
+        set's ramp-up and drain (docs/inference-model.md). None: the steady state.
     """
 
     input_len: int = field(validator=_count("tokens"))
@@ -280,11 +283,14 @@ class InferSpec:
     dtype: str = field(default="bfloat16", validator=_text)
     kv_dtype: str | None = field(default=None, validator=_text)
     shared_expert_overlap: bool = field(default=False, validator=validators.instance_of(bool))
+    num_requests: int | None = field(default=None,
+                                     validator=validators.optional(_count("batch")))
 
     def to_json(self) -> dict[str, Any]:
         return {"input_len": self.input_len, "output_len": self.output_len, "batch": self.batch,
                 "quant": self.quant, "dtype": self.dtype, "kv_dtype": self.kv_dtype,
-                **({"shared_expert_overlap": True} if self.shared_expert_overlap else {})}
+                **({"shared_expert_overlap": True} if self.shared_expert_overlap else {}),
+                **({"num_requests": self.num_requests} if self.num_requests else {})}
 
 
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:

@@ -66,6 +66,10 @@ def add_infer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=positive_int("--batch"), default=None, metavar="B",
                    help="concurrent sequences (default: the largest that fits, offline "
                         "max-throughput as trtllm-bench runs it)")
+    g.add_argument("--num-requests", type=positive_int("--num-requests"), default=None,
+                   metavar="N", help="offline max-throughput over a set of N requests queued "
+                        "at once, ramp-up and drain included (trtllm-bench's dataset size; "
+                        "default: the steady state)")
     g.add_argument("--input-len", type=positive_int("--input-len"), default=1024,
                    metavar="L", help="prompt tokens (default 1024)")
     g.add_argument("--output-len", type=positive_int("--output-len"), default=256,
@@ -194,6 +198,7 @@ def run_infer(args: argparse.Namespace) -> int:
         kv = "fp8"
     infer = InferSpec(input_len=args.input_len, output_len=args.output_len,
                       batch=args.batch, quant=args.quant, kv_dtype=kv,
+                      num_requests=getattr(args, "num_requests", None),
                       dtype=getattr(args, "dtype", None) or "bfloat16",
                       shared_expert_overlap=bool(getattr(args, "moe_shared_expert_overlap",
                                                          False)))

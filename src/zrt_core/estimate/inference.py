@@ -42,7 +42,13 @@ from zrt_core.cost.pricing import (
 )
 from zrt_core.errors import SpecError, ZrtError
 from zrt_core.estimate.captures import CapturedModel, load_or_capture
-from zrt_core.estimate.engine import GIB, EngineProfile, bench_group_size, engine_profile
+from zrt_core.estimate.engine import (
+    GIB,
+    EngineProfile,
+    EngineSettings,
+    bench_group_size,
+    engine_profile,
+)
 from zrt_core.estimate.guards import check_flops, check_serving
 from zrt_core.estimate.memory import (
     KVCacheSize,
@@ -51,6 +57,7 @@ from zrt_core.estimate.memory import (
     kv_cache_size,
     weights_bytes,
 )
+from zrt_core.estimate.request_set import IterationCost, RequestSetRun, simulate_requests
 from zrt_core.estimate.serving import PagedKVCache, Rescale
 from zrt_core.hardware import HardwareSpec
 from zrt_core.ir.graph import Category, OpGraph, Phase, dtype_bytes
@@ -355,6 +362,15 @@ class _Estimator:
                 f"mixed iteration ({t_mix * 1e3:.2f} ms); --batch B gives a static batch's "
                 "latency")
         mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * c * pp)
+        steady = per_replica
+        run = self._request_set(c, chunk, mean_cache, settings, fit)
+        if run is not None:
+            per_replica = run.output_tokens_per_s
+            self.notes.append(
+                f"throughput over {run.requests:,} requests per replica queued at once: "
+                f"{run.iterations:,} iterations in {run.total_s:,.1f} s, ramp-up and drain "
+                f"included, at most {run.peak_running:,} running (the steady state: "
+                f"{steady * p.dp:,.0f} tok/s)")
         throughput = {
             "model": "in-flight batching, steady state (docs/inference-model.md)",
             "engine_max_batch": settings.max_batch,
@@ -369,10 +385,39 @@ class _Estimator:
             "mixed_iteration_ms": t_mix * 1e3,
             "period_ms": period * 1e3,
             "mean_context": mean_cache,
+            **(run.to_json(steady * p.dp) if run is not None else {}),
         }
         return self._report("max_throughput", c * pp, ttft, tpot, per_replica, fit, mem,
                             (Phase.PREFILL, 1, 0), (Phase.DECODE, c, mean_cache),
                             throughput)
+
+    def _request_set(self, c: int, chunk: int, mean_cache: int, settings: EngineSettings,
+                     fit: int) -> RequestSetRun | None:
+        """The benchmark's finite request set replayed iteration by iteration
+        (:mod:`zrt_core.estimate.request_set`), priced from the steady state's decode and
+        mixed steps; None without ``num_requests``, with pipeline stages or with chunked
+        prefill (vLLM), where the steady state stands."""
+        infer = self.infer
+        if not infer.num_requests:
+            return None
+        if self.p.pp > 1 or self.engine.chunked_prefill:
+            self.notes.append(
+                f"num_requests {infer.num_requests:,} not replayed: the request-set model "
+                "covers one pipeline stage without chunked prefill (TensorRT-LLM); the "
+                "throughput is the steady state's")
+            return None
+        dec, mixed = (self.priced(Phase.DECODE, n, mean_cache) for n in (c, c + chunk))
+        gen, mix = _roles(dec, 1)[0], _roles(mixed, 1)[0]
+        gen["body"] -= self._hidden(dec[0])
+        mix["body"] -= self._hidden(mixed[0])
+        cost = IterationCost.from_steps(
+            gen, mix, ref_tokens=c, prompt_tokens=chunk, mean_context=mean_cache,
+            prompt_attention_s=_roles(self.priced(Phase.PREFILL, 1), 1)[0]["attention"])
+        # each data-parallel replica (attention DP rank) schedules its share of the set
+        return simulate_requests(
+            requests=math.ceil(infer.num_requests / self.p.dp), input_len=infer.input_len,
+            output_len=infer.output_len, max_batch=settings.max_batch,
+            max_num_tokens=settings.max_num_tokens, kv_sequences=fit, cost=cost)
 
     def _stage_list(self, phase: str, batch: int, cache_len: int = 0) -> list[float]:
         return [c.total_time_s - self._hidden(c) for c in self.priced(phase, batch, cache_len)]
