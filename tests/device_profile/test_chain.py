@@ -163,3 +163,21 @@ def test_run_with_a_pack_file_and_tables_reports_coverage(chain, capsys, tmp_pat
         assert sum(cov["time"].values()) == pytest.approx(1.0)
     # the prefill's own GEMMs were profiled in bf16 at this batch and length: exact hits
     assert data["prefill"]["price_coverage"]["ops"]["measured"] > 0
+
+
+def test_a_training_run_with_tables_reports_coverage(chain, capsys, tmp_path):
+    out = tmp_path / "tables"
+    _json(capsys, ["profile", str(chain["config"]), "--hw", str(chain["hw"]), "--out",
+                   str(out), "--train", "--batch", "1", "--seq-len", "16", "--repeats", "1",
+                   "--min-time-ms", "1", "--no-grid", "--json"])
+    argv = ["run", str(chain["config"]), "--hw", str(chain["hw"]), "--train", "--tables",
+            str(out), "--micro-batch", "1", "--seq-len", "16"]
+    data = _json(capsys, [*argv, "--json"])
+    cov = data["price_coverage"]
+    assert set(cov["ops"]) <= {"measured", "interpolated", "roofline"}
+    assert sum(cov["time"].values()) == pytest.approx(1.0)
+    # the step's own fp32 GEMMs were profiled at this micro-batch and length: exact hits
+    assert cov["ops"]["measured"] > 0
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "forward and backward (one micro-batch):" in capsys.readouterr().out

@@ -189,7 +189,7 @@ def run_train(args: argparse.Namespace) -> int:
                                  num_gpus=num_gpus, host_link_gb_per_s=args.host_link_gbps,
                                  attention=args.attention, keep_timelines=keep_timelines,
                                  stage_split=stage_split, nvls=not args.no_nvls, mtp=mtp,
-                                 captured=captured,
+                                 captured=captured, price_coverage=True,
                                  use_cache=False if args.no_cache else None)
 
     if args.gpus is not None:
@@ -228,6 +228,11 @@ def run_train(args: argparse.Namespace) -> int:
 
         con = console()
         render(report, con)
+        if getattr(args, "tables", None):
+            from zrt_core.cli.coverage_view import print_coverage
+
+            con.print("forward and backward (one micro-batch):")
+            print_coverage(con, dict(report.price_coverage))
         if gains:
             run_compile.print_gains(gains)
         for path in written:

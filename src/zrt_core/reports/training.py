@@ -181,6 +181,8 @@ class TrainingReport:
     #: the whole run (``zrt run --train --tokens``/``--steps``), when asked for
     goodput: Goodput | None = None
     collectives: Mapping[str, Any] = field(factory=dict, converter=_ro)
+    #: where the prices came from (``zrt_core.cost.coverage``), when asked for
+    price_coverage: Mapping[str, Any] = field(factory=dict, converter=_ro)
 
     @property
     def exposed_comm_total_s(self) -> float:
@@ -225,6 +227,7 @@ class TrainingReport:
             "checkpoint_bytes": self.checkpoint_bytes,
             "checkpoint_bytes_per_device": self.checkpoint_bytes_per_device,
             "collectives": {k: dict(v) for k, v in self.collectives.items()},
+            "price_coverage": dict(self.price_coverage),
         }
         if self.goodput is not None:
             out["goodput"] = self.goodput.to_json()

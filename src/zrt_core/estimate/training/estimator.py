@@ -105,6 +105,7 @@ def estimate_training(
     cuda_graph: str = "none",
     nvls: bool = True,
     reuse: TrainingReuse | None = None,
+    price_coverage: bool = False,
 ) -> TrainingReport:
     """Estimate one training step (see the module docstring).
 
@@ -124,6 +125,9 @@ def estimate_training(
         attention dropout over the scores; :class:`UnfusedAttention`).
     :param keep_timelines: keep the first stage's forward/backward timelines (for traces
         and HTML).
+    :param price_coverage: report where the forward and backward prices came from
+        (measured tables, interpolation, roofline; ``TrainingReport.price_coverage``): one
+        pass over the graphs, left out of a search's many estimates.
     :param use_cache: read and write the capture cache on disk (default: unless
         ``ZRT_NO_CACHE=1``).
     :param stage_split: how layers split into pipeline stages, Megatron-Core's options
@@ -359,6 +363,15 @@ def estimate_training(
     timings["total"] = time.perf_counter() - started
     report = evolve(report, timings_s=timings, collectives=collective_table(
         (("forward", fwd, costs["fwd"]), ("backward", bwd_sync, costs["bwd_sync"]))))
+    if price_coverage:
+        from types import SimpleNamespace
+
+        from zrt_core.cost.coverage import coverage
+
+        # one micro-batch's forward and backward (the last, with the gradient reduction)
+        report = evolve(report, price_coverage=coverage(
+            [SimpleNamespace(graph=fwd, costs=costs["fwd"]),
+             SimpleNamespace(graph=bwd_sync, costs=costs["bwd_sync"])]))
     check_training(report)
     return report
 
