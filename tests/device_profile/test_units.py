@@ -42,3 +42,37 @@ def test_attention_efficiency_is_over_the_gemm_rate_of_its_dtype():
     # over the fp32 rate (50 TFLOP/s) the same kernel is more than the peak: capped at 1
     assert _calibration("fp32").to_pack()["efficiency"]["attention"] == 1.0
     assert "attention in bf16" in _calibration("bf16").to_pack()["source"]
+
+
+def test_profile_collects_one_tensor_parallel_ranks_gemms(tmp_path, monkeypatch):
+    from zrt_core.capture.api import capture
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.profile.kernels import kernels_of
+    from zrt_core.profile.layout import rank_graphs
+
+    monkeypatch.setenv("ZRT_CACHE_DIR", str(tmp_path))
+    host = get_plugin_manager()
+    config = dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=128)
+    phases = ("train_forward", "train_backward")
+    captured = capture(config, phases, batch=1, seq_len=16, host=host)
+    from zrt_core.hardware import HardwareSpec
+
+    hw = HardwareSpec.from_mapping(_calibration("bf16").to_pack(), source_file="cal.yaml")
+
+    def gemms(graphs):
+        kernels, _ = kernels_of(graphs, grid=False)
+        return {dict(k.cells)["n"] for k in kernels if k.op == "gemm"} | {
+            dict(k.cells)["k"] for k in kernels if k.op == "gemm"}
+
+    whole = gemms([captured.graph(p) for p in phases])
+    rank = gemms(rank_graphs(captured, phases, hw, host, tp=2, cp=1, ep=1, batch=1,
+                             seq_len=16, dtype="float32"))
+    # n and k of every GEMM, forward and backward: 16 tokens (the weight gradients' k), 64
+    # hidden and q (4 heads x 16), 32 k/v (2 heads x 16), 128 the MLP's intermediate and the
+    # vocabulary
+    assert whole == {16, 32, 64, 128}
+    # at tp 2 each rank holds half of every column- and row-parallel weight: intermediate and
+    # vocabulary 64, q 32, k/v 16 (one head each)
+    assert rank == {16, 32, 64}

@@ -29,6 +29,12 @@ def register(sub: Any) -> None:
                       help="the kernels of a training step (the default)")
     mode.add_argument("--infer", dest="mode", action="store_const", const="infer",
                       help="the kernels of a prefill and a decode step")
+    p.add_argument("--tp", type=positive_int("--tp"), default=1,
+                   help="profile one tensor-parallel rank's kernels (default 1)")
+    p.add_argument("--cp", type=positive_int("--cp"), default=1,
+                   help="context-parallel degree: one rank's share of the sequence")
+    p.add_argument("--ep", type=positive_int("--ep"), default=1,
+                   help="expert-parallel degree: one rank's experts (data parallel as wide)")
     p.add_argument("--batch", type=positive_int("--batch"), default=1)
     p.add_argument("--seq-len", type=positive_int("--seq-len"), default=128)
     p.add_argument("--dtype", default="float32", help="the model's dtype (default float32)")
@@ -64,8 +70,13 @@ def run(args: argparse.Namespace) -> int:
               else ("prefill", "decode"))
     captured = capture(args.model, phases, batch=args.batch, seq_len=args.seq_len, host=host,
                        dtype=args.dtype)
-    kernels, skipped = kernels_of([captured.graph(p) for p in phases],
-                                  grid=not args.no_grid, dtypes=dtypes)
+    graphs = [captured.graph(p) for p in phases]
+    if (args.tp, args.cp, args.ep) != (1, 1, 1):
+        from zrt_core.profile.layout import rank_graphs
+
+        graphs = rank_graphs(captured, phases, hw, host, tp=args.tp, cp=args.cp, ep=args.ep,
+                             batch=args.batch, seq_len=args.seq_len, dtype=args.dtype)
+    kernels, skipped = kernels_of(graphs, grid=not args.no_grid, dtypes=dtypes)
     out = Path(args.out) / f"{hw.id}.csv"
     con = console()
     written = []
