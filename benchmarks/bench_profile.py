@@ -78,7 +78,7 @@ def main() -> int:
                                        repeats=5), device, host)
             if costed is None:
                 costed = predict(m, hw, host)
-            d = diff(m, costed)
+            d = diff(m, costed, hw)
             ratios.append(d["end_to_end_ratio"])
             mapes.append(d["layer_mape"])
             layers = " ".join(f"{x['error']:+.0%}" for x in d["layers"])

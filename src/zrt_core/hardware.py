@@ -217,6 +217,11 @@ class Efficiency:
         compute stream); ``--fit-overlap`` fits it on the training records, and the NVIDIA
         packs ship 0 until that fit passes cross-validation (docs/overlap-rules.md); 0: not
         modelled.
+    :param eager_host_us: host time per op of an eager PyTorch forward — Python module code,
+        autograd recording, dispatch and the launch — measured by ``zrt calibrate`` on a
+        small eager decoder (docs/profile.md); ``zrt diff`` runs the host beside the device
+        (a GPU) or before each op (a CPU); 0: not modelled.
+    :param eager_host_backward_us: the same per op of the backward (the C++ autograd engine).
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -242,6 +247,8 @@ class Efficiency:
     host_launch_us: float = 0.0
     expert_kernel_us: float = 0.0
     comm_overlap_sms: int = 0
+    eager_host_us: float = 0.0
+    eager_host_backward_us: float = 0.0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

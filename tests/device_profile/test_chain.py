@@ -68,7 +68,11 @@ def test_measure_then_diff_train(chain, capsys, tmp_path):
     assert 0.05 < d["end_to_end_ratio"] < 20  # loose: a shared CI CPU
     # the ops' own time is the profiler's self times summed; the ratio is over it
     assert d["measured_op_s"] == pytest.approx(sum(k["self_s"] for k in m["kernels"]))
-    assert d["op_ratio"] == pytest.approx(d["predicted_s"] / d["measured_op_s"])
+    assert d["op_ratio"] == pytest.approx(d["predicted_op_s"] / d["measured_op_s"])
+    # the calibrated CPU pack has an eager host cost: the host runs before each op
+    assert d["host_model"]["serial"] is True and d["host_model"]["forward_us"] > 0
+    # each node's time plus the host's per node, less the dispatch each price holds
+    assert d["predicted_s"] > d["predicted_op_s"]
     assert [r["index"] for r in d["layers"]] == [0, 1]
     assert all(r["predicted_s"] > 0 and r["measured_s"] > 0 for r in d["layers"])
     assert {"matmul", "attention"} <= {r["category"] for r in d["categories"]}

@@ -76,3 +76,26 @@ def test_profile_collects_one_tensor_parallel_ranks_gemms(tmp_path, monkeypatch)
     # at tp 2 each rank holds half of every column- and row-parallel weight: intermediate and
     # vocabulary 64, q 32, k/v 16 (one head each)
     assert rank == {16, 32, 64}
+
+
+def test_the_eager_host_runs_beside_a_gpu_and_before_each_op_on_a_cpu():
+    from zrt_core.profile.diff import HostClock
+
+    us = 1e-6
+    # GPU: the host issues each op in 10 us, the device runs a priced op less its 5 us
+    # dispatch. A 105 us kernel (100 us own) issued at 10 ends at 110; a view is issued at
+    # 20 (no device work); a 9 us kernel (4 us own) issued at 30 waits for the device: 110
+    # to 114; three 6 us kernels (1 us own) issued at 40, 50, 60 start at 114, 115, 116 and
+    # end at 117: the device is busy, the host is not what bounds
+    gpu = HostClock(10 * us, 2 * us, serial=False, dispatch_s=5 * us)
+    moves = [gpu.advance(105 * us, False), gpu.advance(0.0, False),
+             gpu.advance(9 * us, False), gpu.advance(6 * us, False, copies=3)]
+    assert [round(m / us, 9) for m in moves] == [110, 0, 4, 3]
+    # a backward 1 us kernel has no own time left after the 5 us dispatch (floored at 0);
+    # issued at 60 + 2 = 62, it runs at 117 and moves nothing
+    assert gpu.advance(1 * us, True) == 0.0
+    # CPU: the host thread runs each op after its 10 us: 10 + 100, 10, 10 + 4
+    cpu = HostClock(10 * us, 2 * us, serial=True, dispatch_s=5 * us)
+    moves = [cpu.advance(105 * us, False), cpu.advance(0.0, False), cpu.advance(9 * us, False)]
+    assert [round(m / us, 9) for m in moves] == [110, 10, 14]
+    assert round(cpu.device / us, 9) == 134

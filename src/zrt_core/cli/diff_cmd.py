@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     host = get_plugin_manager()
     hw = host.hardware_spec(args.hw)
     backends = backends_with_tables(hw, host, args.tables)
-    result = diff(measurement, predict(measurement, hw, host, backends))
+    result = diff(measurement, predict(measurement, hw, host, backends), hw)
     if args.html:
         result["files"] = [str(write_html(result, args.html))]
     if args.json:
@@ -47,9 +47,14 @@ def run(args: argparse.Namespace) -> int:
     con.print(f"{result['model']} {result['mode']} on {hw.name}: predicted "
               f"{result['predicted_s'] * 1e3:.3f} ms, measured "
               f"{result['measured_s'] * 1e3:.3f} ms, ratio {result['end_to_end_ratio']:.3f}")
+    if result["host_model"]:
+        h = result["host_model"]
+        con.print(f"eager host: {h['forward_us']:.1f} / {h['backward_us']:.1f} µs per op "
+                  f"(forward / backward), {'before each op (CPU)' if h['serial'] else 'beside the device (GPU)'}")
     if result["op_ratio"] is not None:
-        con.print(f"the ops' own time (profiler) {result['measured_op_s'] * 1e3:.3f} ms, "
-                  f"ratio {result['op_ratio']:.3f}; the rest of the step, "
+        con.print(f"the ops' own time: predicted {result['predicted_op_s'] * 1e3:.3f} ms, "
+                  f"measured (profiler) {result['measured_op_s'] * 1e3:.3f} ms, ratio "
+                  f"{result['op_ratio']:.3f}; the rest of the measured step, "
                   f"{(result['measured_s'] - result['measured_op_s']) * 1e3:.3f} ms, is time "
                   "no op ran (the host issuing eager ops, Python)")
 

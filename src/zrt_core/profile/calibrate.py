@@ -22,6 +22,10 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
   default 64 MB, beyond a CPU's caches — a training step's saved activations and a decode
   step's weights stream from DRAM.
 * launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
+* eager host: the wall time of a small eager decoder's forward and of its backward (hidden
+  64, so its ops' own work is a few microseconds) over the ops zrt's capture counts in
+  them (every node, views included): the host's time per op of eager PyTorch — module
+  Python, autograd, dispatch and launch — which ``zrt diff`` runs beside the device.
 * vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
   tensor (32k elements on a CPU; 4M on a GPU, whose launch would otherwise be all of it), one FLOP per element as zrt's formulas count them: the geometric mean of their
   rates (launch taken off) over the fp32 GEMM rate is ``efficiency.vector``.
@@ -93,6 +97,8 @@ class Calibration:
     date: str
     #: the dtype attention was timed in (its efficiency is over this dtype's GEMM rate)
     attention_dtype: str = "fp32"
+    #: host time per op of an eager forward and backward (:func:`_eager_host`), µs
+    eager_host_us: tuple[float, float] = (0.0, 0.0)
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
@@ -130,6 +136,8 @@ class Calibration:
             "matmul_tile_m": fp32.tile_m,
             "matmul_tile_n": 1,
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
+            "eager_host_us": _sig(self.eager_host_us[0]),
+            "eager_host_backward_us": _sig(self.eager_host_us[1]),
         }
         return {
             "id": hw_id or self.hardware_id(),
@@ -155,6 +163,7 @@ class Calibration:
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device.to_json(), "date": self.date,
                 "attention_dtype": self.attention_dtype,
+                "eager_host_us": list(self.eager_host_us),
                 "memory_gb_per_s": self.memory_gb_per_s,
                 "launch_overhead_us": self.launch_overhead_us,
                 "vector_flops": self.vector_flops,
@@ -217,9 +226,12 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     attention_dtype = "bf16" if device.kind == "cuda" and "bf16" in dtypes else "fp32"
     attention = _attention_fits(device, sizes, repeats, min_time_s, attention_dtype)
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
+    # its steps take a millisecond or two: 20 at least, the best of them (a busy machine)
+    eager_host = _eager_host(device, max(repeats, 20))
     return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
                        vector_flops=vector, attention_dtype=attention_dtype,
+                       eager_host_us=eager_host,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
@@ -252,6 +264,58 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
     finally:
         if dtype == "tf32":
             torch.backends.cuda.matmul.allow_tf32 = False
+
+
+#: the small eager decoder :func:`_eager_host` times (its ops' own work is microseconds)
+HOST_PROBE = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "vocab_size": 128}
+HOST_PROBE_TOKENS = (1, 16)  # batch, sequence
+
+
+def _eager_host(device: Device, repeats: int) -> tuple[float, float]:
+    """Host µs per op of an eager forward and of its backward: the best wall time (CPU time
+    with one CPU thread) of :data:`HOST_PROBE`'s training forward, and of forward plus
+    backward less it, over the nodes zrt's capture of the same step counts (views
+    included: each is a dispatch)."""
+    import time
+
+    import torch
+
+    from zrt_core.capture.api import capture
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.profile.device import cpu_clock, synchronize
+    from zrt_core.profile.measure import MeasureRequest, _build
+
+    host = get_plugin_manager()
+    batch, seq = HOST_PROBE_TOKENS
+    request = MeasureRequest(model=dict(HOST_PROBE), mode="train", batch=batch, seq_len=seq)
+    _, _, model = _build(request, device, host)
+    ids = torch.randint(0, HOST_PROBE["vocab_size"], (batch, seq), device=device.torch_device)
+    clock = time.perf_counter if device.kind == "cuda" else cpu_clock(device)
+
+    def timed(backward: bool) -> float:
+        best = float("inf")
+        for i in range(repeats + 2):  # two warm-ups
+            for p in model.parameters():
+                p.grad = None
+            synchronize(device)
+            t0 = clock()
+            loss = model(input_ids=ids, labels=ids).loss
+            if backward:
+                loss.backward()
+            synchronize(device)
+            if i >= 2:
+                best = min(best, clock() - t0)
+        return best
+
+    forward_s, both_s = timed(False), timed(True)
+    captured = capture(dict(HOST_PROBE), ("train_forward", "train_backward"), batch=batch,
+                       seq_len=seq, host=host, full_depth=True, dtype="float32",
+                       last_token_logits=True)
+    counts = [sum(g.multiplicity(n) for n in g.nodes)
+              for g in (captured.graph("train_forward"), captured.graph("train_backward"))]
+    return (forward_s / counts[0] * 1e6, max(0.0, both_s - forward_s) / counts[1] * 1e6)
 
 
 def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: float

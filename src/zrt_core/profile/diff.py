@@ -3,8 +3,13 @@ step and shapes on a hardware spec (a calibrated pack, typically), per layer, pe
 sub-module and per op category, with the end-to-end ratio predicted / measured.
 
 The prediction is the captured graph of every decoder layer (``full_depth``) priced node by
-node by the hardware's cost backends and summed (one device, no parallelism, no overlap:
-eager PyTorch runs one op after the other).
+node by the hardware's cost backends (one device, no parallelism; eager PyTorch runs one op
+after the other). Where the hardware has an eager host cost (``efficiency.eager_host_us``,
+measured by ``zrt calibrate``), the host issues every node (views too) at that cost: on a
+GPU beside the device, each kernel starting when both the host has issued it and the
+device has finished the one before; on a CPU, where the host thread runs the ops itself,
+before each op (the op's own dispatch, ``launch_overhead_us``, is then the host's). Without
+it the node times are summed.
 """
 
 from __future__ import annotations
@@ -69,10 +74,56 @@ def predict(measurement: Mapping[str, Any], hardware: Any, host: Any,
     return [price_graph(captured.graph(p), hardware, host, backends=backends) for p in phases]
 
 
-def diff(measurement: Mapping[str, Any], costed: Sequence[Any]) -> dict[str, Any]:
+class HostClock:
+    """The eager host beside the device: :meth:`advance` runs one node and says how far the
+    step's end moved (module docstring).
+
+    :param forward_s: host time per node of a forward; ``backward_s`` of a backward.
+    :param serial: the host runs the ops itself (a CPU): time adds; else (a GPU) the host
+        issues ahead of the device and each kernel waits for the later of the two.
+    :param dispatch_s: the dispatch every priced node's time already holds, taken off it
+        (the host pays it).
+    """
+
+    def __init__(self, forward_s: float, backward_s: float, *, serial: bool,
+                 dispatch_s: float) -> None:
+        self.per_node = {False: forward_s, True: backward_s}
+        self.serial = serial
+        self.dispatch_s = dispatch_s
+        self.host = 0.0
+        self.device = 0.0
+
+    def advance(self, node_s: float, backward: bool, copies: int = 1) -> float:
+        """Run ``copies`` of a node whose priced time is ``node_s`` (0: a view): the seconds
+        the step's end moved."""
+        before = self.device
+        own = max(0.0, node_s - self.dispatch_s) if node_s > 0 else 0.0
+        for _ in range(copies):
+            self.host = max(self.host, self.device) if self.serial else self.host
+            self.host += self.per_node[backward]
+            self.device = max(self.device, self.host) + own
+            if self.serial:
+                self.host = self.device
+        return self.device - before
+
+
+def host_clock(measurement: Mapping[str, Any], hardware: Any) -> HostClock | None:
+    """The host model for ``measurement`` on ``hardware``; None without an eager host cost."""
+    eff = getattr(hardware, "efficiency", None)
+    if eff is None or not eff.eager_host_us:
+        return None
+    serial = (measurement.get("device") or {}).get("kind", "cuda") == "cpu"
+    return HostClock(eff.eager_host_us * 1e-6, eff.eager_host_backward_us * 1e-6,
+                     serial=serial, dispatch_s=eff.launch_overhead_us * 1e-6)
+
+
+def diff(measurement: Mapping[str, Any], costed: Sequence[Any],
+         hardware: Any = None) -> dict[str, Any]:
     """The comparison as a JSON-ready mapping: ``end_to_end_ratio``, ``layers``,
-    ``modules``, ``categories``, ``timelines``, ``coverage``."""
+    ``modules``, ``categories``, ``timelines``, ``coverage``; with ``hardware``'s eager host
+    cost, the host runs beside the device (:class:`HostClock`)."""
     measured_layers = {int(r["index"]): r for r in measurement["layers"]}
+    host = host_clock(measurement, hardware)
     layer_pred: dict[int, dict[str, float]] = {}
     module_pred: dict[str, dict[str, float]] = {}
     category_pred: dict[str, float] = {}
@@ -80,16 +131,21 @@ def diff(measurement: Mapping[str, Any], costed: Sequence[Any]) -> dict[str, Any
     predicted_timeline: list[dict[str, Any]] = []
     clock = 0.0
     total = 0.0
+    device_total = 0.0
     for cg in costed:
         graph = cg.graph
         backward = "backward" in graph.phase
         side = "backward_s" if backward else "forward_s"
         span: dict[int, list[float]] = {}
         for node in graph.nodes:
-            seconds = cg.costs[node.id].time_s * graph.multiplicity(node)
+            copies = graph.multiplicity(node)
+            node_s = cg.costs[node.id].time_s
+            device_s = node_s * copies
+            seconds = device_s if host is None else host.advance(node_s, backward, copies)
             total += seconds
+            device_total += device_s
             op_category.setdefault(_base(node.op), node.category)
-            category_pred[node.category] = category_pred.get(node.category, 0.0) + seconds
+            category_pred[node.category] = category_pred.get(node.category, 0.0) + device_s
             if node.layer_index is not None:
                 row = layer_pred.setdefault(node.layer_index, {"forward_s": 0.0,
                                                               "backward_s": 0.0})
@@ -151,8 +207,12 @@ def diff(measurement: Mapping[str, Any], costed: Sequence[Any]) -> dict[str, Any
         "predicted_s": total,
         "measured_s": measured_s,
         "end_to_end_ratio": total / measured_s,
+        "predicted_op_s": device_total,
         "measured_op_s": op_s,
-        "op_ratio": total / op_s if op_s > 0 else None,
+        "op_ratio": device_total / op_s if op_s > 0 else None,
+        "host_model": None if host is None else {
+            "forward_us": host.per_node[False] * 1e6, "backward_us": host.per_node[True] * 1e6,
+            "serial": host.serial},
         "layer_mape": sum(errors) / len(errors) if errors else None,
         "layers": layers,
         "modules": modules,
