@@ -36,6 +36,8 @@ The YAML format (every key below, nothing else; a repeated key is an error too):
     #   nvls_efficiency: 0.61   NVLink SHARP (NCCL's NVLS) on an NVSwitch tier: the fraction
     #                           of bandwidth_gb_per_s its all-reduce moves S bytes at
     #   sharp: true             SHARP on an InfiniBand tier, enabled for NCCL (CollNet)
+    # optional per tier: all_to_all_efficiency, the fraction of bandwidth_gb_per_s an
+    # all-to-all crossing the tier moves at (default: efficiency; docs/collectives.md)
     power_w: 700                     # board power (TDP)
     price_per_device_hour_usd: null  # a public on-demand price, or omit
     checkpoint_write_gb_per_s: 6.25  # what one device writes to storage (optional)
@@ -163,6 +165,10 @@ class InterconnectTier:
         no in-switch reduction.
     :param sharp: the tier's switches reduce for NCCL's CollNet (SHARP on InfiniBand, with
         the SHARP plugin and ``NCCL_COLLNET_ENABLE=1``).
+    :param all_to_all_efficiency: the fraction of ``bandwidth_gb_per_s`` an all-to-all's
+        traffic crossing this tier moves at inside a training step (NCCL's or an MoE
+        dispatcher's point-to-point exchange with every peer, docs/collectives.md); None:
+        ``efficiency``, the ring collectives' rate.
     """
 
     name: str
@@ -172,6 +178,7 @@ class InterconnectTier:
     efficiency: float = 0.8
     nvls_efficiency: float | None = None
     sharp: bool = False
+    all_to_all_efficiency: float | None = None
 
 
 @frozen
@@ -387,7 +394,7 @@ class HardwareSpec:
         for i, raw in enumerate(raw_tiers):
             tf = Fields(raw, f"{source_file}: interconnect[{i}]",
                         {"name", "bandwidth_gb_per_s", "latency_us", "devices", "efficiency",
-                         "nvls_efficiency", "sharp"})
+                         "nvls_efficiency", "sharp", "all_to_all_efficiency"})
             sharp = tf.raw("sharp", False)
             if not isinstance(sharp, bool):
                 raise SpecError(f"{tf.path('sharp')} must be true or false, got {sharp!r}",
@@ -400,6 +407,8 @@ class HardwareSpec:
                 efficiency=tf.number("efficiency", 0.8, positive=True, at_most=1.0),
                 nvls_efficiency=tf.number("nvls_efficiency", positive=True, at_most=1.0),
                 sharp=sharp,
+                all_to_all_efficiency=tf.number("all_to_all_efficiency", positive=True,
+                                                at_most=1.0),
             ))
 
         fractions, overheads, counts = _efficiency_keys()
