@@ -36,8 +36,8 @@ TransformerEngine's ``GroupedLinear`` loop) the same way, one value for every NV
 ``--fit-overlap`` fits ``comm_overlap_sms`` (the SMs a collective's kernels hold while it
 overlaps computation) the same way, one value for every NVIDIA GPU (docs/overlap-rules.md).
 
-``--fit-a2a`` fits the network tier's ``all_to_all_efficiency`` (the rate of an all-to-all's
-traffic over InfiniBand) the same way, one value for every NVIDIA GPU (docs/collectives.md).
+``--fit-a2a`` fits the network tier's ``all_to_all_efficiency`` (the rate of NCCL's
+all-to-all traffic over InfiniBand) the same way, one value for every NVIDIA GPU (docs/collectives.md).
 """
 
 from __future__ import annotations
@@ -238,7 +238,8 @@ A2A_GRID = tuple(round(0.90 - 0.05 * k, 2) for k in range(11))
 def fit_a2a(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
     """Fit the outermost (network) tier's ``all_to_all_efficiency`` (:data:`A2A_GRID`) once
     for every NVIDIA GPU on the step-time MAPE of the training records it moves (those
-    whose expert-parallel or Ulysses all-to-all crosses the network), with the
+    whose NCCL all-to-all — Megatron-Core's ``alltoall`` token dispatcher, Ulysses — crosses
+    the network; DeepEP's and HybridEP's keep the tier's efficiency), with the
     leave-one-source-out and leave-one-hardware-out report of ``--fit-host``."""
     return _grid_fit(path, only, cache, "interconnect.all_to_all_efficiency", A2A_GRID,
                      EXPERT_GPU_TYPES, HOST_TIE, moved_only=True, off=A2A_GRID[0])

@@ -36,7 +36,7 @@ The YAML format (every key below, nothing else; a repeated key is an error too):
     #   nvls_efficiency: 0.61   NVLink SHARP (NCCL's NVLS) on an NVSwitch tier: the fraction
     #                           of bandwidth_gb_per_s its all-reduce moves S bytes at
     #   sharp: true             SHARP on an InfiniBand tier, enabled for NCCL (CollNet)
-    # optional per tier: all_to_all_efficiency, the fraction of bandwidth_gb_per_s an
+    # optional per tier: all_to_all_efficiency, the fraction of bandwidth_gb_per_s NCCL's
     # all-to-all crossing the tier moves at (default: efficiency; docs/collectives.md)
     power_w: 700                     # board power (TDP)
     price_per_device_hour_usd: null  # a public on-demand price, or omit
@@ -165,10 +165,11 @@ class InterconnectTier:
         no in-switch reduction.
     :param sharp: the tier's switches reduce for NCCL's CollNet (SHARP on InfiniBand, with
         the SHARP plugin and ``NCCL_COLLNET_ENABLE=1``).
-    :param all_to_all_efficiency: the fraction of ``bandwidth_gb_per_s`` an all-to-all's
-        traffic crossing this tier moves at inside a training step (NCCL's or an MoE
-        dispatcher's point-to-point exchange with every peer, docs/collectives.md); None:
-        ``efficiency``, the ring collectives' rate.
+    :param all_to_all_efficiency: the fraction of ``bandwidth_gb_per_s`` NCCL's
+        all-to-all (every rank's send/recv with every member: Megatron-Core's ``alltoall``
+        token dispatcher, Ulysses) moves its traffic across this tier at inside a training
+        step (docs/collectives.md); None: ``efficiency``, the ring collectives' rate. The
+        deduplicating MoE dispatchers (DeepEP, HybridEP) keep ``efficiency``.
     """
 
     name: str

@@ -174,12 +174,12 @@ def test_all_to_all_efficiency_prices_only_the_all_to_all(toy):
     assert flat.time_s == pytest.approx(6e-3 + 5e-6, rel=1e-12)
 
 
-def test_all_to_all_efficiency_prices_the_dedup_all_to_all(toy):
-    # as test_dedup_all_to_all_...: 1.35 copies of 8e7 B cross t1, now at 40 x 0.25 =
-    # 1e10 B/s: 1.08e-2 s; t0 (1.5 copies over 5e10) stays 2.4e-3; + alpha(t1) 5 us
+def test_all_to_all_efficiency_leaves_the_dedup_all_to_all_at_the_tier_rate(toy):
+    # DeepEP / HybridEP keep the tier's efficiency: as test_dedup_all_to_all_..., 1.35
+    # copies of 8e7 B cross t1 at 40 x 0.5 = 2e10 B/s: 5.4e-3 + alpha(t1) 5 us
     cost = collective_cost("all_to_all", 1.6e8, 16, 16, _with_a2a(toy, t1=0.25), "dedup",
                            routing=(16, 2))
-    assert cost.time_s == pytest.approx(1.08e-2 + 5e-6, rel=1e-12)
+    assert cost.time_s == pytest.approx(5.4e-3 + 5e-6, rel=1e-12)
 
 
 def test_all_to_all_efficiency_on_an_inner_tier_can_make_it_the_bottleneck(toy):

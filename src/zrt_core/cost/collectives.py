@@ -29,8 +29,8 @@ hierarchical           per crossed tier i, inner to outer then back: a reduce-sc
 all-to-all             each rank sends S/n to every member; what goes to the (m_i - m_(i-1))
                        members first reached at tier i crosses tier i, all tiers at once:
                        max_i ((m_i - m_(i-1))/n · S / A_i) + α of the outermost crossed tier,
-                       A_i = bandwidth_i · all_to_all_efficiency_i (the tier's efficiency
-                       where it has none; the dedup all-to-all likewise)
+                       A_i = bandwidth_i · all_to_all_efficiency_i (NCCL's all-to-all;
+                       the tier's efficiency where it has none, and for dedup)
 send/recv              S / B_top + α_top (the pipeline's slowest hop sets the pace)
 broadcast              S / B_ring + (n-1) α (pipelined ring)
 
@@ -139,8 +139,10 @@ class _Placement:
         return tier.bandwidth_gb_per_s * 1e9 * tier.efficiency
 
     def all_to_all_bandwidth(self, i: int) -> float:
-        """Bytes/s an all-to-all's traffic crossing tier ``i`` moves at per device: the
-        tier's ``all_to_all_efficiency`` where it has one, else its bus bandwidth."""
+        """Bytes/s NCCL's all-to-all moves across tier ``i`` per device: the tier's
+        ``all_to_all_efficiency`` where it has one, else its bus bandwidth. The
+        deduplicating dispatchers (DeepEP, HybridEP) keep the bus bandwidth
+        (docs/collectives.md, "All-to-all across the network")."""
         tier = self.tiers[i]
         if tier.all_to_all_efficiency is None:
             return self.bandwidth(i)
@@ -302,7 +304,7 @@ def _price_dedup(size: float, n: int, place: _Placement, routing: tuple[int, int
         else:
             domains = n / place.below(i)
             copies = (domains - 1) * _domain_hit(experts, top_k, domains)
-        wire = max(wire, row * copies / place.all_to_all_bandwidth(i))
+        wire = max(wire, row * copies / place.bandwidth(i))
     return wire, _alpha(place, place.crossed[-1])
 
 
