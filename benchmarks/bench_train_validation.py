@@ -1,7 +1,8 @@
 """Predict every training record of a validation file and print the step-time errors.
 
     python benchmarks/bench_train_validation.py [FILE] [--only SUBSTR] [--json OUT]
-        [--cache DIR] [--verbose] [--fit | --fit-sustained | --fit-host | --fit-expert | --fit-overlap]
+        [--cache DIR] [--verbose]
+        [--fit | --fit-sustained | --fit-host | --fit-expert | --fit-overlap | --fit-a2a]
 
 For each ``workload: train`` record: the inputs with Megatron-LM / NeMo defaults for null
 fields (``zrt_core.estimate.training.case_from_record``), one capture per model,
@@ -34,6 +35,9 @@ TransformerEngine's ``GroupedLinear`` loop) the same way, one value for every NV
 
 ``--fit-overlap`` fits ``comm_overlap_sms`` (the SMs a collective's kernels hold while it
 overlaps computation) the same way, one value for every NVIDIA GPU (docs/overlap-rules.md).
+
+``--fit-a2a`` fits the network tier's ``all_to_all_efficiency`` (the rate of NCCL's
+all-to-all traffic over InfiniBand) the same way, one value for every NVIDIA GPU (docs/collectives.md).
 """
 
 from __future__ import annotations
@@ -172,12 +176,14 @@ HOST_TIE = 0.001
 
 
 def _grid_fit_value(errors: dict[str, dict[float, float]], ids: list[str],
-                    grid: tuple[float, ...], tie: float) -> float:
+                    grid: tuple[float, ...], tie: float, off: float = 0.0) -> float:
+    """The value of ``grid`` with the lowest MAPE over ``ids``; of those within ``tie`` of
+    it, the nearest to ``off`` (the value without the mechanism); ``off`` without records."""
     if not ids:
-        return 0.0
+        return off
     scores = {v: statistics.fmean(abs(errors[i][v]) for i in ids) for v in grid}
     best = min(scores.values())
-    return min(v for v, sc in scores.items() if sc <= best + tie)
+    return min((v for v, sc in scores.items() if sc <= best + tie), key=lambda v: abs(v - off))
 
 
 def fit_host(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
@@ -224,16 +230,45 @@ def fit_overlap(path: Path, only: str | None, cache: Path | None) -> dict[str, A
                      HOST_TIE)
 
 
-def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
-              grid: tuple[float, ...], types: dict[str, tuple[str, ...]], tie: float,
-              moved_only: bool = False) -> dict[str, Any]:
-    """Fit one efficiency ``field`` per hardware type (``types``) by grid search on the
-    step-time MAPE of every training record of that type (``moved_only``: of those the
-    field moves), the smallest value within ``tie`` of the best, and cross-validate: refit
-    without each source (the record id's first token) and without each hardware, and
-    predict the records left out."""
+#: The scale-out tier's all-to-all efficiency, 0.90 (the tier's ring efficiency on every
+#: NVIDIA pack with training records: no change) down to 0.40 in steps of 0.05.
+A2A_GRID = tuple(round(0.90 - 0.05 * k, 2) for k in range(11))
+
+
+def fit_a2a(path: Path, only: str | None, cache: Path | None) -> dict[str, Any]:
+    """Fit the outermost (network) tier's ``all_to_all_efficiency`` (:data:`A2A_GRID`) once
+    for every NVIDIA GPU on the step-time MAPE of the training records it moves (those
+    whose NCCL all-to-all — Megatron-Core's ``alltoall`` token dispatcher, Ulysses — crosses
+    the network; DeepEP's and HybridEP's keep the tier's efficiency), with the
+    leave-one-source-out and leave-one-hardware-out report of ``--fit-host``."""
+    return _grid_fit(path, only, cache, "interconnect.all_to_all_efficiency", A2A_GRID,
+                     EXPERT_GPU_TYPES, HOST_TIE, moved_only=True, off=A2A_GRID[0])
+
+
+def _with_value(hw, field: str, value):
+    """``hw`` with one efficiency field, or (``interconnect.NAME``) one field of its
+    outermost, unbounded tier, set to ``value``."""
     from attrs import evolve as _evolve
 
+    if field.startswith("interconnect."):
+        name = field.split(".", 1)[1]
+        tiers = tuple(_evolve(t, **{name: value}) if t.devices is None else t
+                      for t in hw.interconnect)
+        return _evolve(hw, interconnect=tiers)
+    if isinstance(getattr(hw.efficiency, field), int):
+        value = int(value)
+    return _evolve(hw, efficiency=_evolve(hw.efficiency, **{field: value}))
+
+
+def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
+              grid: tuple[float, ...], types: dict[str, tuple[str, ...]], tie: float,
+              moved_only: bool = False, off: float = 0.0) -> dict[str, Any]:
+    """Fit one efficiency ``field`` per hardware type (``types``) by grid search on the
+    step-time MAPE of every training record of that type (``moved_only``: of those the
+    field moves), of the values within ``tie`` of the best the nearest to ``off`` (the
+    value without the mechanism, a grid value), and cross-validate: refit without each
+    source (the record id's first token) and without each hardware, and predict the
+    records left out."""
     from zrt_core.errors import ZrtError
     from zrt_core.plugins import get_plugin_manager
 
@@ -255,8 +290,7 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
                 if v not in (grid[0], grid[-1]) and row[grid[0]] == row[grid[-1]]:
                     row[v] = row[grid[0]]
                     continue
-                value = int(v) if isinstance(getattr(hw.efficiency, field), int) else v
-                spec = _evolve(hw, efficiency=_evolve(hw.efficiency, **{field: value}))
+                spec = _with_value(hw, field, v)
                 row[v] = (_estimate(case, cap, host, spec).step_time_s - measured) / measured
             row = {v: row[v] for v in grid}
         except ZrtError:
@@ -271,7 +305,8 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
 
     def fitted(ids: list[str]) -> dict[str, float]:
         return {kind: _grid_fit_value(errors, [i for i in ids if where[i][2] == kind
-                                               and (not moved_only or i in moves)], grid, tie)
+                                               and (not moved_only or i in moves)], grid, tie,
+                                      off)
                 for kind in types}
 
     def mape(pairs: list[float]) -> float | None:
@@ -279,10 +314,10 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
 
     ids = list(errors)
     values = fitted(ids)
-    value = {i: values.get(where[i][2], 0.0) for i in ids}
+    value = {i: values.get(where[i][2], off) for i in ids}
     out: dict[str, Any] = {"fitted_us": values, "records": len(ids), "grid_us": grid,
                            "moved": len(moves)}
-    out["in_sample"] = {"off": mape([errors[i][0.0] for i in ids]),
+    out["in_sample"] = {"off": mape([errors[i][off] for i in ids]),
                         "fitted": mape([errors[i][value[i]] for i in ids])}
     for label, key in (("loso", 0), ("loho", 1)):
         held: list[float] = []
@@ -290,11 +325,11 @@ def _grid_fit(path: Path, only: str | None, cache: Path | None, field: str,
         for group in sorted({where[i][key] for i in ids}):
             test = [i for i in ids if where[i][key] == group]
             v = fitted([i for i in ids if where[i][key] != group])
-            errs = [errors[i][v.get(where[i][2], 0.0)] for i in test]
+            errs = [errors[i][v.get(where[i][2], off)] for i in test]
             held += errs
             folds[group] = {"records": len(test), "fitted_us": v,
-                            "off": mape([errors[i][0.0] for i in test]), "held_out": mape(errs)}
-        out[label] = {"off": mape([errors[i][0.0] for i in ids]), "held_out": mape(held),
+                            "off": mape([errors[i][off] for i in test]), "held_out": mape(errs)}
+        out[label] = {"off": mape([errors[i][off] for i in ids]), "held_out": mape(held),
                       "folds": folds}
     print(f"{field} fitted: {values}")
     for label in ("in_sample", "loso", "loho"):
@@ -391,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="fit comm_overlap_sms (SMs an overlapped collective holds), "
                              "with leave-one-source-out and leave-one-hardware-out errors, "
                              "instead")
+    parser.add_argument("--fit-a2a", action="store_true",
+                        help="fit the network tier's all_to_all_efficiency, with leave-one-"
+                             "source-out and leave-one-hardware-out errors, instead")
     parser.add_argument("--fit-expert", action="store_true",
                         help="fit expert_kernel_us (device time per per-expert GEMM of a "
                              "training MoE layer), with leave-one-source-out and leave-one-"
@@ -398,9 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cache:
         args.cache.mkdir(parents=True, exist_ok=True)
-    if args.fit or args.fit_sustained or args.fit_host or args.fit_expert or args.fit_overlap:
+    if (args.fit or args.fit_sustained or args.fit_host or args.fit_expert
+            or args.fit_overlap or args.fit_a2a):
         fitted = (fit_host if args.fit_host else fit_expert if args.fit_expert
-                  else fit_overlap if args.fit_overlap
+                  else fit_overlap if args.fit_overlap else fit_a2a if args.fit_a2a
                   else fit_sustained if args.fit_sustained else fit)(
             args.file, args.only, args.cache)
         if args.json:

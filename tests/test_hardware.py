@@ -212,7 +212,8 @@ def test_to_json_holds_every_field(toy_spec_file):
     data = HardwareSpec.from_yaml(toy_spec_file).to_json()
     assert data["interconnect"][1] == {"name": "net", "bandwidth_gb_per_s": 25.0,
                                        "latency_us": 5.0, "devices": None, "efficiency": 0.8,
-                                       "nvls_efficiency": None, "sharp": False}
+                                       "nvls_efficiency": None, "sharp": False,
+                                       "all_to_all_efficiency": None}
     assert data["memory"]["caches"] == [{"name": "l2", "capacity_mb": 8.0,
                                          "bandwidth_gb_per_s": 4000.0}]
     assert data["aliases"] == ["toy", "toy-16g"]

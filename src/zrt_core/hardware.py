@@ -36,6 +36,8 @@ The YAML format (every key below, nothing else; a repeated key is an error too):
     #   nvls_efficiency: 0.61   NVLink SHARP (NCCL's NVLS) on an NVSwitch tier: the fraction
     #                           of bandwidth_gb_per_s its all-reduce moves S bytes at
     #   sharp: true             SHARP on an InfiniBand tier, enabled for NCCL (CollNet)
+    # optional per tier: all_to_all_efficiency, the fraction of bandwidth_gb_per_s NCCL's
+    # all-to-all crossing the tier moves at (default: efficiency; docs/collectives.md)
     power_w: 700                     # board power (TDP)
     price_per_device_hour_usd: null  # a public on-demand price, or omit
     checkpoint_write_gb_per_s: 6.25  # what one device writes to storage (optional)
@@ -163,6 +165,11 @@ class InterconnectTier:
         no in-switch reduction.
     :param sharp: the tier's switches reduce for NCCL's CollNet (SHARP on InfiniBand, with
         the SHARP plugin and ``NCCL_COLLNET_ENABLE=1``).
+    :param all_to_all_efficiency: the fraction of ``bandwidth_gb_per_s`` NCCL's
+        all-to-all (every rank's send/recv with every member: Megatron-Core's ``alltoall``
+        token dispatcher, Ulysses) moves its traffic across this tier at inside a training
+        step (docs/collectives.md); None: ``efficiency``, the ring collectives' rate. The
+        deduplicating MoE dispatchers (DeepEP, HybridEP) keep ``efficiency``.
     """
 
     name: str
@@ -172,6 +179,7 @@ class InterconnectTier:
     efficiency: float = 0.8
     nvls_efficiency: float | None = None
     sharp: bool = False
+    all_to_all_efficiency: float | None = None
 
 
 @frozen
@@ -394,7 +402,7 @@ class HardwareSpec:
         for i, raw in enumerate(raw_tiers):
             tf = Fields(raw, f"{source_file}: interconnect[{i}]",
                         {"name", "bandwidth_gb_per_s", "latency_us", "devices", "efficiency",
-                         "nvls_efficiency", "sharp"})
+                         "nvls_efficiency", "sharp", "all_to_all_efficiency"})
             sharp = tf.raw("sharp", False)
             if not isinstance(sharp, bool):
                 raise SpecError(f"{tf.path('sharp')} must be true or false, got {sharp!r}",
@@ -407,6 +415,8 @@ class HardwareSpec:
                 efficiency=tf.number("efficiency", 0.8, positive=True, at_most=1.0),
                 nvls_efficiency=tf.number("nvls_efficiency", positive=True, at_most=1.0),
                 sharp=sharp,
+                all_to_all_efficiency=tf.number("all_to_all_efficiency", positive=True,
+                                                at_most=1.0),
             ))
 
         fractions, overheads, counts = _efficiency_keys()

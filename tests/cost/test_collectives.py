@@ -147,3 +147,62 @@ def test_dedup_all_to_all_needs_the_routing(toy):
         collective_cost("all_to_all", 1e6, 16, 16, toy, "dedup")
     with pytest.raises(CostError, match="no 'dedup'"):
         collective_cost("all_reduce", 1e6, 16, 16, toy, "dedup")
+
+
+def _with_a2a(hw, **by_tier):
+    """``hw`` with ``all_to_all_efficiency`` set on the named tiers."""
+    from attrs import evolve
+
+    return evolve(hw, interconnect=tuple(
+        evolve(t, all_to_all_efficiency=by_tier.get(t.name)) for t in hw.interconnect))
+
+
+def test_all_to_all_efficiency_prices_only_the_all_to_all(toy):
+    # t1 all-to-all efficiency 0.25 (its ring efficiency is 0.5): 40 GB/s x 0.25 = 1e10 B/s
+    hw = _with_a2a(toy, t1=0.25)
+    cost = collective_cost("all_to_all", 1.6e8, 16, 16, hw)
+    # t0 (no field, its efficiency): 3/16 * 1.6e8 = 3e7 over 5e10 = 6e-4;
+    # t1: 12/16 * 1.6e8 = 1.2e8 over 1e10 = 1.2e-2 (was 6e-3 at 0.5) + alpha(t1) 5 us
+    assert cost.time_s == pytest.approx(1.2e-2 + 5e-6, rel=1e-12)
+    # the ring collectives over the same tiers keep the tier's efficiency (3.027e-3 above)
+    assert collective_cost("all_gather", 1.6e8, 16, 16, hw).time_s == pytest.approx(
+        3.027e-3, rel=1e-12)
+    assert collective_cost("all_reduce", 1e8, 64, 64, hw).time_s == pytest.approx(
+        3.9375e-3 + 276e-6, rel=1e-12)
+    # so does a flat (pairwise) all-gather: 12/16 * 1.6e8 / 2e10 = 6e-3 + 5 us
+    flat = collective_cost("all_gather", 1.6e8, 16, 16, hw, algorithm="pairwise")
+    assert flat.time_s == pytest.approx(6e-3 + 5e-6, rel=1e-12)
+
+
+def test_all_to_all_efficiency_leaves_the_dedup_all_to_all_at_the_tier_rate(toy):
+    # DeepEP / HybridEP keep the tier's efficiency: as test_dedup_all_to_all_..., 1.35
+    # copies of 8e7 B cross t1 at 40 x 0.5 = 2e10 B/s: 5.4e-3 + alpha(t1) 5 us
+    cost = collective_cost("all_to_all", 1.6e8, 16, 16, _with_a2a(toy, t1=0.25), "dedup",
+                           routing=(16, 2))
+    assert cost.time_s == pytest.approx(5.4e-3 + 5e-6, rel=1e-12)
+
+
+def test_all_to_all_efficiency_on_an_inner_tier_can_make_it_the_bottleneck(toy):
+    # t0 at 0.05: 100 GB/s x 0.05 = 5e9 B/s carries 3e7 B in 6e-3 s; t1 (its efficiency,
+    # 2e10) carries 1.2e8 B in 6e-3 s: a tie, 6e-3 + 5 us
+    cost = collective_cost("all_to_all", 1.6e8, 16, 16, _with_a2a(toy, t0=0.05))
+    assert cost.time_s == pytest.approx(6e-3 + 5e-6, rel=1e-12)
+    # at 0.03 (3e9 B/s) t0 bounds: 3e7 / 3e9 = 1e-2 + 5 us
+    cost = collective_cost("all_to_all", 1.6e8, 16, 16, _with_a2a(toy, t0=0.03))
+    assert cost.time_s == pytest.approx(1e-2 + 5e-6, rel=1e-12)
+
+
+def test_all_to_all_efficiency_parses_from_a_pack_and_rejects_bad_values(toy_yaml):
+    import yaml
+
+    from zrt_core.errors import SpecError
+    from zrt_core.hardware import HardwareSpec
+
+    data = yaml.safe_load(toy_yaml)
+    assert HardwareSpec.from_mapping(data).interconnect[1].all_to_all_efficiency is None
+    data["interconnect"][1]["all_to_all_efficiency"] = 0.7
+    assert HardwareSpec.from_mapping(data).interconnect[1].all_to_all_efficiency == 0.7
+    data["interconnect"][1]["all_to_all_efficiency"] = 1.2
+    with pytest.raises(SpecError, match=r"interconnect\[1\].all_to_all_efficiency must be "
+                                        r"<= 1.0"):
+        HardwareSpec.from_mapping(data)

@@ -28,7 +28,9 @@ hierarchical           per crossed tier i, inner to outer then back: a reduce-sc
     all-gather   Σ_i   (r_i-1)/r_i · S/m_(i-1) / B_i +   (r_i-1) α_i   (reduce-scatter alike)
 all-to-all             each rank sends S/n to every member; what goes to the (m_i - m_(i-1))
                        members first reached at tier i crosses tier i, all tiers at once:
-                       max_i ((m_i - m_(i-1))/n · S / B_i) + α of the outermost crossed tier
+                       max_i ((m_i - m_(i-1))/n · S / A_i) + α of the outermost crossed tier,
+                       A_i = bandwidth_i · all_to_all_efficiency_i (NCCL's all-to-all;
+                       the tier's efficiency where it has none, and for dedup)
 send/recv              S / B_top + α_top (the pipeline's slowest hop sets the pace)
 broadcast              S / B_ring + (n-1) α (pipelined ring)
 
@@ -135,6 +137,16 @@ class _Placement:
         """Achievable bus bandwidth of tier ``i`` per device, bytes/s."""
         tier = self.tiers[i]
         return tier.bandwidth_gb_per_s * 1e9 * tier.efficiency
+
+    def all_to_all_bandwidth(self, i: int) -> float:
+        """Bytes/s NCCL's all-to-all moves across tier ``i`` per device: the tier's
+        ``all_to_all_efficiency`` where it has one, else its bus bandwidth. The
+        deduplicating dispatchers (DeepEP, HybridEP) keep the bus bandwidth
+        (docs/collectives.md, "All-to-all across the network")."""
+        tier = self.tiers[i]
+        if tier.all_to_all_efficiency is None:
+            return self.bandwidth(i)
+        return tier.bandwidth_gb_per_s * 1e9 * tier.all_to_all_efficiency
 
     def ring_bandwidth(self) -> float:
         return min(self.below(i) * self.bandwidth(i) for i in self.crossed)
@@ -337,7 +349,10 @@ def _price(kind: str, algorithm: str, size: float, n: int, place: _Placement
         wire = 0.0
         for i in place.crossed:
             share = (place.members[i] - place.below(i)) / n * size
-            wire = max(wire, share / place.bandwidth(i))
+            # a flat all-gather / reduce-scatter (ZeRO-3 of 2021) keeps the tier's rate
+            bw = place.all_to_all_bandwidth(i) if kind == "all_to_all" else \
+                place.bandwidth(i)
+            wire = max(wire, share / bw)
         return wire, _alpha(place, place.crossed[-1])
     # p2p: one message to the neighbouring stage over the outermost tier the group crosses
     top = place.crossed[-1]
