@@ -185,3 +185,17 @@ def test_a_training_run_with_tables_reports_coverage(chain, capsys, tmp_path):
     capsys.readouterr()
     assert main(argv) == 0
     assert "forward and backward (one micro-batch):" in capsys.readouterr().out
+
+
+def test_calibrate_over_two_cpu_ranks_writes_the_measured_link(capsys, tmp_path):
+    out = tmp_path / "two.yaml"
+    data = _json(capsys, ["calibrate", "--device", "cpu", "-o", str(out), *CAL, "--ranks",
+                          "2", "--json"])
+    link = data["calibration"]["link"]
+    assert link["ranks"] == 2 and link["backend"] == "gloo"
+    assert len(link["all_reduce"]) == 4 and link["bandwidth_gb_per_s"] > 0
+    tier = data["pack"]["interconnect"][0]
+    assert tier["name"] == "measured_gloo_2_ranks" and tier["devices"] is None
+    # the pack loads as --hw reads it
+    capsys.readouterr()
+    assert main(["hw", "show", str(out)]) == 0

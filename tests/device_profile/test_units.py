@@ -99,3 +99,28 @@ def test_the_eager_host_runs_beside_a_gpu_and_before_each_op_on_a_cpu():
     moves = [cpu.advance(105 * us, False), cpu.advance(0.0, False), cpu.advance(9 * us, False)]
     assert [round(m / us, 9) for m in moves] == [110, 10, 14]
     assert round(cpu.device / us, 9) == 134
+
+
+def test_the_ring_fit_recovers_the_link_that_made_the_times():
+    import pytest
+
+    from zrt_core.profile.collectives import fit_ring
+
+    # 4 ranks on a 10 GB/s link with 5 us per ring step: t = 2·3/4·S / 10e9 + 2·3 · 5 us,
+    # 180 us at 1 MB and 630 us at 4 MB
+    link = fit_ring([(1_000_000, 180e-6), (4_000_000, 630e-6)], ranks=4, backend="gloo")
+    assert link.bandwidth_gb_per_s == pytest.approx(10.0)
+    assert link.latency_us == pytest.approx(5.0)
+    assert link.rms_rel_error == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_link_needs_two_ranks_and_the_gpus_it_names():
+    import pytest
+
+    from zrt_core.profile.collectives import measure_link
+    from zrt_core.profile.device import DeviceError
+
+    with pytest.raises(DeviceError, match="2 ranks at least"):
+        measure_link("cpu", 1)
+    with pytest.raises(DeviceError, match=r"GPU\(s\)"):
+        measure_link("cuda", 1024)

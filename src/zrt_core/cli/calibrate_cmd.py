@@ -35,6 +35,10 @@ def register(sub: Any) -> None:
                    help="each sample repeats a call until it lasts this long (default 20)")
     p.add_argument("--threads", type=positive_int("--threads"), default=1,
                    help="CPU intra-op threads (default 1, as zrt measure)")
+    p.add_argument("--ranks", type=positive_int("--ranks"), default=None,
+                   help="time all-reduce over this many ranks with torch.distributed (NCCL "
+                        "between GPUs, gloo between CPU processes) and write the link they "
+                        "measure (default: every GPU of the machine; 1 on a CPU)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -57,8 +61,13 @@ def run(args: argparse.Namespace) -> int:
         raise DeviceError(f"--sizes needs at least two positive sizes, got {args.sizes!r}",
                           "the fit separates rate and overheads over sizes")
     device = open_device(args.device, threads=args.threads)
+    ranks = args.ranks
+    if ranks is None:
+        import torch
+
+        ranks = torch.cuda.device_count() if args.device == "cuda" else 1
     result = calibrate(device, dtypes=dtypes, sizes=sizes, mem_mb=args.mem_mb,
-                       repeats=args.repeats, min_time_s=args.min_time_ms / 1e3)
+                       repeats=args.repeats, min_time_s=args.min_time_ms / 1e3, ranks=ranks)
     pack = result.to_pack(args.hw_id)
     HardwareSpec.from_mapping(pack, source_file=args.output)  # what --hw will read
     out = Path(args.output)
@@ -78,5 +87,10 @@ def run(args: argparse.Namespace) -> int:
               f"(forward / backward), memory {result.memory_gb_per_s:.1f} GB/s, launch "
               f"{result.launch_overhead_us:.1f} µs, pointwise {result.vector_flops / 1e9:.3g} "
               "GFLOP/s")
+    if result.link is not None:
+        link = result.link
+        con.print(f"all-reduce over {link.ranks} ranks ({link.backend}): bus bandwidth "
+                  f"{link.bandwidth_gb_per_s:.3g} GB/s, {link.latency_us:.1f} µs per ring "
+                  f"step (fit RMS {link.rms_rel_error:.1%})")
     con.print(f"wrote {out} (use --hw {out})")
     return 0

@@ -22,6 +22,9 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
   default 64 MB, beyond a CPU's caches — a training step's saved activations and a decode
   step's weights stream from DRAM.
 * launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
+* link (``ranks`` > 1): all-reduce over that many ranks of the machine with
+  ``torch.distributed`` (:mod:`zrt_core.profile.collectives`), fitted as zrt's ring; else the
+  pack's one tier is a copy through the device's memory.
 * eager host: the wall time of a small eager decoder's forward and of its backward (hidden
   64, so its ops' own work is a few microseconds) over the ops zrt's capture counts in
   them (every node, views included): the host's time per op of eager PyTorch — module
@@ -99,6 +102,8 @@ class Calibration:
     attention_dtype: str = "fp32"
     #: host time per op of an eager forward and backward (:func:`_eager_host`), µs
     eager_host_us: tuple[float, float] = (0.0, 0.0)
+    #: the ring all-reduce fit over several ranks (``--ranks``); None: one device
+    link: Any = None
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
@@ -153,17 +158,33 @@ class Calibration:
             "compute": compute,
             "memory": {"capacity_gb": _sig(self.capacity_gb),
                        "bandwidth_gb_per_s": _sig(self.memory_gb_per_s)},
-            # one device: its only "link" is a copy through its own memory
-            "interconnect": [{"name": "local_copy", "bandwidth_gb_per_s":
-                              _sig(self.memory_gb_per_s), "latency_us": _sig(launch),
-                              "devices": None, "efficiency": 1.0}],
+            "interconnect": [self._link_tier()],
             "efficiency": eff,
         }
+
+    def _link_tier(self) -> dict[str, Any]:
+        if self.link is None:
+            # one device: its only "link" is a copy through its own memory
+            return {"name": "local_copy", "bandwidth_gb_per_s": _sig(self.memory_gb_per_s),
+                    "latency_us": _sig(self.launch_overhead_us), "devices": None,
+                    "efficiency": 1.0}
+        # the measured ranks of this machine; unbounded, as far as the pack knows
+        return {"name": f"measured_{self.link.backend}_{self.link.ranks}_ranks",
+                "bandwidth_gb_per_s": _sig(self.link.bandwidth_gb_per_s),
+                "latency_us": _sig(self.link.latency_us), "devices": None,
+                "efficiency": 1.0}
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device.to_json(), "date": self.date,
                 "attention_dtype": self.attention_dtype,
                 "eager_host_us": list(self.eager_host_us),
+                "link": None if self.link is None else {
+                    "ranks": self.link.ranks, "backend": self.link.backend,
+                    "bandwidth_gb_per_s": self.link.bandwidth_gb_per_s,
+                    "latency_us": self.link.latency_us,
+                    "rms_rel_error": self.link.rms_rel_error,
+                    "all_reduce": [{"bytes": b, "time_us": t * 1e6}
+                                   for b, t in self.link.points]},
                 "memory_gb_per_s": self.memory_gb_per_s,
                 "launch_overhead_us": self.launch_overhead_us,
                 "vector_flops": self.vector_flops,
@@ -186,12 +207,14 @@ def _sig(x: float) -> float:
 
 def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
               sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 64.0, repeats: int = 5,
-              min_time_s: float = 0.02) -> Calibration:
+              min_time_s: float = 0.02, ranks: int = 1) -> Calibration:
     """Time the GEMM grid, the copy, the launch and the vector op on ``device``.
 
     :param sizes: GEMM dimensions; each (m, n, k) with m = n from ``sizes`` and k from
         ``sizes`` (and the reverse) is timed, so the K-loop and the fixed cost separate.
-    :raises DeviceError: a dtype the device lacks.
+    :param ranks: time all-reduce over this many ranks (GPUs; CPU processes) for the pack's
+        link; 1: none.
+    :raises DeviceError: a dtype the device lacks; more ranks than GPUs.
     """
     import torch
 
@@ -228,10 +251,15 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
     # its steps take a millisecond or two: 20 at least, the best of them (a busy machine)
     eager_host = _eager_host(device, max(repeats, 20))
+    link = None
+    if ranks > 1:
+        from zrt_core.profile.collectives import measure_link
+
+        link = measure_link(device.kind, ranks, repeats=repeats)
     return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
                        vector_flops=vector, attention_dtype=attention_dtype,
-                       eager_host_us=eager_host,
+                       eager_host_us=eager_host, link=link,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
