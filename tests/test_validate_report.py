@@ -82,6 +82,12 @@ def test_summary_groups_by_source_family_and_hardware() -> None:
     assert s["by_hardware"]["b200"]["train"]["bias"] == pytest.approx(-0.15)
     assert s["by_hardware"]["h100"]["train"] == {"records": 1, "ok": 1, "scored": 0,
                                                  "mape": None, "bias": None}
+    # family x hardware: qwen3_moe on b200 alone (-0.40) and llama on b200 (+0.10)
+    assert set(s["by_family_hardware"]) == {"qwen3_moe on b200", "llama on b200",
+                                            "llama on h100"}
+    assert s["by_family_hardware"]["qwen3_moe on b200"]["train"]["bias"] == pytest.approx(
+        -0.40)
+    assert s["by_family_hardware"]["llama on b200"]["train"]["bias"] == pytest.approx(0.10)
     assert grouped([], source_of) == {}
 
 

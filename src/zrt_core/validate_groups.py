@@ -1,5 +1,6 @@
-"""How ``zrt validate`` groups its summary: by source (the id's first token), model family and
-hardware, with each group's MAPE and bias (re-exported by :mod:`zrt_core.validate_report`)."""
+"""How ``zrt validate`` groups its summary: by source (the id's first token), model family,
+hardware and family × hardware, with each group's MAPE and bias (re-exported by
+:mod:`zrt_core.validate_report`)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ def source_of(record_id: str) -> str:
 
 
 #: How the summary groups records: by source (the id's first token), model family (the
-#: config's ``model_type``) and hardware id.
+#: config's ``model_type``), hardware id, and the two together.
 GROUPS: dict[str, Callable[[RecordResult], str]] = {
     "source": lambda r: source_of(r.id),
     "family": lambda r: r.model_type or "?",
     "hardware": lambda r: r.hardware or "?",
+    "family_hardware": lambda r: f"{r.model_type or '?'} on {r.hardware or '?'}",
 }
+
+#: A family × hardware group whose mean signed error is past this is listed on its own
+#: (issue 9's target: no such group beyond ±15%).
+BIAS_LINE = 0.15
 
 
 #: The quantity a group's MAPE and bias are of, per workload (the first a record has):

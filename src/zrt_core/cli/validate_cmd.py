@@ -153,6 +153,14 @@ def _print_summary(out: Any, s: dict[str, Any]) -> None:
                   f"{v['records']}{note}")
     for name in ("source", "family", "hardware"):
         out.print(_group_table(name, s[f"by_{name}"]))
+    from zrt_core.validate_groups import BIAS_LINE
+
+    biased = {g: {w: v for w, v in ws.items()
+                  if v["bias"] is not None and abs(v["bias"]) > BIAS_LINE}
+              for g, ws in s.get("by_family_hardware", {}).items()}
+    biased = {g: ws for g, ws in biased.items() if ws}
+    if biased:
+        out.print(_group_table("family_hardware", biased))
     if s["worst"]:
         out.print("worst: " + ", ".join(f"{w['id']} {w['error']:+.1%}" for w in s["worst"]))
     for f in s["failed"]:
@@ -161,14 +169,16 @@ def _print_summary(out: Any, s: dict[str, Any]) -> None:
 
 def _group_table(name: str, groups: dict[str, Any]):
     title = {"source": "by source (the id's first token)", "family": "by model family "
-             "(model_type)", "hardware": "by hardware"}[name]
+             "(model_type)", "hardware": "by hardware",
+             "family_hardware": "family × hardware groups biased past ±15%"}[name]
     rows = []
     for group, workloads in groups.items():
         for workload, g in workloads.items():
             rows.append((group, workload, g["records"], g["ok"], g["scored"],
                          _pct(g["mape"]), "—" if g["bias"] is None else f"{g['bias']:+.1%}"))
     return table(f"{title}: step time (train), output tokens/s (infer)",
-                 (name, "workload", "records", "predicted", "scored", "MAPE", "bias"), rows,
+                 (name.replace("_", " × "), "workload", "records", "predicted", "scored",
+                  "MAPE", "bias"), rows,
                  justify=("left", "left", "right", "right", "right", "right", "right"))
 
 
