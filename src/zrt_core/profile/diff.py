@@ -99,11 +99,11 @@ class HostClock:
         before = self.device
         own = max(0.0, node_s - self.dispatch_s) if node_s > 0 else 0.0
         for _ in range(copies):
-            self.host = max(self.host, self.device) if self.serial else self.host
-            self.host += self.per_node[backward]
-            self.device = max(self.device, self.host) + own
-            if self.serial:
-                self.host = self.device
+            if self.serial:  # one thread: the host's part, then the op's own
+                self.device += self.per_node[backward] + own
+            else:  # the host issues on; the kernel waits for it and for the one before
+                self.host += self.per_node[backward]
+                self.device = max(self.device, self.host) + own
         return self.device - before
 
 
