@@ -313,12 +313,12 @@ def _eager_host(device: Device, repeats: int) -> tuple[float, float]:
     from zrt_core.capture.api import capture
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.profile.device import cpu_clock, synchronize
-    from zrt_core.profile.measure import MeasureRequest, _build
+    from zrt_core.profile.measure import MeasureRequest, build_model
 
     host = get_plugin_manager()
     batch, seq = HOST_PROBE_TOKENS
     request = MeasureRequest(model=dict(HOST_PROBE), mode="train", batch=batch, seq_len=seq)
-    _, _, model = _build(request, device, host)
+    _, _, model = build_model(request, device, host)
     ids = torch.randint(0, HOST_PROBE["vocab_size"], (batch, seq), device=device.torch_device)
     clock = time.perf_counter if device.kind == "cuda" else cpu_clock(device)
 

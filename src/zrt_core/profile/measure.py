@@ -59,7 +59,7 @@ def measure(request: MeasureRequest, device: Device, host: Any = None) -> dict[s
     if request.mode not in MODES:
         raise ZrtError(f"unknown mode {request.mode!r}", f"use one of {', '.join(MODES)}")
     torch.manual_seed(request.seed)
-    name, config_map, model = _build(request, device, host)
+    name, config_map, model = build_model(request, device, host)
     layers = _decoder_layers(model, config_map)
     torch.manual_seed(request.seed + 1)
     step, prepare, outputs = _step(model, request, device, config_map)
@@ -110,8 +110,13 @@ def measure(request: MeasureRequest, device: Device, host: Any = None) -> dict[s
     }
 
 
-def _build(request: MeasureRequest, device: Device, host: Any
-           ) -> tuple[str, dict[str, Any], Any]:
+def build_model(request: MeasureRequest, device: Device, host: Any
+                ) -> tuple[str, dict[str, Any], Any]:
+    """(name, config mapping, the transformers model with random weights on ``device``) for
+    ``request`` (its first ``layers`` decoder layers when given).
+
+    :raises ModelError: transformers cannot build the config.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
