@@ -236,3 +236,30 @@ def test_a_printed_layout_its_release_does_not_run_is_named_not_replaced() -> No
     ok = next(r for r in _moe_training_records()
               if r["id"] == "mbridge-26.02-pre-training-gpt-oss-120b-b200-64gpu-bf16-gbs1280")
     assert recipes.lookup(ok) is not None and recipes.layout_conflict(ok) is None
+
+
+def test_deepseek_v3_16_stage_records_run_the_recipes_pipeline_layout() -> None:
+    from zrt_core.estimate.training import case_from_record
+    from zrt_core.schedule.stages import StageSplit
+
+    # Megatron-Bridge@067f987d src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py
+    # _get_deepseek_v3_pipeline_layout: (4, 4) (and (16, 1), (8, 2)) ->
+    # [embedding + 4 decoder] + 14 × [4 decoder] + [decoder, mtp, loss]; the GB300 perf
+    # config passes the same layout as the string "Et*4|(t*4|)*14tmL". 4 + 14·4 + 1 = 61
+    # decoder layers over pp × vp = 16 virtual stages.
+    lists = "Etttt|" + "tttt|" * 14 + "tmL"
+    gb200 = _only("mbridge-26.08-pre-training-deepseek-v3-gb200-256gpu-mxfp8-gbs4096")
+    gb300 = _only("mbridge-26.08-pre-training-deepseek-v3-gb300-256gpu-mxfp8-gbs4096")
+    assert (gb200.pp, gb200.vp, gb200.pipeline_model_parallel_layout) == (4, 4, lists)
+    assert (gb300.pp, gb300.vp, gb300.pipeline_model_parallel_layout) == (
+        2, 8, "Et*4|(t*4|)*14tmL")
+    record = next(r for r in _moe_training_records() if r["id"] ==
+                  "mbridge-26.08-pre-training-deepseek-v3-gb200-256gpu-mxfp8-gbs4096")
+    case = case_from_record(record)
+    assert case.stage_split == StageSplit(layout=lists)
+    assert f"pipeline layout {lists} (Megatron-Bridge 067f987d " \
+           "deepseek_v3_pretrain_256gpu_gb200_fp8mx_config())" in case.assumptions
+    # a recipe without a layout (Qwen3-30B-A3B, pp 1) leaves the record's own split
+    q = next(r for r in _moe_training_records()
+             if r["id"] == "mbridge-26.08-pre-training-qwen3-30b-a3b-gb200-8gpu-mxfp8-gbs512")
+    assert case_from_record(q).stage_split == "even"

@@ -60,7 +60,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "moe_expert_rank_capacity_factor": _OPT_NUM, "moe_permute_fusion": _OPT_BOOL,
     "moe_router_fusion": _OPT_BOOL, "cpu_offloading_num_layers": _OPT_INT,
     "offload_modules": _OPT_LIST, "use_megatron_fsdp": (bool,),
-    "fp8_dot_product_attention": _OPT_BOOL, "recipe_defaults": (list,),
+    "fp8_dot_product_attention": _OPT_BOOL, "pipeline_model_parallel_layout": _OPT_STR,
+    "recipe_defaults": (list,),
     "provider_defaults": (list,),
     "provenance_tag": (str,), "provenance_file": (str,), "provenance_config": (str,),
 }
@@ -115,6 +116,10 @@ class Recipe:
     #: ``MixedPrecisionConfig.fp8_dot_product_attention``: TransformerEngine runs the core
     #: attention (QKᵀ, softmax, PV and their gradients) in fp8 (None: not resolved)
     fp8_dot_product_attention: bool | None
+    #: ``model.pipeline_model_parallel_layout`` as Megatron-Core's layout string (``E``
+    #: embedding, ``t`` decoder layer, ``m`` MTP layer, ``L`` loss, ``|`` between virtual
+    #: stages); None: the recipe sets none (Megatron-Core's own split)
+    pipeline_model_parallel_layout: str | None
     recipe_defaults: tuple[str, ...] = attrs.field(converter=tuple)
     provider_defaults: tuple[str, ...] = attrs.field(converter=tuple)
     provenance_tag: str

@@ -42,7 +42,14 @@ def provider_dispatcher(tag, model):
         vals = set(re.findall(r'moe_token_dispatcher_type: str = "(\w+)"', text))
         _prov_cache[key] = vals.pop() if len(vals) == 1 else None
     return _prov_cache[key], path
-for f in sorted(glob.glob("/tmp/mbx/lib-*.json")):
+MBX = os.environ.get("MBX", "/tmp/mbx")  # harness.py's output folder
+LAYOUT_CODES = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+def pp_layout(v):
+    """model.pipeline_model_parallel_layout as Megatron-Core's layout string (the recipes give
+    either the string or one list of layer kinds per virtual stage); None when unset."""
+    if v is None or isinstance(v, str): return v
+    return "|".join("".join(LAYOUT_CODES[k] for k in stage) for stage in v)
+for f in sorted(glob.glob(f"{MBX}/lib-*.json")):
     tag, gpu = os.path.basename(f)[4:-5].rsplit("-", 1)
     if tag not in TAGS: continue
     seen = set()
@@ -113,6 +120,7 @@ for f in sorted(glob.glob("/tmp/mbx/lib-*.json")):
             "offload_modules": g(c, "model.offload_modules") if g(c, "model.fine_grained_activation_offloading") else None,
             "use_megatron_fsdp": bool(g(c, "ddp.use_megatron_fsdp")),
             "fp8_dot_product_attention": fp8_dpa(c, unresolved),
+            "pipeline_model_parallel_layout": pp_layout(g(c, "model.pipeline_model_parallel_layout")),
             "recipe_defaults": sorted(set(unresolved)),
             "provenance": {"tag": tag if tag != "HEAD" else "067f987d", "file": r["file"], "config": config},
         }
@@ -169,6 +177,7 @@ for yf in sorted(glob.glob("/tmp/mb/v0.1.0rc4/scripts/performance/configs/*/*_ll
                     "moe_router_fusion": base_model.get("moe_router_fusion"), "cpu_offloading_num_layers": None,
                     "offload_modules": None, "use_megatron_fsdp": bool(o.get("use_megatron_fsdp")),
                     "fp8_dot_product_attention": None,
+                    "pipeline_model_parallel_layout": None,
                     "recipe_defaults": sorted(set(unresolved + ["fp8_dot_product_attention"])),
                     "provider_defaults": [],
                     "provenance": {"tag": "v0.1.0rc4", "file": f"scripts/performance/configs/{os.path.basename(os.path.dirname(yf))}/{os.path.basename(yf)}",

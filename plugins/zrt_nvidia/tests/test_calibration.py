@@ -211,3 +211,28 @@ def test_gpt22b_layer_on_a100_lands_near_korthikanti(host):
     # small copies and the kernel gaps of a real step
     assert fwd_s == pytest.approx(7.7e-3, rel=0.15)
     assert bwd_s == pytest.approx(11.9e-3, rel=0.15)
+
+
+def _bf16_gemm(m: int, n: int, k: int) -> OpNode:
+    a, w, out = (TensorMeta((m, k), "bfloat16"), TensorMeta((k, n), "bfloat16", param="w"),
+                 TensorMeta((m, n), "bfloat16"))
+    return OpNode(id=1, op="aten.mm.default", category="matmul", phase="prefill",
+                  inputs=[a, w], outputs=[out], flops=2 * m * n * k,
+                  bytes_read=a.nbytes + w.nbytes, bytes_written=out.nbytes,
+                  formula="aten.mm.default")
+
+
+def test_gb200_sustains_the_b200_dies_gemm_fraction(host):
+    # GB200 NVL72's GPU is the B200 die at 1.2 kW: one matmul_sustained for the die (0.70),
+    # the power difference carried by the datasheet peaks alone (bf16 2500 vs 2250 TFLOP/s).
+    # An 8192³ bf16 GEMM: 64 × 64 = 4096 tiles of 128², 148 SMs on both -> 28 waves,
+    # wave 4096 / (28 · 148) = 0.98842, K loop 8192 / (8192 + 128) = 0.98462, so
+    # compute_s = 2 · 8192³ / (peak · 0.81 · 0.98842 · 0.98462 · 0.70):
+    # B200 1.099512e12 / (2250e12 · 0.55181) = 0.88555 ms, GB200 × 2250/2500 = 0.79700 ms
+    node = _bf16_gemm(8192, 8192, 8192)
+    b200 = RooflineBackend(host.hardware_spec("nvidia_b200")).price(node)
+    gb200 = RooflineBackend(host.hardware_spec("nvidia_gb200_nvl72")).price(node)
+    assert b200.detail["sustained"] == gb200.detail["sustained"] == 0.70
+    assert b200.compute_s == pytest.approx(0.88555e-3, rel=1e-4)
+    assert gb200.compute_s == pytest.approx(0.79700e-3, rel=1e-4)
+    assert b200.compute_s / gb200.compute_s == pytest.approx(2500 / 2250, rel=1e-12)

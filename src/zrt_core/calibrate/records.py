@@ -31,10 +31,11 @@ PACK_PARAMS: tuple[Param, ...] = (
           ("nvidia_h100_sxm", "nvidia_h200", "nvidia_h800"),
           default=1.0, shipped=0.89, lo=0.60, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
-    # B200 (DGX B200) on its own: 0.70 was fitted on its dense training records
-    # (benchmarks/bench_sustained_cv.py, docs/cost-model.md); here it is searched over every
-    # B200 record, MoE included. Without records: the mean of the other dies' values.
-    Param("b200.matmul_sustained", "matmul_sustained", ("nvidia_b200",),
+    # The B200 die, in DGX B200 (1.0 kW) and GB200 NVL72 (1.2 kW; the datasheet peaks carry
+    # the power): 0.70 was fitted on its dense training records (benchmarks/
+    # bench_sustained_cv.py, docs/cost-model.md); here it is searched over every B200 and
+    # GB200 record, MoE included. Without records: the mean of the other dies' values.
+    Param("b200.matmul_sustained", "matmul_sustained", ("nvidia_b200", "nvidia_gb200_nvl72"),
           default=1.0, shipped=0.70, lo=0.50, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
     # B200's NVFP4 GEMM rate, TensorRT-LLM's end to end (the product with matmul_sustained,

@@ -255,7 +255,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append(f"nvfp4: the last {bf16_layers[1]} of {layers} layers keep bf16 "
                            "linear layers (NVIDIA's NVFP4 recipe, Megatron-Bridge "
                            "first_last_layers_bf16)")
-    stage_split = _record_stage_split(raw, layers, pp, vp, assumptions)
+    stage_split = _record_stage_split(raw, layers, pp, vp, assumptions, recipe)
     moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", "")) or bool(
         recipe is not None and recipe.moe_pad_expert_input_to_capacity)
     if moe_token_drop:
@@ -378,11 +378,15 @@ STAGE_SPLIT_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipelin
 
 
 def _record_stage_split(raw: Mapping[str, Any], layers: int, pp: int, vp: int,
-                        assumptions: list[str]) -> str | StageSplit:
-    """The split a record gives (:data:`STAGE_SPLIT_FIELDS`), else Megatron's even split,
-    else ``auto`` (the embedding and loss counted, else the balanced layout: the estimate
-    notes which)."""
+                        assumptions: list[str], recipe: Any = None) -> str | StageSplit:
+    """The split a record gives (:data:`STAGE_SPLIT_FIELDS`), else its Megatron-Bridge
+    recipe's ``pipeline_model_parallel_layout``, else Megatron's even split, else ``auto``
+    (the embedding and loss counted, else the balanced layout: the estimate notes which)."""
     first, last, layout = (raw.get(k) for k in STAGE_SPLIT_FIELDS)
+    if first is None and last is None and layout is None and recipe is not None \
+            and recipe.pipeline_model_parallel_layout and pp * vp > 1:
+        layout = recipe.pipeline_model_parallel_layout
+        assumptions.append(f"pipeline layout {layout} ({_recipe_name(recipe)})")
     if first is not None or last is not None or layout is not None:
         try:
             return StageSplit(first_layers=None if first is None else int(first),
