@@ -10,8 +10,9 @@ from zrt_core.profile.device import Device
 
 
 def test_provenance_names_device_threads_libraries_and_torch():
-    assert Device("cpu", "EPYC", 1).provenance() == f"EPYC (cpu, 1 thread), torch {torch.__version__}"
-    assert Device("cpu", "EPYC", 4).provenance() == f"EPYC (cpu, 4 threads), torch {torch.__version__}"
+    version = torch.__version__
+    assert Device("cpu", "EPYC", 1).provenance() == f"EPYC (cpu, 1 thread), torch {version}"
+    assert Device("cpu", "EPYC", 4).provenance() == f"EPYC (cpu, 4 threads), torch {version}"
     gpu = Device("cuda", "NVIDIA H200", 0, "driver 580.159.04, CUDA 13.0")
     assert gpu.provenance() == ("NVIDIA H200 (cuda, driver 580.159.04, CUDA 13.0), torch "
                                 f"{torch.__version__}")

@@ -49,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
               f"{result['measured_s'] * 1e3:.3f} ms, ratio {result['end_to_end_ratio']:.3f}")
     if result["host_model"]:
         h = result["host_model"]
+        where = "before each op (CPU)" if h["serial"] else "beside the device (GPU)"
         con.print(f"eager host: {h['forward_us']:.1f} / {h['backward_us']:.1f} µs per op "
-                  f"(forward / backward), {'before each op (CPU)' if h['serial'] else 'beside the device (GPU)'}")
+                  f"(forward / backward), {where}")
     if result["op_ratio"] is not None:
         con.print(f"the ops' own time: predicted {result['predicted_op_s'] * 1e3:.3f} ms, "
                   f"measured (profiler) {result['measured_op_s'] * 1e3:.3f} ms, ratio "

@@ -30,8 +30,9 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
   them (every node, views included): the host's time per op of eager PyTorch — module
   Python, autograd, dispatch and launch — which ``zrt diff`` runs beside the device.
 * vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
-  tensor (32k elements on a CPU; 4M on a GPU, whose launch would otherwise be all of it), one FLOP per element as zrt's formulas count them: the geometric mean of their
-  rates (launch taken off) over the fp32 GEMM rate is ``efficiency.vector``.
+  tensor (32k elements on a CPU; 4M on a GPU, whose launch would otherwise be all of it),
+  one FLOP per element as zrt's formulas count them: the geometric mean of their rates
+  (launch taken off) over the fp32 GEMM rate is ``efficiency.vector``.
 """
 
 from __future__ import annotations
