@@ -167,16 +167,21 @@ def test_prompt_admission_bounds_the_busy_sequences():
     assert _admission_limited(193, 3584, 2048, 128, True) == 193
 
 
-def test_admission_limited_steady_state_identity(host, captured):
+def _toy_engine():
+    """An engine of at most 4 sequences and 60 tokens a step, whole prompts."""
     from zrt_core.estimate.engine import EngineProfile
 
+    return EngineProfile(name="toy", kv_fraction=0.9, runtime_reserve_gib=0.0,
+                         kv_block_tokens=32, fixed_max_batch=4, fixed_max_tokens=60,
+                         chunked_prefill=False)
+
+
+def test_admission_limited_steady_state_identity(host, captured):
     # 4 sequences, 60 tokens a step, whole prompts: 4 x (1 + 32/3) = 46.7 <= 60 tokens, so
     # the token budget allows 4; beside 4 decoding sequences 56 tokens are free, one
     # 32-token prompt a step, and 4 prompts need 4 > 3 steps: 3 sequences run
     # (3 x 32 = 96 <= 3 x 32), every iteration mixed
-    engine = EngineProfile(name="toy", kv_fraction=0.9, runtime_reserve_gib=0.0,
-                           kv_block_tokens=32, fixed_max_batch=4, fixed_max_tokens=60,
-                           chunked_prefill=False)
+    engine = _toy_engine()
     r = estimate_inference(None, _toy(), Parallel(), InferSpec(input_len=32, output_len=3),
                            host=host, captured=captured, engine=engine)
     t = r.throughput
@@ -339,11 +344,7 @@ def test_max_throughput_says_why_ttft_equals_tpot(host, captured):
 
 
 def test_num_requests_replays_the_finite_set(host, captured):
-    from zrt_core.estimate.engine import EngineProfile
-
-    engine = EngineProfile(name="toy", kv_fraction=0.9, runtime_reserve_gib=0.0,
-                           kv_block_tokens=32, fixed_max_batch=4, fixed_max_tokens=60,
-                           chunked_prefill=False)
+    engine = _toy_engine()
     steady = estimate_inference(None, _toy(), Parallel(), InferSpec(input_len=32, output_len=3),
                                 host=host, captured=captured, engine=engine)
     r = estimate_inference(None, _toy(), Parallel(),

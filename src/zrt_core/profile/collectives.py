@@ -10,6 +10,7 @@ Each rank is a process (``spawn``); every size is timed after two warm-ups as th
 from __future__ import annotations
 
 import math
+import queue as _queue
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -62,7 +63,7 @@ def measure_link(kind: str, ranks: int, *, sizes: Sequence[int] = DEFAULT_SIZES,
         p.start()
     try:
         status, payload = queue.get(timeout=TIMEOUT_S)
-    except Exception:  # queue.Empty: a rank died or hung
+    except _queue.Empty:  # a rank died or hung
         status, payload = "error", f"no result within {TIMEOUT_S:.0f} s"
     finally:
         for p in procs:
