@@ -143,3 +143,20 @@ def test_serving_measured_skew_slows_the_busiest_rank(
     assert main(_infer(model_dir, *ep, "--moe-imbalance", "dist:zipf")) == 2
     err = capsys.readouterr().err.strip()
     assert "dist:multinomial or dist:deepseek-sglang" in err and "\n" not in err
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_serving_ep_inside_the_tp_group_takes_the_engines_expert_tp(
+        model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # TensorRT-LLM's Mapping: moe_tp = tp // moe_ep when only the EP size is given, so
+    # --tp 4 --ep 4 runs the 8 experts whole, 2 per rank (expert TP 1), and --tp 4 --ep 2
+    # splits each of a rank's 4 experts 2 ways (expert TP 4 // 2 = 2). Training keeps
+    # Megatron's default (expert TP = TP), where ep × etp = 4 × 4 needs dp 4.
+    for ep, etp in (("4", 1), ("2", 2)):
+        out = _json(capsys, *_infer(model_dir, "--tp", "4", "--ep", ep))
+        assert (out["parallel"]["tp"], out["parallel"]["ep"], out["parallel"]["etp"]) == (
+            4, int(ep), etp)
+    # a given expert TP is priced as given: 4 × 4 does not fit 4 ranks, one line, exit 2
+    assert main(_infer(model_dir, "--tp", "4", "--ep", "4", "--etp", "4")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "ep × expert tp = 4 × 4 must divide" in err and "\n" not in err

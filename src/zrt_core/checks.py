@@ -223,8 +223,9 @@ def check_train_request(config: Mapping[str, Any], parallel: Any, train: Any, *,
 def check_infer_request(config: Mapping[str, Any], parallel: Any, infer: Any, *,
                         positions: bool = True, where: str = "config") -> ModelDims:
     """Everything a serving estimate can check before capturing: the config, prompt plus
-    output against the positions, and the layout against the model."""
-    from zrt_core.strategy import InferSpec, check_layout
+    output against the positions, and the layout against the model (an unset expert TP as
+    the serving engines take it: :func:`zrt_core.strategy.serving_expert_tp`)."""
+    from zrt_core.strategy import InferSpec, check_layout, serving_expert_tp
 
     _check_parallel(parallel)
     if not isinstance(infer, InferSpec):
@@ -235,7 +236,7 @@ def check_infer_request(config: Mapping[str, Any], parallel: Any, infer: Any, *,
     check_tokens(config if positions else {}, tokens,
                  f"a sequence of {infer.input_len} prompt + {infer.output_len} output tokens",
                  where=where)
-    check_layout(parallel, dims)
+    check_layout(serving_expert_tp(parallel), dims)
     return dims
 
 

@@ -41,7 +41,9 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=positive_int(flag), default=1, metavar="N",
                        help=f"{what} degree (default 1)")
     g.add_argument("--etp", type=positive_int("--etp"), default=None, metavar="N",
-                   help="tensor parallel inside each expert (default: --tp)")
+                   help="tensor parallel inside each expert (default: --tp when training; "
+                        "tp × dp / ep when serving, as TensorRT-LLM, SGLang and vLLM "
+                        "carve experts out of the attention ranks)")
     g.add_argument("--cp-kind", choices=("ring", "ulysses"), default="ring",
                    help="context parallel attention (default ring)")
     g.add_argument("--ep-dispatcher", choices=("alltoall", "deepep", "hybridep"),

@@ -62,7 +62,7 @@ from zrt_core.estimate.serving import PagedKVCache, Rescale
 from zrt_core.hardware import HardwareSpec
 from zrt_core.ir.graph import Category, OpGraph, Phase, dtype_bytes
 from zrt_core.reports.inference import InferenceReport, MemoryReport, PhaseBreakdown
-from zrt_core.strategy import InferSpec, Parallel, check_layout
+from zrt_core.strategy import InferSpec, Parallel, check_layout, serving_expert_tp
 from zrt_core.transforms.base import TransformContext, around_fusion
 from zrt_core.transforms.parallel import (
     DataParallelReplicas,
@@ -102,6 +102,7 @@ def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Paral
         captured = CapturedModel.from_capture(captured)
     config, where = raw_config(model, host, captured=captured)
     check_infer_request(config, parallel, infer, positions=captured is None, where=where)
+    parallel = serving_expert_tp(parallel)
     hw = hardware if isinstance(hardware, HardwareSpec) else host.hardware_spec(hardware)
     if captured is None:
         captured = load_or_capture(model, infer.input_len, host=host, dtype=infer.dtype,

@@ -358,7 +358,8 @@ def enumerate_serve(space: ServeSpace, dims: ModelDims, nvlink_domain: int | Non
                                 removed[rule] += 1
                                 continue
                             # TensorRT-LLM's MoE layout: moe_tp × moe_ep = tp × dp (the
-                            # experts span every GPU of the instance)
+                            # experts span every GPU of the instance; as
+                            # strategy.serving_expert_tp gives an unset etp)
                             etp = (tp * dp) // ep if dims.is_moe else None
                             kept.append(ServeCandidate(
                                 n, Parallel(tp=tp, ep=ep, dp=dp, etp=etp), quant, batch))

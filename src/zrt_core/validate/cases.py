@@ -71,7 +71,8 @@ def inference_case(record: Record) -> InferenceCase:
     """Serving inputs from an ``infer`` record, with these defaults for null fields:
 
     * every parallel degree 1 (``dp`` = GPUs / (tp × pp × cp) when null), sequence
-      parallelism off, expert TP = TP;
+      parallelism off, expert TP = tp × dp / ep (the engines' layout:
+      :func:`zrt_core.strategy.serving_expert_tp`);
     * precision → :data:`SERVING_PRECISION` (bf16 when null);
     * ``concurrency`` (or ``max_batch``) is the batch; null means offline max-throughput,
       the mode ``trtllm-bench`` and vLLM's throughput benchmark run;
