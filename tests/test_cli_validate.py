@@ -57,3 +57,25 @@ def test_unusable_file_is_one_line_exit_2(tmp_path: Path,
     assert err.count("\n") == 1 and "expected a list of records" in err
     assert main(["validate", str(tmp_path / "missing.yaml"), "-q"]) == 2
     assert "cannot read the validation file" in capsys.readouterr().err
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_max_throughput_record_that_does_not_fit_fails_instead_of_predicting_zero(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 4 layers of gate, up and down at 16384 x 131072 (6.44e9 parameters a layer, 12.9 GB
+    # in bf16): 51.5 GB of MLP weights plus attention, on one H100 of 80 GB is fine; at
+    # 8 layers, 103 GB, no sequence fits, so offline max-throughput has no batch. The
+    # record fails with why; a 0 tok/s prediction would score as -100%.
+    big = {**TINY_LLAMA, "hidden_size": 16384, "intermediate_size": 131072,
+           "num_hidden_layers": 8, "num_attention_heads": 128, "num_key_value_heads": 8}
+    record = {**RECORDS[0], "id": "too-big", "concurrency": None,
+              "model": {"name": "big", "hf_config": big}}
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump([record]))
+    out_json = tmp_path / "r.json"
+    assert main(["validate", str(path), "--json", str(out_json), "-q"]) == 0
+    data = json.loads(out_json.read_text())
+    (rec,) = data["records"]
+    assert rec["status"] == "error"
+    assert "no sequence fits beside the weights" in rec["message"]
+    assert "GiB of one device" in rec["message"] and "\n" not in rec["message"]

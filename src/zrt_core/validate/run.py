@@ -209,6 +209,13 @@ class Validator:
     def _infer(self, record: Record) -> tuple[dict[str, float], tuple[str, ...], tuple[str,
                                                                                     ...]]:
         report, case = self.inference_report(record)
+        if not report.fits and case.infer.batch is None:
+            # offline max-throughput sizes its batch from the memory left: none left is no
+            # throughput to compare (a 0 would be a number zrt cannot stand behind)
+            raise SpecError(f"record {record.id}: no sequence fits beside the weights, so "
+                            f"there is no max-throughput batch ({report.memory.message})",
+                            "check the record's precision and layout against the "
+                            "checkpoint that ran (a quantised checkpoint needs its precision)")
         out = report.to_json()
         predicted = {k: float(out[k]) for k in INFER_METRICS if out.get(k) is not None}
         return predicted, case.assumptions, _notes(report.notes)
