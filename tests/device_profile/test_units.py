@@ -125,3 +125,19 @@ def test_a_link_needs_two_ranks_and_the_gpus_it_names():
         measure_link("cpu", 1)
     with pytest.raises(DeviceError, match=r"GPU\(s\)"):
         measure_link("cuda", 1024)
+
+
+def test_profile_gemms_run_tn_on_weights_cycled_past_the_cache():
+    from zrt_core.profile.kernels import _gemm, weight_copies
+
+    # 256 MB of copies: a 4096 x 4096 bf16 weight (33,554,432 bytes) needs
+    # ceil(256e6 / 33,554,432) = 8; a 16384 x 16384 one (536,870,912 bytes) is past it
+    # alone: 1; a 64 x 64 one (8,192 bytes) would need 31,250 and is capped at 64
+    assert weight_copies(4096 * 4096 * 2) == 8
+    assert weight_copies(16384 * 16384 * 2) == 1
+    assert weight_copies(64 * 64 * 2) == 64
+    # F.linear's layout: activations [m, k] times the weight [n, k] transposed -> [m, n]
+    call = _gemm("mm", "float32", 1, 3, 5, 7, "model").build(Device("cpu", "EPYC", 1))
+    outs = [call() for _ in range(3)]
+    assert all(o.shape == (3, 5) for o in outs)
+    assert torch.equal(outs[0], outs[2])  # every copy holds the same weight
