@@ -38,6 +38,12 @@ PACK_PARAMS: tuple[Param, ...] = (
     Param("b200.matmul_sustained", "matmul_sustained", ("nvidia_b200", "nvidia_gb200_nvl72"),
           default=1.0, shipped=0.70, lo=0.50, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
+    # The Blackwell Ultra die, in GB300 NVL72 (1.4 kW) and DGX B300 (1.1 kW): B200's tensor
+    # cores and dense bf16/fp8 peaks with 160 SMs, fitted on its own records (GB300's; B300
+    # has none and takes GB300's value). Without records: the mean of the other dies' values.
+    Param("b300.matmul_sustained", "matmul_sustained", ("nvidia_gb300_nvl72", "nvidia_b300"),
+          default=1.0, shipped=0.71, lo=0.50, hi=1.00, fallback="field_mean",
+          basis="1: the isolated-kernel rate"),
     # B200's NVFP4 GEMM rate, TensorRT-LLM's end to end (the product with matmul_sustained,
     # 0.63 x 0.70 = 0.44, is what its 10 serving records fix); without records, MAMF's
     # isolated 0.736 over a 0.96 K loop, the value GB200, B300 and GB300 ship.
