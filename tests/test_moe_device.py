@@ -101,3 +101,31 @@ def test_dispatch_kernels_hold_sms_under_batch_level_overlap():
     # A = 4 s, C = 12 s, share 0.25: the pair lasts C + A·0.25 = 13 s, hiding A·0.75 = 3 s;
     # paired (10 − 2)/10 = 0.8 -> 2.4 s, split 3:1 -> (1.8, 0.6)
     assert _ep_batch_overlap(on, ft, bt, 2, 10, 0.25) == pytest.approx((1.8, 0.6), rel=1e-12)
+
+
+def test_ep_batch_overlap_pairs_layers_slot_by_slot():
+    """Megatron-Core's combined 1F1B runs forward layer i with backward layer i in three
+    slots (combine_bwd | attention fwd, dispatch_fwd → dispatch_bwd | experts bwd → fwd,
+    combine_fwd | attention bwd): an all-to-all longer than the compute of its own slot
+    stays exposed though another slot has compute to spare."""
+    def ev(stream, s):
+        return SimpleNamespace(stream=stream, duration_s=s)
+
+    def tl(events, ep):
+        return SimpleNamespace(exposed_comm_s={"ep": ep}, compute_s=0.0, placements=[
+            SimpleNamespace(region=SimpleNamespace(body=events))])
+
+    # forward: attention 1, dispatch 2, experts 3, combine 1
+    ft = tl([ev("compute", 1.0), ev("comm.ep", 2.0), ev("compute", 3.0), ev("comm.ep", 1.0)],
+            3.0)
+    # backward: combine's backward 2, experts 4, dispatch's backward 1, attention 2
+    bt = tl([ev("comm.ep", 2.0), ev("compute", 4.0), ev("comm.ep", 1.0), ev("compute", 2.0)],
+            3.0)
+    on = OverlapRules(ep_batch_overlap=True)
+    # slots hide min(c, a): (attn fwd 1, combine bwd 2) 1 + (experts bwd 4, dispatch 2) 2
+    # + (experts fwd 3, dispatch bwd 1) 1 + (attn bwd 2, combine 1) 1 = 5 of A = 6 (the
+    # stage-wide max(C, A) would hide all 6); paired (10 − 2)/10 = 0.8 → 4.0, split 3:3
+    assert _ep_batch_overlap(on, ft, bt, 2, 10) == pytest.approx((2.0, 2.0), rel=1e-12)
+    # share 0.25: each slot lasts max(c + a/4, a): hides 1 + 1.5 + 0.75 + 0.75 = 4.0
+    # → 0.8 · 4.0 = 3.2, split 3:3
+    assert _ep_batch_overlap(on, ft, bt, 2, 10, 0.25) == pytest.approx((1.6, 1.6), rel=1e-12)

@@ -70,7 +70,11 @@ def test_captured_flops_match_the_analytic_count(captured, tiny):
                   for c in (Category.MATMUL, Category.ATTENTION)}
         if phase != Phase.TRAIN_BACKWARD:
             assert by_cat[Category.ATTENTION] == ref.attention, phase
-            assert by_cat[Category.MATMUL] == ref.matmul + ref.lm_head, phase
+            # the analytic count's n × n stream mix (2·n²·h per token and hyper-connection:
+            # 2 · 2² · 128 = 1,024; two per layer, 3 layers) runs inside deepseek.hc_post,
+            # an elementwise kernel: 1,024 · 2 · 3 · 32 tokens = 196,608 (decode: 2 tokens)
+            mix = 1_024 * 2 * 3 * ref.tokens
+            assert by_cat[Category.MATMUL] + mix == ref.matmul + ref.lm_head, phase
         # the rest is norms, pooling and elementwise work the analytic count leaves out
         assert abs(g.totals().flops - ref.total) / ref.total < 0.05, phase
         # the capture's own check found the count through zrt_reference_flops
@@ -175,13 +179,40 @@ def test_hyper_connections_are_one_kernel_counting_what_transformers_counted(cap
 def test_the_hyper_connection_patch_restores_the_class(tiny):
     import importlib
 
-    cls = importlib.import_module(
-        "transformers.models.deepseek_v4.modeling_deepseek_v4").DeepseekV4HyperConnection
-    original = cls.__dict__["forward"]
+    module = importlib.import_module("transformers.models.deepseek_v4.modeling_deepseek_v4")
+    classes = (module.DeepseekV4HyperConnection, module.DeepseekV4DecoderLayer)
+    originals = [cls.__dict__["forward"] for cls in classes]
     try:
         with v4_hyper_connection_context(None, None):
-            assert cls.forward is not original
+            assert all(cls.forward is not f for cls, f in zip(classes, originals, strict=True))
             raise RuntimeError("inside")
     except RuntimeError:
         pass
-    assert cls.__dict__["forward"] is original
+    assert [cls.__dict__["forward"] for cls in classes] == originals
+
+
+def test_stream_collapse_and_mix_are_one_kernel_each(captured):
+    """Each hyper-connection's collapse is one deepseek.hc_aggregate and each block's
+    expansion + residual mix one deepseek.hc_post (Megatron-Core's fused mHC kernels), not
+    a broadcast multiply, a reduction and a [n × n] @ [n × D] bmm per token."""
+    r = captured("deepseek_v4")
+    g = r.graphs[Phase.TRAIN_FORWARD]
+    agg = [n for n in g.nodes if n.op == "deepseek.hc_aggregate.default"]
+    post = [n for n in g.nodes if n.op == "deepseek.hc_post.default"]
+    assert sorted(n.layer_index for n in post) == [0, 0, 1, 1, 2, 2]
+    assert sorted(n.layer_index for n in agg) == [0, 0, 1, 1, 2, 2]
+    # 2 · 16 = 32 rows, n = hc_mult 2, D = hidden 128:
+    # collapse 2·n·D = 512 per row → 16,384; mix (2n + 2)·n·D = 1,536 per row → 49,152
+    assert {n.flops for n in agg} == {16_384}
+    assert {n.flops for n in post} == {49_152}
+    assert post[0].outputs[0].shape == (2, 16, 2, 128)
+    assert agg[0].outputs[0].shape == (2, 16, 128)
+    assert not [n for n in g.nodes if n.op == "aten.bmm.default"
+                and n.module_path.rsplit(".", 1)[-1].isdigit()]   # no layer-level stream bmm
+    b = r.graphs[Phase.TRAIN_BACKWARD]
+    # backward: collapse 3·n·D = 768 per row → 24,576; mix (4n + 4)·n·D = 3,072 → 98,304
+    assert {n.flops for n in b.nodes if n.op == "deepseek.hc_aggregate_backward.default"} \
+        == {24_576}
+    assert {n.flops for n in b.nodes if n.op == "deepseek.hc_post_backward.default"} \
+        == {98_304}
+    assert len([n for n in b.nodes if n.op == "deepseek.hc_post_backward.default"]) == 6

@@ -305,6 +305,41 @@ def hc_split_sinkhorn_backward_flop(call: OpCall) -> int:
         int(a.get("hc_mult") or 0), int(a.get("iters") or 0))
 
 
+def _streams(meta: TensorMeta) -> tuple[int, int, int]:
+    """``(rows, n, D)`` of a ``[..., n, D]`` stream tensor."""
+    n, d = meta.shape[-2], meta.shape[-1]
+    return (meta.numel // (n * d) if n and d else 0), n, d
+
+
+def hc_aggregate_flop(call: OpCall) -> int:
+    """``(streams [.., n, D], pre)``: a multiply and an add per stream element, ``2·n·D``
+    per row."""
+    rows, n, d = _streams(call.inputs[0])
+    return rows * 2 * n * d
+
+
+def hc_aggregate_backward_flop(call: OpCall) -> int:
+    """``(grad_out, streams, pre)``: ``d_streams = pre ⊗ g`` (``n·D``) and ``d_pre = Σ_d g ·
+    streams`` (``2·n·D``): ``3·n·D`` per row."""
+    rows, n, d = _streams(call.inputs[1])
+    return rows * 3 * n * d
+
+
+def hc_post_flop(call: OpCall) -> int:
+    """``(streams, x, post, comb)``: ``post ⊗ x`` (``n·D``), ``combᵀ @ streams``
+    (``2·n²·D``), their sum (``n·D``): ``(2n + 2)·n·D`` per row."""
+    rows, n, d = _streams(call.inputs[0])
+    return rows * (2 * n + 2) * n * d
+
+
+def hc_post_backward_flop(call: OpCall) -> int:
+    """``(grad_out, streams, x, post, comb)``: ``d_x = postᵀ g`` (``2·n·D``), ``d_streams =
+    comb g`` (``2·n²·D``), ``d_post = g x`` (``2·n·D``), ``d_comb = streams gᵀ``
+    (``2·n²·D``): ``(4n + 4)·n·D`` per row."""
+    rows, n, d = _streams(call.inputs[1])
+    return rows * (4 * n + 4) * n * d
+
+
 # -- registration ------------------------------------------------------------------------
 
 
@@ -335,6 +370,14 @@ def deepseek_formulas() -> list[OpFormula]:
         OpFormula("deepseek.hc_split_sinkhorn", hc_split_sinkhorn_flop,
                   category=Category.ELEMENTWISE, layout="leading"),
         OpFormula("deepseek.hc_split_sinkhorn_backward", hc_split_sinkhorn_backward_flop,
+                  category=Category.ELEMENTWISE, layout="gradients"),
+        OpFormula("deepseek.hc_aggregate", hc_aggregate_flop, category=Category.ELEMENTWISE,
+                  layout="leading"),
+        OpFormula("deepseek.hc_aggregate_backward", hc_aggregate_backward_flop,
+                  category=Category.ELEMENTWISE, layout="gradients"),
+        OpFormula("deepseek.hc_post", hc_post_flop, category=Category.ELEMENTWISE,
+                  layout="leading"),
+        OpFormula("deepseek.hc_post_backward", hc_post_backward_flop,
                   category=Category.ELEMENTWISE, layout="gradients"),
     ]
     return out

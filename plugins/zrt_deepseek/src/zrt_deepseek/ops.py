@@ -47,6 +47,8 @@ Operators (namespace ``deepseek``):
     (Sinkhorn-Knopp). Returns ``(pre [..., n], post [..., n], comb [..., n, n])`` in
     float32. transformers spells it as ~4·iters elementwise ops per hyper-connection, two
     per layer (~120 graph nodes each in V4-Flash, three times that in the backward).
+``hc_aggregate``, ``hc_post``
+    The hyper-connections' stream collapse and expansion (:mod:`zrt_deepseek.hc_mix`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def ensure_ops() -> None:
         _define_indexer()
         _define_sparse_attention()
         _define_hc_split_sinkhorn()
+        from zrt_deepseek.hc_mix import define_hc_mix
+
+        define_hc_mix()
         _defined = True
 
 

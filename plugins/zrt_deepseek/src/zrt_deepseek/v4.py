@@ -36,10 +36,14 @@ transformers' own operators.
 
 Inside :func:`v4_hyper_connection_context`, each manifold-constrained hyper-connection
 (``DeepseekV4HyperConnection``, two per layer) keeps transformers' stream norm, ``fn``
-projection and collapse, but computes its ``pre``/``post``/``comb`` weights with one
+projection, but computes its ``pre``/``post``/``comb`` weights with one
 ``deepseek::hc_split_sinkhorn`` node — the kernel V4's inference code runs
 (``hc_split_sinkhorn``) — instead of ~4·``hc_sinkhorn_iters`` elementwise ops (80 for
 V4-Flash, three times as many in the backward). Its formula counts what those ops count.
+The collapse of the streams (``deepseek::hc_aggregate``) and, in each decoder layer, the
+expansion of a block's output with the residual mix (``deepseek::hc_post``) are one
+memory-bound kernel each, as Megatron-Core's fused mHC runs them
+(:mod:`zrt_deepseek.hc_mix`).
 """
 
 from __future__ import annotations
@@ -214,21 +218,40 @@ def v4_hyper_connection_forward(self: Any, hidden_streams: Any) -> tuple[Any, An
     pre, post, comb = torch.ops.deepseek.hc_split_sinkhorn(
         mixes, self.scale, self.base, int(self.hc_mult), int(self.hc_sinkhorn_iters),
         float(self.hc_eps))
-    collapsed = (pre.unsqueeze(-1) * hidden_streams).sum(dim=2).to(hidden_streams.dtype)
+    collapsed = torch.ops.deepseek.hc_aggregate(hidden_streams, pre)
     return post, comb, collapsed
+
+
+def v4_decoder_layer_forward(self: Any, hidden_states: Any, input_ids: Any = None,
+                             **kwargs: Any) -> Any:
+    """``DeepseekV4DecoderLayer.forward`` with each block's expansion and residual mix as
+    one ``deepseek::hc_post`` node."""
+    import torch
+
+    post, comb, collapsed = self.attn_hc(hidden_states)
+    attn_output, _ = self.self_attn(self.input_layernorm(collapsed), **kwargs)
+    hidden_states = torch.ops.deepseek.hc_post(hidden_states, attn_output, post, comb)
+    post, comb, collapsed = self.ffn_hc(hidden_states)
+    mlp_output = self.mlp(self.post_attention_layernorm(collapsed), input_ids=input_ids)
+    return torch.ops.deepseek.hc_post(hidden_states, mlp_output, post, comb)
 
 
 @contextlib.contextmanager
 def v4_hyper_connection_context(_config: Any, _options: Any) -> Iterator[None]:
     """Swap ``DeepseekV4HyperConnection.forward`` for :func:`v4_hyper_connection_forward`
-    while open."""
+    and ``DeepseekV4DecoderLayer.forward`` for :func:`v4_decoder_layer_forward` while
+    open."""
     import importlib
 
     ensure_ops()
-    cls = importlib.import_module(_MODULE).DeepseekV4HyperConnection
-    original = cls.__dict__["forward"]
-    cls.forward = v4_hyper_connection_forward
+    module = importlib.import_module(_MODULE)
+    swaps = ((module.DeepseekV4HyperConnection, v4_hyper_connection_forward),
+             (module.DeepseekV4DecoderLayer, v4_decoder_layer_forward))
+    originals = [(cls, cls.__dict__["forward"]) for cls, _ in swaps]
+    for cls, forward in swaps:
+        cls.forward = forward
     try:
         yield
     finally:
-        cls.forward = original
+        for cls, forward in originals:
+            cls.forward = forward

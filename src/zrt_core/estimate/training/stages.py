@@ -23,7 +23,7 @@ from zrt_core.schedule.pipeline import (
     stage_rank,
 )
 from zrt_core.schedule.scheduler import OverlapRules, schedule_phase, weight_grad_s
-from zrt_core.schedule.timeline import Timeline
+from zrt_core.schedule.timeline import COMPUTE, Timeline, stream_group
 from zrt_core.strategy import Parallel, TrainSpec
 from zrt_core.transforms.training import (
     RECOMPUTE_ATTR,
@@ -331,6 +331,71 @@ def ep_comm_sm_share(dispatcher: str, parallel_units: int) -> float:
     return sms / parallel_units
 
 
+def _ep_layers(tl: Any) -> list[tuple[float, float, float, float, float]]:
+    """``(compute before the first all-to-all, compute between the two sides, first-side
+    all-to-all, second-side all-to-all, compute after the second)`` of each layer region of
+    ``tl`` that runs EP communication, in execution order: the first half of a region's EP
+    events are the first side, the rest the second (forward: dispatch then combine;
+    backward: the combine's backward first)."""
+    out = []
+    for placement in getattr(tl, "placements", ()):
+        segs, comms = [0.0], []
+        for e in placement.region.body:
+            if e.stream == COMPUTE:
+                segs[-1] += e.duration_s
+            elif stream_group(e.stream) == "ep":
+                comms.append(e.duration_s)
+                segs.append(0.0)
+        if comms:
+            half = (len(comms) + 1) // 2
+            out.append((segs[0], sum(segs[1:half + 1]), sum(comms[:half]),
+                        sum(comms[half:]), sum(segs[half + 1:])))
+    return out
+
+
+def _ep_pairs_hidden_s(ft: Any, bt: Any, a_f: float, a_b: float,
+                       sm_share: float) -> float | None:
+    """All-to-all time one forward/backward pair hides under Megatron-Core's combined 1F1B
+    layer schedule; None where the timelines carry no layer with EP communication.
+
+    ``TransformerLayerSchedulePlan.run`` (Megatron-Core ``megatron/core/models/common/
+    model_chunk_schedule_plan.py``) runs forward layer i of one micro-batch with backward
+    layer i (in backward order) of the other as three slots, each a compute stream beside
+    a communication stream::
+
+        comm:    combine_bwd      | dispatch_fwd -> dispatch_bwd   | combine_fwd
+        compute: pre_dispatch_fwd | mlp_bwd -> mlp_fwd             | pre_dispatch_bwd
+
+    so a layer pair lasts ``max(Kb, Fa) + max(Df, Bm) + max(Db, Fm) + max(Kf, Ba)``
+    (F/B: forward/backward compute before (a: attention side) and after (m: experts) the
+    dispatch; D/K: dispatch/combine all-to-all), not ``max(ΣC, ΣA)``: an all-to-all longer
+    than the compute it is paired with stays exposed even where another slot has compute
+    to spare. Each slot keeps the SM share of the dispatch kernels (``max(c + a·share,
+    a)``). A layer without EP communication (dense layers, embedding, loss) hides
+    nothing."""
+    fl, bl = _ep_layers(ft), _ep_layers(bt)
+    if not fl or not bl:
+        return None
+    busy_f = sum(c + d for _, _, c, d, _ in fl)
+    busy_b = sum(c + d for _, _, c, d, _ in bl)
+    # the all-to-all left exposed inside the regions, spread over their events
+    sf = a_f / busy_f if busy_f > 0 else 0.0
+    sb = a_b / busy_b if busy_b > 0 else 0.0
+
+    def slot(c: float, a: float) -> float:
+        return c + a - (max(c + a * sm_share, a) if a > 0 else c)
+
+    hidden = 0.0
+    for (fa, fm, df, kf, f_tail), (b_head, bm, kb, db, ba) in zip(fl, bl, strict=False):
+        # forward: attention side, dispatch, experts, combine, then the combine's epilogue
+        # (unpermute, shared expert) before the next layer: counted with the experts.
+        # backward: the combine's backward (kb) first, the experts', the dispatch's (db),
+        # then the attention side; compute before kb is counted with the attention side
+        hidden += (slot(fa, kb * sb) + slot(bm, df * sf) + slot(fm + f_tail, db * sb)
+                   + slot(ba + b_head, kf * sf))
+    return hidden
+
+
 def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, m: int,
                       sm_share: float = 0.0) -> tuple[float, float]:
     """EP all-to-all time hidden per micro-batch by batch-level overlap (forward, backward).
@@ -338,10 +403,12 @@ def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, 
     Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``,
     ``megatron/core/pipeline_parallel/combined_1f1b.py``) runs micro-batch i+1's forward
     with micro-batch i's backward, layer by layer, the all-to-all of each under the other's
-    computation: a pair lasts ``max(C, A)`` instead of ``C + A`` (C: both phases' compute,
-    A: their exposed all-to-all), hiding ``min(A, C)``. The warm-up forwards and cool-down
-    backwards of a pipeline stage have no partner: ``max(0, m − pp)`` of ``m`` micro-batches
-    pair. The hidden time is split over forward and backward as their all-to-all is.
+    computation, slot by slot (:func:`_ep_pairs_hidden_s`); where the timelines carry no
+    layer structure a pair lasts ``max(C, A)`` instead of ``C + A`` (C: both phases'
+    compute, A: their exposed all-to-all), hiding ``min(A, C)``. The warm-up forwards and
+    cool-down backwards of a pipeline stage have no partner: ``max(0, m − pp)`` of ``m``
+    micro-batches pair. The hidden time is split over forward and backward as their
+    all-to-all is.
 
     The dispatch kernels hold ``sm_share`` of the SMs while they run (DeepEP's and
     HybridEP's kernels are persistent CTAs: :data:`EP_DISPATCH_SMS`); the compute beside
@@ -355,5 +422,8 @@ def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, 
     if total <= 0:
         return 0.0, 0.0
     paired = max(0, m - pp) / m
-    hidden = min(total * (1.0 - sm_share), ft.compute_s + bt.compute_s) * paired
+    per_pair = _ep_pairs_hidden_s(ft, bt, a_f, a_b, sm_share)
+    if per_pair is None:
+        per_pair = min(total * (1.0 - sm_share), ft.compute_s + bt.compute_s)
+    hidden = min(per_pair, total) * paired
     return hidden * a_f / total, hidden * a_b / total
