@@ -38,6 +38,10 @@ compared before and after, docs/graph-mode.md) and is undone when the capture en
   each phase is compiled once and runs once, and Dynamo is reset before each phase is
   compiled. So the backend empties the frame's guard set once its graphs are compiled
   (:func:`drop_guards`); the graphs are built before guards and do not depend on them.
+- **Side-effect messages** (``side_effect_replay_policy="silent"``): Dynamo records the
+  user stack of every mutation it will replay after the graph (the KV cache, the layer
+  templates' hook state...) and formats a log message per mutated object, for
+  ``TORCH_LOGS=side_effects``. Silent still replays them; it only keeps no stacks.
 - **AOTAutograd's custom-op aliasing check** (``check_custom_op_aliasing``): the first run
   of every compiled graph goes through a Python dispatch mode that checks whether custom
   ops alias their inputs (a warning for kernel authors). Each graph here runs once, so
@@ -53,7 +57,8 @@ from typing import Any
 #: build no Dynamo guards (each phase compiled on a freshly reset Dynamo, see above)
 SKIP_GUARDS = True
 #: Dynamo settings while a phase compiles (``torch._dynamo.config``)
-DYNAMO_CONFIG: dict[str, Any] = {"run_gc_after_compile": False}
+DYNAMO_CONFIG: dict[str, Any] = {"run_gc_after_compile": False,
+                                  "side_effect_replay_policy": "silent"}
 #: AOTAutograd settings while graphs compile and run (``torch._functorch.config``)
 FUNCTORCH_CONFIG: dict[str, Any] = {"check_custom_op_aliasing": False}
 
