@@ -77,3 +77,36 @@ def test_untraceable_model_is_one_line_pointing_to_eager(host, tiny, monkeypatch
 def test_module_path_from_dynamo_sources():
     assert module_path("L['self'].model.layers[0].mlp") == "model.layers.0.mlp"
     assert module_path("L['args'][0]._modules['lm_head']") == "lm_head"
+
+
+def _nodes(result) -> dict[str, tuple]:
+    """Every node of every phase as JSON (operator, module, layer, FLOPs, bytes, shapes,
+    tensor ids, attributes) and the edges; the autograd ``seq_nr`` counts from its phase's
+    first (its absolute value depends on what the process traced before)."""
+    out = {}
+    for phase, g in result.graphs.items():
+        nodes = [n.to_json() for n in g.nodes]
+        seqs = [a[k] for n in nodes for a in [n.get("attrs", {})]
+                for k in ("seq_nr", "fwd_seq_nr") if isinstance(a.get(k), int)]
+        for n in nodes:
+            for k in ("seq_nr", "fwd_seq_nr"):
+                if k in n.get("attrs", {}):
+                    n["attrs"][k] -= min(seqs)
+        out[phase] = (nodes, g.edges, [t.to_json() for t in g.templates.values()])
+    return out
+
+
+def test_skipping_guards_leaves_every_node_as_it_was(captured, host, tiny, monkeypatch):
+    # graph mode builds no Dynamo guards and resets Dynamo before each phase
+    # (graphmode_lean.SKIP_GUARDS): the graphs of all four phases, layer templates applied,
+    # are the ones the guarded compile records, node for node; a decode that reused
+    # prefill's unguarded code would differ in every shape
+    from zrt_core.capture import graphmode_lean
+    from zrt_core.capture.api import capture
+
+    lean = captured("deepseek_v3", graph_mode=True)
+    monkeypatch.setattr(graphmode_lean, "SKIP_GUARDS", False)
+    guarded = capture(tiny["deepseek_v3"], host=host, batch=2, seq_len=16, graph_mode=True)
+    assert lean.graphs[Phase.PREFILL].templates  # the templates apply
+    assert list(_nodes(lean)) == list(Phase.CAPTURED)
+    assert _nodes(lean) == _nodes(guarded)

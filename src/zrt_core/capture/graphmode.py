@@ -148,8 +148,18 @@ def make_backend() -> Any:
 
         return compile_fn
 
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                        inference_compiler=compiler("inference"))
+    aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                       inference_compiler=compiler("inference"))
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        from zrt_core.capture import graphmode_lean
+
+        compiled = aot(gm, example_inputs)
+        if graphmode_lean.SKIP_GUARDS:  # the code compiled here runs once (graphmode_lean)
+            graphmode_lean.drop_guards()
+        return compiled
+
+    return backend
 
 
 class GraphRecorder:
@@ -363,9 +373,14 @@ class GraphPhaseRunner(PhaseRunner):
     def _call(self, phase: str, **kwargs: Any) -> Any:
         import torch
 
+        from zrt_core.capture import graphmode_lean
         from zrt_core.capture.compat import cache_keyword
         from zrt_core.capture.graphmode_lean import DYNAMO_CONFIG, prefill_cache
 
+        if graphmode_lean.SKIP_GUARDS:
+            # compiled code without guards would match any later call: each phase compiles
+            # on an empty Dynamo cache, so none is ever looked up again
+            torch._dynamo.reset()
         keyword = cache_keyword(self.model)
         if phase == Phase.PREFILL and kwargs.get("use_cache") and kwargs.get(keyword) is None:
             cache = prefill_cache(self.model)  # the model's own empty cache, built untraced

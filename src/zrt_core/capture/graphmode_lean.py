@@ -31,6 +31,17 @@ compared before and after, docs/graph-mode.md) and is undone when the capture en
   classes (hybrid, Mamba caches a family builds itself) are left to the model.
 - **Dynamo's garbage collection after each compile** (``run_gc_after_compile``): a
   ``gc.collect(1)`` per phase that frees nothing the capture needs freed.
+- **Dynamo's guards** (:data:`SKIP_GUARDS`): after tracing a frame, Dynamo turns every
+  assumption it made (thousands here: each module attribute, config value, tensor's shape
+  and stride) into a guard tree and checking code, so that a later call can reuse the
+  compiled code (about a tenth of a warm capture). Here nothing compiled is ever reused:
+  each phase is compiled once and runs once, and Dynamo is reset before each phase is
+  compiled. So the backend empties the frame's guard set once its graphs are compiled
+  (:func:`drop_guards`); the graphs are built before guards and do not depend on them.
+- **Side-effect messages** (``side_effect_replay_policy="silent"``): Dynamo records the
+  user stack of every mutation it will replay after the graph (the KV cache, the layer
+  templates' hook state...) and formats a log message per mutated object, for
+  ``TORCH_LOGS=side_effects``. Silent still replays them; it only keeps no stacks.
 - **AOTAutograd's custom-op aliasing check** (``check_custom_op_aliasing``): the first run
   of every compiled graph goes through a Python dispatch mode that checks whether custom
   ops alias their inputs (a warning for kernel authors). Each graph here runs once, so
@@ -43,8 +54,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+#: build no Dynamo guards (each phase compiled on a freshly reset Dynamo, see above)
+SKIP_GUARDS = True
 #: Dynamo settings while a phase compiles (``torch._dynamo.config``)
-DYNAMO_CONFIG: dict[str, Any] = {"run_gc_after_compile": False}
+DYNAMO_CONFIG: dict[str, Any] = {"run_gc_after_compile": False,
+                                  "side_effect_replay_policy": "silent"}
 #: AOTAutograd settings while graphs compile and run (``torch._functorch.config``)
 FUNCTORCH_CONFIG: dict[str, Any] = {"check_custom_op_aliasing": False}
 
@@ -68,6 +82,16 @@ def _fast_config_class(cls: type, aliases: dict[str, str]) -> type:
     fast = type(cls.__name__, (cls,), namespace)
     _FAST_CLASSES[key] = fast
     return fast
+
+
+def drop_guards() -> None:
+    """Empty the guard set of the frame Dynamo is compiling (called by the backend, after
+    AOTAutograd compiled its graphs, before Dynamo builds guards from the set)."""
+    import torch
+
+    context = torch._guards.TracingContext.try_get()
+    if context is not None:
+        context.guards_context.dynamo_guards.clear()
 
 
 class _LayerConfigs(tuple):  # type: ignore[type-arg]
