@@ -118,23 +118,6 @@ def test_flash_attention_forward(roofline, node):
     assert cost.time_s == pytest.approx(1.9327352832e-5 + 2e-6, rel=1e-12)
 
 
-def test_fused_attention_with_the_value_projection_unviewed_is_shaped(roofline, node):
-    # fusion absorbs the value's free view + transpose: V arrives as the projection's
-    # [b, s_kv, h_kv * d_v] = [2, 1024, 2 * 128]; Q [2, 8, 1024, 128], K [2, 2, 1024, 128]
-    q, k, v = tensor(2, 8, 1024, 128), tensor(2, 2, 1024, 128), tensor(2, 1024, 256)
-    flops = 4 * 2 * 8 * 1024 * 1024 * 128
-    cost = roofline.price(node("zrt.attention.default", "attention", [q, k, v, tensor(8)],
-                               [q], flops=flops))
-    # shaped as the forward above: d_v = 256 // 2 = 128, kv_loop 1024/(1024+128) = 8/9
-    assert cost.rule == "flash_attention_fwd"
-    assert (cost.detail["h_kv"], cost.detail["d"]) == (2, 128)
-    assert cost.compute_s == pytest.approx(1.9327352832e-5, rel=1e-12)
-    # a value whose width is not h_kv whole heads cannot be read: priced unshaped
-    odd = roofline.price(node("zrt.attention.default", "attention", [q, k, tensor(2, 1024, 255)],
-                              [q], flops=flops))
-    assert odd.rule == "attention_unshaped"
-
-
 def test_causal_attention_loop_sees_half_the_keys(roofline, node):
     q = tensor(2, 8, 1024, 128)
     flops = 4 * 2 * 8 * (1024 * 1025 // 2) * 128  # 4299161600: the kept triangle

@@ -183,30 +183,20 @@ def attention_dims(node: OpNode) -> AttentionDims | None:
     backward op (after the output gradient), as in torch SDPA and the capture's
     ``zrt.attention``; layout ``[b, heads, seq, head_dim]`` unless ``attrs["layout"]`` is
     ``"bshd"``. ``is_causal``, ``window`` and ``chunk`` come from attrs; a rank-3 integer
-    input is DeepSeek's top-k ``indices``. The value may also be the projection's
-    ``[b, s_kv, h_kv · d_v]`` output: fusion absorbs a value's free view and transpose
-    into the attention node (GPT-OSS, Qwen3: only query and key pass through RoPE).
+    input is DeepSeek's top-k ``indices``.
     """
     first = 1 if is_backward(node) else 0
     qkv = node.inputs[first:first + 3]
-    if len(qkv) < 2 or any(len(t.shape) != 4 for t in qkv[:2]):
+    if len(qkv) < 2 or any(len(t.shape) != 4 for t in qkv):
         return None
     q, k = qkv[0], qkv[1]
+    d_v = qkv[2].shape[-1] if len(qkv) == 3 else q.shape[-1]
     if node.attrs.get("layout") == "bshd":
         b, s_q, h, d = q.shape
         _, s_kv, h_kv, _ = k.shape
     else:
         b, h, s_q, d = q.shape
         _, h_kv, s_kv, _ = k.shape
-    d_v = q.shape[-1]
-    if len(qkv) == 3:
-        v = qkv[2].shape
-        if len(v) == 4:
-            d_v = v[-1]
-        elif len(v) == 3 and v[0] == b and v[1] == s_kv and v[2] % h_kv == 0:
-            d_v = v[2] // h_kv
-        else:
-            return None
     topk = 0
     for t in node.inputs[first + 3:]:
         if t.dtype in _INT_DTYPES and len(t.shape) == 3:
