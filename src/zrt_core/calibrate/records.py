@@ -42,7 +42,7 @@ PACK_PARAMS: tuple[Param, ...] = (
     # cores and dense bf16/fp8 peaks with 160 SMs, fitted on its own records (GB300's; B300
     # has none and takes GB300's value). Without records: the mean of the other dies' values.
     Param("b300.matmul_sustained", "matmul_sustained", ("nvidia_gb300_nvl72", "nvidia_b300"),
-          default=1.0, shipped=0.71, lo=0.50, hi=1.00, fallback="field_mean",
+          default=1.0, shipped=0.70, lo=0.50, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
     # B200's NVFP4 GEMM rate, TensorRT-LLM's end to end (the product with matmul_sustained,
     # 0.63 x 0.70 = 0.44, is what its 10 serving records fix); without records, MAMF's
