@@ -83,14 +83,14 @@ def define_hc_mix() -> None:
     def _(grad_out, streams, pre):
         return streams.new_empty(streams.shape), pre.new_empty(pre.shape)
 
-    def aggregate_setup(ctx, inputs, output):
+    def save_inputs(ctx, inputs, output):  # both backward ops read every input
         ctx.save_for_backward(*inputs)
 
     def aggregate_backward(ctx, grad_out):
         streams, pre = ctx.saved_tensors
         return torch.ops.deepseek.hc_aggregate_backward(grad_out.contiguous(), streams, pre)
 
-    hc_aggregate.register_autograd(aggregate_backward, setup_context=aggregate_setup)
+    hc_aggregate.register_autograd(aggregate_backward, setup_context=save_inputs)
 
     @torch.library.custom_op(f"{NAMESPACE}::hc_post", mutates_args=(),
                              schema=SCHEMAS["hc_post"])
@@ -112,12 +112,9 @@ def define_hc_mix() -> None:
         return (streams.new_empty(streams.shape), x.new_empty(x.shape),
                 post.new_empty(post.shape), comb.new_empty(comb.shape))
 
-    def post_setup(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
     def post_backward(ctx, grad_out):
         streams, x, post, comb = ctx.saved_tensors
         return torch.ops.deepseek.hc_post_backward(grad_out.contiguous(), streams, x, post,
                                                    comb)
 
-    hc_post.register_autograd(post_backward, setup_context=post_setup)
+    hc_post.register_autograd(post_backward, setup_context=save_inputs)

@@ -338,19 +338,32 @@ def _ep_layers(tl: Any) -> list[tuple[float, float, float, float, float]]:
     events are the first side, the rest the second (forward: dispatch then combine;
     backward: the combine's backward first)."""
     out = []
+    # a layer template's region is placed once per layer it stands for: split it once
+    split: dict[int, tuple[float, float, float, float, float] | None] = {}
     for placement in getattr(tl, "placements", ()):
-        segs, comms = [0.0], []
-        for e in placement.region.body:
-            if e.stream == COMPUTE:
-                segs[-1] += e.duration_s
-            elif stream_group(e.stream) == "ep":
-                comms.append(e.duration_s)
-                segs.append(0.0)
-        if comms:
-            half = (len(comms) + 1) // 2
-            out.append((segs[0], sum(segs[1:half + 1]), sum(comms[:half]),
-                        sum(comms[half:]), sum(segs[half + 1:])))
+        region = placement.region
+        key = id(region)
+        if key not in split:
+            split[key] = _ep_split(region)
+        if split[key] is not None:
+            out.append(split[key])
     return out
+
+
+def _ep_split(region: Any) -> tuple[float, float, float, float, float] | None:
+    """One region's :func:`_ep_layers` tuple; None where it runs no EP communication."""
+    segs, comms = [0.0], []
+    for e in region.body:
+        if e.stream == COMPUTE:
+            segs[-1] += e.duration_s
+        elif stream_group(e.stream) == "ep":
+            comms.append(e.duration_s)
+            segs.append(0.0)
+    if not comms:
+        return None
+    half = (len(comms) + 1) // 2
+    return (segs[0], sum(segs[1:half + 1]), sum(comms[:half]), sum(comms[half:]),
+            sum(segs[half + 1:]))
 
 
 def _ep_pairs_hidden_s(ft: Any, bt: Any, a_f: float, a_b: float,
