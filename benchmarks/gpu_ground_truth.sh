@@ -9,7 +9,9 @@
 # DEVICE is cuda (default) or cpu (a dry run of the same chain at tiny sizes). Every step has
 # its own time limit and writes OUTDIR/<step>.json|.log; a step that fails is logged and the
 # next runs, so a cut-short run still leaves what it measured. The result is the directory
-# OUTDIR (tar it to carry it off the machine).
+# OUTDIR (tar it to carry it off the machine; TAR_TO=FILE.tar.gz re-tars it after each step).
+# Every measurement runs before any profile, so a run cut short keeps the diffs' inputs.
+# CAL_SIZES and PROFILE_FLAGS (say --no-grid) shorten a run that has few device minutes.
 set -u
 OUT_DIR=${1:?usage: gpu_ground_truth.sh OUTDIR [cuda|cpu]}
 DEV=${2:-cuda}
@@ -37,7 +39,7 @@ print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda
 if [ "$DEV" = cuda ]; then
     HW=$(python3 -c "import torch; n = torch.cuda.get_device_name(0); \
 print('nvidia_h200' if 'H200' in n else 'nvidia_h100_sxm' if 'H100' in n else 'nvidia_b200')")
-    CAL=(--dtypes fp32,tf32,bf16,fp16,fp8 --sizes 512,1024,2048,4096,8192 --mem-mb 512
+    CAL=(--dtypes fp32,tf32,bf16,fp16,fp8 --sizes ${CAL_SIZES:-512,1024,2048,4096,8192} --mem-mb 512
          --repeats 3 --min-time-ms 10)
     DT=bfloat16
     # model, layers kept, train batch x seq; decode batch over a cache of seq
@@ -63,6 +65,16 @@ else
 fi
 
 step calibrate 240 zrt calibrate --device "$DEV" "${CAL[@]}" -o cal.yaml --json
+# DIFF_ON_DEVICE=0 leaves the diffs (CPU work: a capture each) to be run after, from the
+# measurements and cal.yaml that come back, so the device's minutes go to timing only.
+DIFFS=${DIFF_ON_DEVICE:-1}
+diff_case() {  # NAME: the diffs of m_NAME.json
+    local name=$1
+    [ "$DIFFS" = 1 ] && [ -f "m_$name.json" ] || return 0
+    step "d_${name}_cal" 120 zrt diff "m_$name.json" --hw ./cal.yaml --json
+    [ "$DEV" = cuda ] && step "d_${name}_$HW" 120 zrt diff "m_$name.json" --hw "$HW" --json
+    return 0
+}
 run_case() {  # mode "model layers batch seq"
     local mode=$1 model layers batch seq name flags
     read -r model layers batch seq <<< "$2"
@@ -74,28 +86,20 @@ run_case() {  # mode "model layers batch seq"
     esac
     step "m_$name" 180 zrt measure "$model" --device "$DEV" "${flags[@]}" --batch "$batch" \
         --seq-len "$seq" --layers "$layers" --dtype "$DT" --repeats 5 --json
-    [ -f "m_$name.json" ] || return 0
-    step "d_${name}_cal" 120 zrt diff "m_$name.json" --hw ./cal.yaml --json
-    [ "$DEV" = cuda ] && step "d_${name}_$HW" 120 zrt diff "m_$name.json" --hw "$HW" --json
-    return 0
+    diff_case "$name"
 }
-run_case train "${TRAIN[0]}"
-for c in "${PROFILE[@]:0:1}"; do
+profile_case() {  # INDEX "model flags..."
     # shellcheck disable=SC2086
-    step "p_$(basename "$(echo "$c" | cut -d' ' -f1)" .json)_1" 240 zrt profile $c \
-        --device "$DEV" --hw "$HW" --out tables --dtype "$DT" --repeats 5 --min-time-ms 5 --json
-done
-first=$(basename "$(echo "${TRAIN[0]}" | cut -d' ' -f1)" .json)_train
-[ -f "m_$first.json" ] && step "d_${first}_tables" 120 zrt diff "m_$first.json" --hw "$HW" \
-    --tables tables --json
-for c in "${TRAIN[@]:1}"; do run_case train "$c"; done
+    step "p_$(basename "$(echo "$2" | cut -d' ' -f1)" .json)_$1" 240 zrt profile $2 \
+        --device "$DEV" --hw "$HW" --out tables --dtype "$DT" --repeats 5 --min-time-ms 5 \
+        ${PROFILE_FLAGS:-} --json
+}
+for c in "${TRAIN[@]}"; do run_case train "$c"; done
 for c in "${DECODE[@]}"; do run_case decode "$c"; done
-i=2
-for c in "${PROFILE[@]:1}"; do
-    # shellcheck disable=SC2086
-    step "p_$(basename "$(echo "$c" | cut -d' ' -f1)" .json)_$i" 240 zrt profile $c \
-        --device "$DEV" --hw "$HW" --out tables --dtype "$DT" --repeats 5 --min-time-ms 5 --json
-    i=$((i + 1))
-done
 for c in "${PREFILL[@]}"; do run_case prefill "$c"; done
+i=1
+for c in "${PROFILE[@]}"; do profile_case $i "$c"; i=$((i + 1)); done
+first=$(basename "$(echo "${TRAIN[0]}" | cut -d' ' -f1)" .json)_train
+[ "$DIFFS" = 1 ] && [ -f "m_$first.json" ] && step "d_${first}_tables" 120 zrt diff \
+    "m_$first.json" --hw "$HW" --tables tables --json
 echo done | tee -a steps.txt
