@@ -230,6 +230,12 @@ class Efficiency:
         small eager decoder (docs/profile.md); ``zrt diff`` runs the host beside the device
         (a GPU) or before each op (a CPU); 0: not modelled.
     :param eager_host_backward_us: the same per op of the backward (the C++ autograd engine).
+    :param eager_host_infer_us: the same per op of a forward without autograd
+        (``torch.no_grad``: prefill and decode); 0: ``eager_host_us``.
+    :param eager_host_fixed_us: host time once per training forward that no op stands for
+        (model-level Python: masks, outputs); ``eager_host_backward_fixed_us`` and
+        ``eager_host_infer_fixed_us`` the same for the backward and an inference forward.
+        ``zrt calibrate`` fits the per-op and fixed costs on two depths of its probe.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -257,6 +263,10 @@ class Efficiency:
     comm_overlap_sms: int = 0
     eager_host_us: float = 0.0
     eager_host_backward_us: float = 0.0
+    eager_host_infer_us: float = 0.0
+    eager_host_fixed_us: float = 0.0
+    eager_host_backward_fixed_us: float = 0.0
+    eager_host_infer_fixed_us: float = 0.0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

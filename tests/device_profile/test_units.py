@@ -83,23 +83,71 @@ def test_the_eager_host_runs_beside_a_gpu_and_before_each_op_on_a_cpu():
     from zrt_core.profile.diff import HostClock
 
     us = 1e-6
+    per_node = {"forward": 10 * us, "backward": 2 * us, "infer": 4 * us}
     # GPU: the host issues each op in 10 us, the device runs a priced op less its 5 us
     # dispatch. A 105 us kernel (100 us own) issued at 10 ends at 110; a view is issued at
     # 20 (no device work); a 9 us kernel (4 us own) issued at 30 waits for the device: 110
     # to 114; three 6 us kernels (1 us own) issued at 40, 50, 60 start at 114, 115, 116 and
     # end at 117: the device is busy, the host is not what bounds
-    gpu = HostClock(10 * us, 2 * us, serial=False, dispatch_s=5 * us)
-    moves = [gpu.advance(105 * us, False), gpu.advance(0.0, False),
-             gpu.advance(9 * us, False), gpu.advance(6 * us, False, copies=3)]
+    gpu = HostClock(per_node, serial=False, dispatch_s=5 * us)
+    assert gpu.start("forward") == 0.0
+    moves = [gpu.advance(105 * us), gpu.advance(0.0), gpu.advance(9 * us),
+             gpu.advance(6 * us, copies=3)]
     assert [round(m / us, 9) for m in moves] == [110, 0, 4, 3]
     # a backward 1 us kernel has no own time left after the 5 us dispatch (floored at 0);
     # issued at 60 + 2 = 62, it runs at 117 and moves nothing
-    assert gpu.advance(1 * us, True) == 0.0
+    gpu.start("backward")
+    assert gpu.advance(1 * us) == 0.0
     # CPU: the host thread runs each op after its 10 us: 10 + 100, 10, 10 + 4
-    cpu = HostClock(10 * us, 2 * us, serial=True, dispatch_s=5 * us)
-    moves = [cpu.advance(105 * us, False), cpu.advance(0.0, False), cpu.advance(9 * us, False)]
+    cpu = HostClock(per_node, serial=True, dispatch_s=5 * us)
+    cpu.start("forward")
+    moves = [cpu.advance(105 * us), cpu.advance(0.0), cpu.advance(9 * us)]
     assert [round(m / us, 9) for m in moves] == [110, 10, 14]
     assert round(cpu.device / us, 9) == 134
+
+
+def test_a_pass_pays_its_fixed_host_cost_once_and_its_own_cost_per_op():
+    from zrt_core.profile.diff import HostClock, host_pass
+
+    us = 1e-6
+    assert [host_pass(p) for p in ("train_forward", "train_backward", "prefill", "decode")] \
+        == ["forward", "backward", "infer", "infer"]
+    per_node = {"forward": 10 * us, "backward": 2 * us, "infer": 4 * us}
+    fixed = {"forward": 50 * us, "backward": 0.0, "infer": 30 * us}
+    # CPU: an inference pass starts with its 30 us, then 4 us of host before each op:
+    # 30, then 4 + 20 own (25 priced less the 5 us dispatch), then 4 for a view
+    cpu = HostClock(per_node, serial=True, dispatch_s=5 * us, fixed=fixed)
+    moves = [cpu.start("infer"), cpu.advance(25 * us), cpu.advance(0.0)]
+    assert [round(m / us, 9) for m in moves] == [30, 24, 4]
+    # GPU: the 30 us put the host behind; the first kernel is issued at 30 + 4 = 34 and
+    # ends at 34 + 20 = 54; the host is then at 34, so the second (issued at 38) waits for
+    # the device: 54 + 20 = 74
+    gpu = HostClock(per_node, serial=False, dispatch_s=5 * us, fixed=fixed)
+    moves = [gpu.start("infer"), gpu.advance(25 * us), gpu.advance(25 * us)]
+    assert [round(m / us, 9) for m in moves] == [0, 54, 20]
+    # a pass that starts while the device still runs: the host, at 38, waits for no
+    # kernel: its 50 us take it to 88, the next op is issued at 98 and ends at 118, 44
+    # after the device's 74
+    assert gpu.start("forward") == 0.0
+    assert round(gpu.advance(25 * us) / us, 9) == 44
+
+
+def test_the_host_line_splits_a_probe_into_per_op_and_fixed_costs():
+    from zrt_core.profile.calibrate import EagerHost, host_line
+
+    # 2 layers: 175 nodes in 2,000 us; 6 layers: 455 nodes in 3,400 us: (3,400 - 2,000) /
+    # (455 - 175) = 5 us per node, and 2,000 - 175 x 5 = 1,125 us once per pass
+    per_node, fixed = host_line([2000e-6, 3400e-6], [175, 455])
+    assert (round(per_node, 9), round(fixed, 9)) == (5.0, 1125.0)
+    # a line through zero nodes below zero time: no fixed cost
+    assert host_line([100e-6, 1000e-6], [10, 40])[1] == 0.0
+    # the deeper probe no slower (noise): its average, 1,900 / 455 us per node, no fixed
+    per_node, fixed = host_line([2000e-6, 1900e-6], [175, 455])
+    assert (round(per_node, 9), fixed) == (round(1900 / 455, 9), 0.0)
+    keys = EagerHost((5.0, 2.0, 4.0), (1125.0, 0.0, 60.0)).to_efficiency()
+    assert keys == {"eager_host_us": 5.0, "eager_host_backward_us": 2.0,
+                    "eager_host_infer_us": 4.0, "eager_host_fixed_us": 1125.0,
+                    "eager_host_backward_fixed_us": 0.0, "eager_host_infer_fixed_us": 60.0}
 
 
 def test_the_ring_fit_recovers_the_link_that_made_the_times():
@@ -141,3 +189,34 @@ def test_profile_gemms_run_tn_on_weights_cycled_past_the_cache():
     outs = [call() for _ in range(3)]
     assert all(o.shape == (3, 5) for o in outs)
     assert torch.equal(outs[0], outs[2])  # every copy holds the same weight
+
+
+def test_a_gpu_rows_source_names_the_sm_clock_it_ran_at(tmp_path, monkeypatch):
+    import csv
+
+    from zrt_core.profile import kernels
+
+    # a GEMM loop runs at the power-capped clock, a mixed step at the boost clock
+    # (docs/profile.md): a GPU row says which; a CPU, or a GPU without NVML, says nothing
+    assert Device("cpu", "EPYC", 1).sm_clock_mhz() is None
+    gpu = Device("cuda", "NVIDIA H200", 0, "CUDA 13.0")
+    monkeypatch.setattr(torch.cuda, "clock_rate", lambda device=None: 1440)
+    assert gpu.sm_clock_mhz() == 1440
+
+    def no_nvml(device=None):
+        raise ModuleNotFoundError("pynvml")
+
+    monkeypatch.setattr(torch.cuda, "clock_rate", no_nvml)
+    assert gpu.sm_clock_mhz() is None
+    monkeypatch.setattr(torch.cuda, "clock_rate", lambda device=None: 1440)
+    monkeypatch.setattr(kernels, "time_call", lambda *a, **k: (2.5e-4,))
+    from attrs import evolve
+
+    # the row's cells as zrt profile writes them; nothing runs (no GPU here)
+    gemm = evolve(kernels._gemm("gemm", "bfloat16", 1, 64, 64, 64, "model"),
+                  build=lambda device: (lambda: None))
+    rows = list(kernels.profile([gemm], gpu, tmp_path / "t.csv", "nvidia_h200"))
+    assert rows[0]["time_us"] == "250"
+    assert rows[0]["source"].endswith("; model; sm 1440 MHz")
+    with open(tmp_path / "t.csv", encoding="utf-8", newline="") as fh:
+        assert next(iter(csv.DictReader(fh)))["source"] == rows[0]["source"]

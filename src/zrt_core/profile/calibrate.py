@@ -25,10 +25,12 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
 * link (``ranks`` > 1): all-reduce over that many ranks of the machine with
   ``torch.distributed`` (:mod:`zrt_core.profile.collectives`), fitted as zrt's ring; else the
   pack's one tier is a copy through the device's memory.
-* eager host: the wall time of a small eager decoder's forward and of its backward (hidden
-  64, so its ops' own work is a few microseconds) over the ops zrt's capture counts in
-  them (every node, views included): the host's time per op of eager PyTorch — module
-  Python, autograd, dispatch and launch — which ``zrt diff`` runs beside the device.
+* eager host: the wall time of a small eager decoder's training forward, its backward and
+  its forward without autograd (hidden 64, so its ops' own work is a few microseconds), at
+  two depths, against the nodes zrt's capture counts in them (every node, views included):
+  the line through the two depths gives the host's time per op of eager PyTorch — module
+  Python, autograd, dispatch and launch — and, where it meets zero nodes, the pass's fixed
+  cost (model-level Python no node stands for), which ``zrt diff`` runs beside the device.
 * vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
   tensor (32k elements on a CPU; 4M on a GPU, whose launch would otherwise be all of it),
   one FLOP per element as zrt's formulas count them: the geometric mean of their rates
@@ -87,6 +89,28 @@ class GemmFit:
 
 
 @frozen
+class EagerHost:
+    """The eager host's cost (:func:`_eager_host`), µs: per node and once per pass, for a
+    training forward, its backward and an inference forward (``zrt_core.profile.diff``'s
+    ``HOST_PASSES``)."""
+
+    per_node_us: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    fixed_us: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def to_efficiency(self) -> dict[str, float]:
+        """The pack's ``efficiency`` keys."""
+        names = ("eager_host", "eager_host_backward", "eager_host_infer")
+        return {**{f"{n}_us": _sig(v) for n, v in zip(names, self.per_node_us, strict=True)},
+                **{f"{n}_fixed_us": _sig(v) for n, v in zip(names, self.fixed_us,
+                                                               strict=True)}}
+
+    def to_json(self) -> dict[str, Any]:
+        passes = ("forward", "backward", "infer")
+        return {"per_node_us": dict(zip(passes, self.per_node_us, strict=True)),
+                "fixed_us": dict(zip(passes, self.fixed_us, strict=True))}
+
+
+@frozen
 class Calibration:
     """What ``zrt calibrate`` measured on one device."""
 
@@ -101,8 +125,8 @@ class Calibration:
     date: str
     #: the dtype attention was timed in (its efficiency is over this dtype's GEMM rate)
     attention_dtype: str = "fp32"
-    #: host time per op of an eager forward and backward (:func:`_eager_host`), µs
-    eager_host_us: tuple[float, float] = (0.0, 0.0)
+    #: the eager host's cost per op and per pass (:func:`_eager_host`)
+    eager_host: EagerHost = EagerHost()
     #: the ring all-reduce fit over several ranks (``--ranks``); None: one device
     link: Any = None
 
@@ -142,8 +166,7 @@ class Calibration:
             "matmul_tile_m": fp32.tile_m,
             "matmul_tile_n": 1,
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
-            "eager_host_us": _sig(self.eager_host_us[0]),
-            "eager_host_backward_us": _sig(self.eager_host_us[1]),
+            **self.eager_host.to_efficiency(),
         }
         return {
             "id": hw_id or self.hardware_id(),
@@ -178,7 +201,7 @@ class Calibration:
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device.to_json(), "date": self.date,
                 "attention_dtype": self.attention_dtype,
-                "eager_host_us": list(self.eager_host_us),
+                "eager_host": self.eager_host.to_json(),
                 "link": None if self.link is None else {
                     "ranks": self.link.ranks, "backend": self.link.backend,
                     "bandwidth_gb_per_s": self.link.bandwidth_gb_per_s,
@@ -251,7 +274,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     attention = _attention_fits(device, sizes, repeats, min_time_s, attention_dtype)
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
     # its steps take a millisecond or two: 20 at least, the best of them (a busy machine)
-    eager_host = _eager_host(device, max(repeats, 20))
+    eager_host = _eager_host(device, max(repeats, 50))
     link = None
     if ranks > 1:
         from zrt_core.profile.collectives import measure_link
@@ -260,7 +283,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
                        vector_flops=vector, attention_dtype=attention_dtype,
-                       eager_host_us=eager_host, link=link,
+                       eager_host=eager_host, link=link,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
@@ -295,18 +318,38 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
             torch.backends.cuda.matmul.allow_tf32 = False
 
 
-#: the small eager decoder :func:`_eager_host` times (its ops' own work is microseconds)
+#: the small eager decoder :func:`_eager_host` times (its ops' own work is microseconds), at
+#: :data:`HOST_PROBE_DEPTHS` layers
 HOST_PROBE = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
               "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
               "vocab_size": 128}
 HOST_PROBE_TOKENS = (1, 16)  # batch, sequence
+HOST_PROBE_DEPTHS = (2, 4, 6, 8)
 
 
-def _eager_host(device: Device, repeats: int) -> tuple[float, float]:
-    """Host µs per op of an eager forward and of its backward: the best wall time (CPU time
-    with one CPU thread) of :data:`HOST_PROBE`'s training forward, and of forward plus
-    backward less it, over the nodes zrt's capture of the same step counts (views
-    included: each is a dispatch)."""
+def host_line(times_s: Sequence[float], nodes: Sequence[int]) -> tuple[float, float]:
+    """(µs per node, fixed µs) of the least-squares line through a probe's (nodes, time)
+    points, one per depth. Points the noise left not rising (a slope not above zero) give
+    no line: the deepest probe's average per node, and no fixed cost; a line meeting zero
+    nodes below zero time, no fixed cost."""
+    n = len(nodes)
+    mean_n, mean_t = sum(nodes) / n, sum(times_s) / n
+    var = sum((x - mean_n) ** 2 for x in nodes)
+    cov = sum((x - mean_n) * (t - mean_t) for x, t in zip(nodes, times_s, strict=True))
+    if var <= 0 or cov <= 0:
+        deepest = max(range(n), key=lambda i: nodes[i])
+        return times_s[deepest] / nodes[deepest] * 1e6, 0.0
+    per_node = cov / var
+    return per_node * 1e6, max(0.0, mean_t - per_node * mean_n) * 1e6
+
+
+def _eager_host(device: Device, repeats: int) -> EagerHost:
+    """The host's µs per node and per pass of an eager training forward (with the loss), of
+    its backward, and of a forward under ``torch.no_grad`` (as ``zrt measure`` runs prefill
+    and decode): the best wall time (CPU time with one CPU thread) of each at each of
+    :data:`HOST_PROBE_DEPTHS`, the depths taken in turn within each repeat (a slow spell of
+    a shared machine falls on all of them alike), against the nodes zrt's capture of the
+    same pass counts (views included: each is a dispatch), fitted by :func:`host_line`."""
     import time
 
     import torch
@@ -318,33 +361,46 @@ def _eager_host(device: Device, repeats: int) -> tuple[float, float]:
 
     host = get_plugin_manager()
     batch, seq = HOST_PROBE_TOKENS
-    request = MeasureRequest(model=dict(HOST_PROBE), mode="train", batch=batch, seq_len=seq)
-    _, _, model = build_model(request, device, host)
-    ids = torch.randint(0, HOST_PROBE["vocab_size"], (batch, seq), device=device.torch_device)
     clock = time.perf_counter if device.kind == "cuda" else cpu_clock(device)
+    phases = ("train_forward", "train_backward", "prefill")
+    models = []
+    nodes: list[tuple[int, ...]] = []
+    for depth in HOST_PROBE_DEPTHS:
+        config = dict(HOST_PROBE, num_hidden_layers=depth)
+        request = MeasureRequest(model=dict(config), mode="train", batch=batch, seq_len=seq)
+        models.append(build_model(request, device, host)[2])
+        captured = capture(config, phases, batch=batch, seq_len=seq, host=host,
+                           full_depth=True, dtype="float32", last_token_logits=True)
+        graphs = [captured.graph(p) for p in phases]
+        nodes.append(tuple(sum(g.multiplicity(n) for n in g.nodes) for g in graphs))
+    ids = torch.randint(0, HOST_PROBE["vocab_size"], (batch, seq), device=device.torch_device)
 
-    def timed(backward: bool) -> float:
-        best = float("inf")
-        for i in range(repeats + 2):  # two warm-ups
-            for p in model.parameters():
-                p.grad = None
-            synchronize(device)
-            t0 = clock()
-            loss = model(input_ids=ids, labels=ids).loss
-            if backward:
-                loss.backward()
-            synchronize(device)
+    def once(model: Any, mode: str) -> float:
+        for p in model.parameters():
+            p.grad = None
+        synchronize(device)
+        t0 = clock()
+        if mode == "infer":
+            with torch.no_grad():  # as zrt measure's prefill
+                model(input_ids=ids, logits_to_keep=1)
+        else:
+            out = model(input_ids=ids, labels=ids)
+            if mode == "both":
+                out.loss.backward()
+        synchronize(device)
+        return clock() - t0
+
+    best = {(d, m): float("inf") for d in range(len(models)) for m in ("train", "both", "infer")}
+    for i in range(repeats + 2):  # two warm-ups
+        for (d, mode) in best:
+            seconds = once(models[d], mode)
             if i >= 2:
-                best = min(best, clock() - t0)
-        return best
-
-    forward_s, both_s = timed(False), timed(True)
-    captured = capture(dict(HOST_PROBE), ("train_forward", "train_backward"), batch=batch,
-                       seq_len=seq, host=host, full_depth=True, dtype="float32",
-                       last_token_logits=True)
-    counts = [sum(g.multiplicity(n) for n in g.nodes)
-              for g in (captured.graph("train_forward"), captured.graph("train_backward"))]
-    return (forward_s / counts[0] * 1e6, max(0.0, both_s - forward_s) / counts[1] * 1e6)
+                best[d, mode] = min(best[d, mode], seconds)
+    times = [(best[d, "train"], max(0.0, best[d, "both"] - best[d, "train"]), best[d, "infer"])
+             for d in range(len(models))]
+    lines = [host_line([t[i] for t in times], [n[i] for n in nodes]) for i in range(3)]
+    return EagerHost(per_node_us=tuple(line[0] for line in lines),  # type: ignore[arg-type]
+                     fixed_us=tuple(line[1] for line in lines))  # type: ignore[arg-type]
 
 
 def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: float

@@ -76,6 +76,20 @@ class Device:
                 "cuda": torch.version.cuda if self.kind == "cuda" else None,
                 "libraries": self.libraries}
 
+    def sm_clock_mhz(self) -> int | None:
+        """The GPU's SM clock now, MHz (NVML's last sample, through ``torch.cuda``); None on
+        a CPU or without NVML's Python binding. A GEMM timed back to back runs at the clock
+        its power limit allows, below the boost clock a step of mixed kernels keeps
+        (docs/profile.md), so a row's clock says which regime it measured."""
+        if self.kind != "cuda":
+            return None
+        import torch
+
+        try:
+            return int(torch.cuda.clock_rate(0))
+        except Exception:  # no pynvml, or NVML not answering: the row just has no clock
+            return None
+
     def provenance(self) -> str:
         """One line naming the device and the software its timings came from."""
         import torch

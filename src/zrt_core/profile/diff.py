@@ -8,8 +8,10 @@ after the other). Where the hardware has an eager host cost (``efficiency.eager_
 measured by ``zrt calibrate``), the host issues every node (views too) at that cost: on a
 GPU beside the device, each kernel starting when both the host has issued it and the
 device has finished the one before; on a CPU, where the host thread runs the ops itself,
-before each op (the op's own dispatch, ``launch_overhead_us``, is then the host's). Without
-it the node times are summed.
+before each op (the op's own dispatch, ``launch_overhead_us``, is then the host's). The
+cost per node and the fixed cost of each pass (model-level Python no node stands for) are
+the pack's for the pass: a training forward, its backward, or a forward without autograd
+(prefill and decode). Without it the node times are summed.
 """
 
 from __future__ import annotations
@@ -74,47 +76,84 @@ def predict(measurement: Mapping[str, Any], hardware: Any, host: Any,
     return [price_graph(captured.graph(p), hardware, host, backends=backends) for p in phases]
 
 
-class HostClock:
-    """The eager host beside the device: :meth:`advance` runs one node and says how far the
-    step's end moved (module docstring).
+#: the host's passes: a training forward (autograd records), its backward (the C++ autograd
+#: engine issues), an inference forward (``torch.no_grad``: prefill and decode)
+HOST_PASSES = ("forward", "backward", "infer")
 
-    :param forward_s: host time per node of a forward; ``backward_s`` of a backward.
+
+def host_pass(phase: str) -> str:
+    """The host pass (:data:`HOST_PASSES`) a captured phase runs as."""
+    if phase == "train_backward":
+        return "backward"
+    return "forward" if phase == "train_forward" else "infer"
+
+
+class HostClock:
+    """The eager host beside the device: :meth:`start` begins a pass, :meth:`advance` runs
+    one node; each says how far the step's end moved (module docstring).
+
+    :param per_node: host seconds per node of each pass (:data:`HOST_PASSES`).
+    :param fixed: host seconds once per pass (model-level Python no node stands for).
     :param serial: the host runs the ops itself (a CPU): time adds; else (a GPU) the host
         issues ahead of the device and each kernel waits for the later of the two.
     :param dispatch_s: the dispatch every priced node's time already holds, taken off it
         (the host pays it).
     """
 
-    def __init__(self, forward_s: float, backward_s: float, *, serial: bool,
-                 dispatch_s: float) -> None:
-        self.per_node = {False: forward_s, True: backward_s}
+    def __init__(self, per_node: Mapping[str, float], *, serial: bool, dispatch_s: float,
+                 fixed: Mapping[str, float] | None = None) -> None:
+        self.per_node = dict(per_node)
+        self.fixed = dict(fixed or {})
         self.serial = serial
         self.dispatch_s = dispatch_s
         self.host = 0.0
         self.device = 0.0
+        self.kind = "forward"
 
-    def advance(self, node_s: float, backward: bool, copies: int = 1) -> float:
-        """Run ``copies`` of a node whose priced time is ``node_s`` (0: a view): the seconds
-        the step's end moved."""
+    def start(self, kind: str) -> float:
+        """Begin a pass of ``kind``: the host pays its fixed cost first."""
+        self.kind = kind
+        before = self.device
+        fixed = self.fixed.get(kind, 0.0)
+        if self.serial:
+            self.device += fixed
+        else:  # the host falls behind (it waits for no kernel); the device, only if it
+            self.host += fixed  # catches up
+        return self.device - before
+
+    def advance(self, node_s: float, copies: int = 1) -> float:
+        """Run ``copies`` of a node whose priced time is ``node_s`` (0: a view) in the
+        current pass: the seconds the step's end moved."""
         before = self.device
         own = max(0.0, node_s - self.dispatch_s) if node_s > 0 else 0.0
+        per_node = self.per_node[self.kind]
         for _ in range(copies):
             if self.serial:  # one thread: the host's part, then the op's own
-                self.device += self.per_node[backward] + own
+                self.device += per_node + own
             else:  # the host issues on; the kernel waits for it and for the one before
-                self.host += self.per_node[backward]
+                self.host += per_node
                 self.device = max(self.device, self.host) + own
         return self.device - before
 
 
 def host_clock(measurement: Mapping[str, Any], hardware: Any) -> HostClock | None:
-    """The host model for ``measurement`` on ``hardware``; None without an eager host cost."""
+    """The host model for ``measurement`` on ``hardware``; None without an eager host cost.
+    A pack without a cost of its own for the inference pass (written before it was
+    measured) uses the training forward's."""
     eff = getattr(hardware, "efficiency", None)
     if eff is None or not eff.eager_host_us:
         return None
     serial = (measurement.get("device") or {}).get("kind", "cuda") == "cpu"
-    return HostClock(eff.eager_host_us * 1e-6, eff.eager_host_backward_us * 1e-6,
-                     serial=serial, dispatch_s=eff.launch_overhead_us * 1e-6)
+    infer = eff.eager_host_infer_us or eff.eager_host_us
+    per_node = {"forward": eff.eager_host_us, "backward": eff.eager_host_backward_us,
+                "infer": infer}
+    fixed = {"forward": eff.eager_host_fixed_us,
+             "backward": eff.eager_host_backward_fixed_us,
+             "infer": eff.eager_host_infer_fixed_us if eff.eager_host_infer_us
+             else eff.eager_host_fixed_us}
+    return HostClock({k: v * 1e-6 for k, v in per_node.items()}, serial=serial,
+                     dispatch_s=eff.launch_overhead_us * 1e-6,
+                     fixed={k: v * 1e-6 for k, v in fixed.items()})
 
 
 def diff(measurement: Mapping[str, Any], costed: Sequence[Any],
@@ -137,11 +176,15 @@ def diff(measurement: Mapping[str, Any], costed: Sequence[Any],
         backward = "backward" in graph.phase
         side = "backward_s" if backward else "forward_s"
         span: dict[int, list[float]] = {}
+        if host is not None:  # the pass's fixed host cost: outside every layer
+            moved = host.start(host_pass(graph.phase))
+            total += moved
+            clock += moved
         for node in graph.nodes:
             copies = graph.multiplicity(node)
             node_s = cg.costs[node.id].time_s
             device_s = node_s * copies
-            seconds = device_s if host is None else host.advance(node_s, backward, copies)
+            seconds = device_s if host is None else host.advance(node_s, copies)
             total += seconds
             device_total += device_s
             op_category.setdefault(_base(node.op), node.category)
@@ -211,7 +254,8 @@ def diff(measurement: Mapping[str, Any], costed: Sequence[Any],
         "measured_op_s": op_s,
         "op_ratio": device_total / op_s if op_s > 0 else None,
         "host_model": None if host is None else {
-            "forward_us": host.per_node[False] * 1e6, "backward_us": host.per_node[True] * 1e6,
+            **{f"{k}_us": host.per_node[k] * 1e6 for k in HOST_PASSES},
+            **{f"{k}_fixed_us": host.fixed.get(k, 0.0) * 1e6 for k in HOST_PASSES},
             "serial": host.serial},
         "layer_mape": sum(errors) / len(errors) if errors else None,
         "layers": layers,

@@ -248,10 +248,12 @@ def profile(kernels: Sequence[Kernel], device: Device, out: Path, hardware_id: s
                 break
             seconds = time_call(device, kernel.build(device), warmup=warmup, repeats=repeats,
                                 min_time_s=min_time_s)[0]
+            clock = device.sm_clock_mhz()
             row = {c: "" for c in COLUMNS}
             row.update({"hardware_id": hardware_id, "op": kernel.op, "dtype": kernel.dtype,
                         "time_us": f"{seconds * 1e6:.4g}",
-                        "source": f"{provenance}; {kernel.origin}"})
+                        "source": f"{provenance}; {kernel.origin}"
+                                  + (f"; sm {clock} MHz" if clock else "")})
             for name, value in kernel.cells:
                 row[name] = f"{value:.17g}" if isinstance(value, float) else str(value)
             writer.writerow(row)
