@@ -176,7 +176,8 @@ def diff(measurement: Mapping[str, Any], costed: Sequence[Any],
         backward = "backward" in graph.phase
         side = "backward_s" if backward else "forward_s"
         span: dict[int, list[float]] = {}
-        if host is not None:  # the pass's fixed host cost: outside every layer
+        if host is not None:  # the pass's fixed host cost: before its first node (on a GPU,
+            # the device feels it only where the first nodes wait for the host)
             moved = host.start(host_pass(graph.phase))
             total += moved
             clock += moved
