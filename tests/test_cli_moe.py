@@ -156,6 +156,12 @@ def test_serving_ep_inside_the_tp_group_takes_the_engines_expert_tp(
         out = _json(capsys, *_infer(model_dir, "--tp", "4", "--ep", ep))
         assert (out["parallel"]["tp"], out["parallel"]["ep"], out["parallel"]["etp"]) == (
             4, int(ep), etp)
+    # without EP the experts span the instance too (vLLM: a DP × TP tensor-parallel group;
+    # TensorRT-LLM's MoE under attention DP): --tp 2 --dp 2 splits every expert 4 ways,
+    # the layout the serving search prices for the same flags
+    out = _json(capsys, *_infer(model_dir, "--tp", "2", "--dp", "2"))
+    assert (out["parallel"]["tp"], out["parallel"]["dp"], out["parallel"]["ep"],
+            out["parallel"]["etp"]) == (2, 2, 1, 4)
     # a given expert TP is priced as given: 4 × 4 does not fit 4 ranks, one line, exit 2
     assert main(_infer(model_dir, "--tp", "4", "--ep", "4", "--etp", "4")) == 2
     err = capsys.readouterr().err.strip()

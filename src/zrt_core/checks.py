@@ -236,7 +236,7 @@ def check_infer_request(config: Mapping[str, Any], parallel: Any, infer: Any, *,
     check_tokens(config if positions else {}, tokens,
                  f"a sequence of {infer.input_len} prompt + {infer.output_len} output tokens",
                  where=where)
-    check_layout(serving_expert_tp(parallel), dims)
+    check_layout(serving_expert_tp(parallel, moe=dims.is_moe), dims)
     return dims
 
 

@@ -302,19 +302,22 @@ def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
     return spec
 
 
-def serving_expert_tp(parallel: Parallel) -> Parallel:
-    """The layout with the serving engines' expert TP where it is unset.
+def serving_expert_tp(parallel: Parallel, *, moe: bool = True) -> Parallel:
+    """The layout with the serving engines' expert TP where it is unset (a model without
+    experts, ``moe`` false, keeps its layout as given).
 
     Serving engines carve the expert groups out of the ranks that run attention, so the
     experts span every GPU of the instance: TensorRT-LLM's ``Mapping`` sets ``moe_tp_size``
     to ``tp_size // moe_ep_size`` when only the EP size is given (``trtllm-bench --tp 8 --ep
     8``: experts not split), SGLang's ``moe_ep_rank = tp_rank // (tp_size // ep_size)``
-    likewise, vLLM's ``--enable-expert-parallel`` spreads the experts over TP × DP. So an
-    unset expert TP is tp × dp / ep (the layout the serving search enumerates), not
-    Megatron's training default (the attention TP); a set one, or an ep that does not
-    divide tp × dp, is left as given.
+    likewise, vLLM's ``--enable-expert-parallel`` spreads the experts over TP × DP. Without
+    EP the experts still span the instance: vLLM's expert layers "by default form a tensor
+    parallel group of size DP × TP" (its data-parallel deployment guide), as TensorRT-LLM's
+    MoE does under attention DP. So an unset expert TP is tp × dp / ep (the layout the
+    serving search enumerates), not Megatron's training default (the attention TP); a set
+    one, or an ep that does not divide tp × dp, is left as given.
     """
-    if parallel.etp is not None or parallel.ep == 1:
+    if not moe or parallel.etp is not None or (parallel.ep == 1 and parallel.dp == 1):
         return parallel
     ranks = parallel.tp * parallel.dp
     if ranks % parallel.ep:

@@ -107,6 +107,26 @@ def test_moe_serving_spreads_experts_over_the_instance() -> None:
     assert [(c.parallel.ep, c.parallel.etp) for c in kept] == [(1, 4), (2, 2), (4, 1)]
 
 
+def test_every_serving_layout_is_what_zrt_run_prices_for_its_flags() -> None:
+    from attrs import evolve
+
+    from zrt_core.strategy import serving_expert_tp
+
+    moe = ModelDims(model_type="x", hidden=64, layers=2, heads=4, kv_heads=4, head_dim=16,
+                    ffn=128, vocab=64, experts=8, top_k=2, moe_ffn=32, moe_layers=2)
+    space = ServeSpace(gpus=(4,), input_len=8, output_len=8, tp=None, dp=None,
+                       quant=("none",), batch=(1,))
+    kept, _ = enumerate_serve(space, moe, 8, frozenset())
+    # tp × dp = 4 over tp ∈ {1, 2, 4} and ep ∈ {1, 2, 4}: with dp > 1 and no EP too, the
+    # experts span the 4 GPUs (vLLM's DP × TP expert group): `zrt run --tp T --dp D --ep E`
+    # without --etp takes the same expert TP the search priced
+    assert {(c.parallel.tp, c.parallel.dp, c.parallel.ep, c.parallel.etp) for c in kept} == {
+        (tp, 4 // tp, ep, 4 // ep) for tp in (1, 2, 4) for ep in (1, 2, 4)}
+    for c in kept:  # an unset expert TP is the attention TP (Megatron's default): tp=4, dp=1
+        run = serving_expert_tp(evolve(c.parallel, etp=None))
+        assert (run.etp or run.tp) == c.parallel.etp
+
+
 def test_dense_model_has_no_expert_parallelism(dims: ModelDims) -> None:
     space = TrainSpace(gpus=(2,), global_batch=2, seq_len=64, tp=(1,), cp=(1,), pp=(1,),
                        vp=(1,), ep=(1, 2), micro_batch=(1,), recompute=("none",),

@@ -101,8 +101,9 @@ def estimate_inference(model: Any, hardware: HardwareSpec | str, parallel: Paral
     if captured is not None and not isinstance(captured, CapturedModel):
         captured = CapturedModel.from_capture(captured)
     config, where = raw_config(model, host, captured=captured)
-    check_infer_request(config, parallel, infer, positions=captured is None, where=where)
-    parallel = serving_expert_tp(parallel)
+    dims = check_infer_request(config, parallel, infer, positions=captured is None,
+                               where=where)
+    parallel = serving_expert_tp(parallel, moe=dims.is_moe)
     hw = hardware if isinstance(hardware, HardwareSpec) else host.hardware_spec(hardware)
     if captured is None:
         captured = load_or_capture(model, infer.input_len, host=host, dtype=infer.dtype,
