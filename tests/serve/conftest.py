@@ -32,7 +32,9 @@ class Server:
             [sys.executable, "-m", "zrt_core.cli.main", "serve", "--port", str(self.port),
              "--db", str(db), *args],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})})
+            # temporary files beside the database: a server killed with SIGKILL cannot
+            # remove its workers' directory, and a test run must not litter /tmp
+            env={**os.environ, "TMPDIR": str(db.parent), **(env or {})})
 
     def wait_ready(self, timeout_s: float = 60.0) -> float:
         """Seconds until /healthz answers."""

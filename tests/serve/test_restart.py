@@ -61,3 +61,21 @@ def test_a_killed_server_loses_no_job(server_factory, tmp_path, final):
             assert after[i]["attempts"] == 2  # interrupted once, then run to the end
         csv = c.get(f"/v1/jobs/{ids[0]}/results.csv")
         assert csv.status_code == 200 and csv.text.startswith("id,status")
+
+
+def test_a_stopped_server_leaves_no_worker_directory(server_factory, tmp_path, final):
+    # the workers' empty HuggingFace home is the pool's, made under TMPDIR when the pool
+    # starts and removed when the server stops (SIGTERM), though its workers are killed,
+    # not asked; before, each worker made its own and left it behind
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    server = server_factory("--workers", "2", env={"TMPDIR": str(tmp)})
+    client = httpx.Client(base_url=server.url, timeout=30)
+    job = client.post("/v1/estimate", json={
+        "model": "llama3-8b", "hardware": "nvidia_h100_sxm",
+        "infer": {"input_len": 1024, "output_len": 128}}).json()
+    assert final(client, job["id"])["status"] == "done"
+    assert len(list(tmp.glob("zrt-serve-hf-*"))) == 1  # one for the pool's two workers
+    server.stop()
+    assert server.proc.returncode is not None
+    assert not list(tmp.glob("zrt-serve-hf-*"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -25,13 +26,13 @@ from zrt_core.serve.store import CANCELLED, DONE, FAILED, JobStore
 POLL_S = 0.05
 
 
-def worker_main(conn: Any, server_pid: int) -> None:
+def worker_main(conn: Any, server_pid: int, empty: str) -> None:
     """A worker process: offline, warm (plugins loaded, torch imported), then one job at a
-    time from ``conn`` until the server goes away."""
+    time from ``conn`` until the server goes away. ``empty`` is the pool's empty directory,
+    its HuggingFace home (the pool removes it: a worker may be killed at any point)."""
     _die_with_parent()
     if os.getppid() != server_pid:  # the server died while this process started
         return
-    empty = tempfile.mkdtemp(prefix="zrt-serve-hf-")
     # nothing downloaded and no HuggingFace cache read: every model arrives as a config
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_CACHE=empty,
                       HF_HOME=empty)
@@ -93,10 +94,15 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._procs: dict[int, Any] = {}
         self._ctx = multiprocessing.get_context("spawn")
+        #: the workers' HuggingFace home: one empty directory for the pool, made by
+        #: :meth:`start` and removed by :meth:`stop` (workers are killed, not asked)
+        self._hf_home: str | None = None
         #: recent job durations (s), for Retry-After
         self.recent_s: list[float] = []
 
     def start(self) -> None:
+        if self._hf_home is None:  # before any slot thread: one directory for them all
+            self._hf_home = tempfile.mkdtemp(prefix="zrt-serve-hf-")
         for slot in range(self.workers):
             t = threading.Thread(target=self._slot, args=(slot,), name=f"zrt-slot-{slot}",
                                  daemon=True)
@@ -116,6 +122,9 @@ class WorkerPool:
             _kill(proc)
         for t in self._threads:
             t.join(timeout=5)
+        if self._hf_home is not None:
+            shutil.rmtree(self._hf_home, ignore_errors=True)
+            self._hf_home = None
 
     def mean_job_s(self) -> float:
         recent = self.recent_s[-50:]
@@ -125,8 +134,8 @@ class WorkerPool:
 
     def _spawn(self, slot: int) -> tuple[Any, Any]:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=worker_main, args=(child, os.getpid()), name=f"zrt-worker-{slot}",
-                                 daemon=True)
+        proc = self._ctx.Process(target=worker_main, args=(child, os.getpid(), self._hf_home),
+                                 name=f"zrt-worker-{slot}", daemon=True)
         proc.start()
         child.close()
         self._procs[slot] = (proc, parent)
