@@ -235,7 +235,7 @@ class Efficiency:
     :param eager_host_fixed_us: host time once per training forward that no op stands for
         (model-level Python: masks, outputs); ``eager_host_backward_fixed_us`` and
         ``eager_host_infer_fixed_us`` the same for the backward and an inference forward.
-        ``zrt calibrate`` fits the per-op and fixed costs on two depths of its probe.
+        ``zrt calibrate`` fits the per-op and fixed costs on four depths of its probe.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """

@@ -302,7 +302,7 @@ def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:
     return spec
 
 
-def serving_expert_tp(parallel: Parallel, *, moe: bool = True) -> Parallel:
+def serving_expert_tp(parallel: Parallel, *, moe: bool) -> Parallel:
     """The layout with the serving engines' expert TP where it is unset (a model without
     experts, ``moe`` false, keeps its layout as given).
 

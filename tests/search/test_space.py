@@ -123,7 +123,7 @@ def test_every_serving_layout_is_what_zrt_run_prices_for_its_flags() -> None:
     assert {(c.parallel.tp, c.parallel.dp, c.parallel.ep, c.parallel.etp) for c in kept} == {
         (tp, 4 // tp, ep, 4 // ep) for tp in (1, 2, 4) for ep in (1, 2, 4)}
     for c in kept:  # an unset expert TP is the attention TP (Megatron's default): tp=4, dp=1
-        run = serving_expert_tp(evolve(c.parallel, etp=None))
+        run = serving_expert_tp(evolve(c.parallel, etp=None), moe=True)
         assert (run.etp or run.tp) == c.parallel.etp
 
 

@@ -27,10 +27,11 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
   pack's one tier is a copy through the device's memory.
 * eager host: the wall time of a small eager decoder's training forward, its backward and
   its forward without autograd (hidden 64, so its ops' own work is a few microseconds), at
-  two depths, against the nodes zrt's capture counts in them (every node, views included):
-  the line through the two depths gives the host's time per op of eager PyTorch — module
-  Python, autograd, dispatch and launch — and, where it meets zero nodes, the pass's fixed
-  cost (model-level Python no node stands for), which ``zrt diff`` runs beside the device.
+  four depths, against the nodes zrt's capture counts in them (every node, views included):
+  the least-squares line through the depths gives the host's time per op of eager PyTorch —
+  module Python, autograd, dispatch and launch — and, where it meets zero nodes, the pass's
+  fixed cost (model-level Python no node stands for), which ``zrt diff`` runs beside the
+  device.
 * vector: the pointwise ops decoder layers run (:data:`VECTOR_OPS`) on a cache-resident
   tensor (32k elements on a CPU; 4M on a GPU, whose launch would otherwise be all of it),
   one FLOP per element as zrt's formulas count them: the geometric mean of their rates
@@ -105,9 +106,10 @@ class EagerHost:
                                                                strict=True)}}
 
     def to_json(self) -> dict[str, Any]:
-        passes = ("forward", "backward", "infer")
-        return {"per_node_us": dict(zip(passes, self.per_node_us, strict=True)),
-                "fixed_us": dict(zip(passes, self.fixed_us, strict=True))}
+        from zrt_core.profile.diff import HOST_PASSES
+
+        return {"per_node_us": dict(zip(HOST_PASSES, self.per_node_us, strict=True)),
+                "fixed_us": dict(zip(HOST_PASSES, self.fixed_us, strict=True))}
 
 
 @frozen
@@ -273,7 +275,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     attention_dtype = "bf16" if device.kind == "cuda" and "bf16" in dtypes else "fp32"
     attention = _attention_fits(device, sizes, repeats, min_time_s, attention_dtype)
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
-    # its steps take a millisecond or two: 20 at least, the best of them (a busy machine)
+    # its steps take a millisecond or two: 50 at least, the best of them (a busy machine)
     eager_host = _eager_host(device, max(repeats, 50))
     link = None
     if ranks > 1:
