@@ -112,6 +112,14 @@ FAMILIES = {
                         num_hidden_layers=4),
     "nemotron_h": NEMOTRON_H,
     "nemotron": dict(LLAMA, model_type="nemotron", head_dim=16),
+    # ERNIE 4.5's MoE keys: moe_k, moe_num_shared_experts, a first dense layer
+    "ernie4_5_moe": dict(LLAMA, model_type="ernie4_5_moe", num_hidden_layers=3,
+                         moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
+                         moe_num_shared_experts=1, moe_layer_start_index=1,
+                         moe_layer_end_index=2, moe_layer_interval=1),
+    # up → ReLU² / xIELU → down, no gate (Arcee AFM, Swiss AI Apertus)
+    "arcee": dict(LLAMA, model_type="arcee", hidden_act="relu2"),
+    "apertus": dict(LLAMA, model_type="apertus", hidden_act="xielu"),
     "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
              "n_positions": 32, "vocab_size": 256},
     "opt": {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,

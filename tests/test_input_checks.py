@@ -109,6 +109,16 @@ def test_every_bundled_config_passes_the_checks(host: PluginHost) -> None:
         check_config(model.config_dict(), where=model.key)
 
 
+def test_a_switched_off_window_of_size_0_passes() -> None:
+    """Qwen2-MoE configs as transformers saves them: ``use_sliding_window`` false and
+    ``sliding_window`` 0 mean no window; a window switched on must still be positive."""
+    base = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 256, "sliding_window": 0}
+    check_config({**base, "use_sliding_window": False})
+    with pytest.raises(ModelError, match="sliding_window must be positive, got 0"):
+        check_config({**base, "use_sliding_window": True})
+
+
 def test_a_sequence_past_the_positions_is_refused(tmp_path: Path, capsys) -> None:
     spec = {"model": {"config": {**TINY, "max_position_embeddings": 512}}, "hardware": "h100",
             "train": {"micro_batch": 1, "seq_len": 10**11}}

@@ -58,6 +58,7 @@ _SIZE_KEYS: dict[str, str] = {
 _ZERO_OK: dict[str, str] = {
     "n_shared_experts": "experts", "num_shared_experts": "experts",
     "first_k_dense_replace": "layers", "num_nextn_predict_layers": "layers",
+    "moe_num_shared_experts": "experts",
 }
 # (a key set to null is "not used": q_lora_rank of V2-Lite, sliding_window of Mistral v0.3)
 # keys that hold a mapping when present
@@ -84,6 +85,9 @@ def check_config(config: Mapping[str, Any], *, where: str = "config") -> ModelDi
                              f"fix or remove {key} in config.json")
     cfg = text_config(config)
     for key, kind in _SIZE_KEYS.items():
+        if key == "sliding_window" and cfg.get("use_sliding_window") is False and \
+                cfg.get(key) == 0:
+            continue  # Qwen2-MoE's saved configs: the window is off and its size 0
         _integer(cfg, key, kind, where, minimum=1)
     for key, kind in _ZERO_OK.items():
         _integer(cfg, key, kind, where, minimum=0)

@@ -22,8 +22,8 @@ _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_g
 _FFN = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff")
 _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 _EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-_TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts")
-_SHARED = ("n_shared_experts", "num_shared_experts")
+_TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts", "moe_k")
+_SHARED = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 _VOCAB = ("vocab_size", "padded_vocab_size")
 
 
@@ -185,6 +185,17 @@ def _shared_expert_ffn(cfg: Mapping[str, Any], experts: int, moe_ffn: int) -> in
 _PATTERN_TYPES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
+def ernie_moe_layers(cfg: Mapping[str, Any], layers: int) -> set[int]:
+    """ERNIE 4.5's MoE layers: every ``moe_layer_interval``-th layer from
+    ``moe_layer_start_index`` to ``moe_layer_end_index`` (inclusive; transformers'
+    ``Ernie4_5_MoeDecoderLayer``)."""
+    start = int(cfg.get("moe_layer_start_index") or 0)
+    end = cfg.get("moe_layer_end_index")
+    end = layers - 1 if end is None or int(end) < 0 else int(end)
+    interval = int(cfg.get("moe_layer_interval") or 1)
+    return {i for i in range(layers) if (i + 1) % interval == 0 and start <= i <= end}
+
+
 def _block_types(cfg: Mapping[str, Any]) -> list[str] | None:
     """nemotron_h's per-layer block types, from ``hybrid_override_pattern`` ("M" mamba,
     "*" attention, "-" MLP, "E" MoE) or the ``layers_block_type`` list transformers saves."""
@@ -211,6 +222,8 @@ def _count_moe_layers(cfg: Mapping[str, Any], layers: int, experts: int) -> int:
         first = int(cfg["first_k_dense_replace"])
         freq = int(cfg.get("moe_layer_freq") or 1)
         return sum(1 for i in range(first, layers) if i % freq == 0)
+    if cfg.get("moe_layer_start_index") is not None:  # ernie4_5_moe
+        return len(ernie_moe_layers(cfg, layers))
     mlp_only = set(cfg.get("mlp_only_layers") or ())
     step = int(cfg.get("decoder_sparse_step") or 1)  # qwen2/3 moe
     interleave = int(cfg.get("interleave_moe_layer_step") or 1)  # llama4

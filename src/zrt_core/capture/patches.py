@@ -76,6 +76,18 @@ def _mamba_context(config: Any, options: Any) -> AbstractContextManager[Any]:
     return mamba_kernels_context(config, options)
 
 
+def _has_deltanet(config: Any) -> bool:
+    from zrt_core.capture.deltanet import uses_deltanet_kernels
+
+    return uses_deltanet_kernels(config)
+
+
+def _deltanet_context(config: Any, options: Any) -> AbstractContextManager[Any]:
+    from zrt_core.capture.deltanet import deltanet_kernels_context
+
+    return deltanet_kernels_context(config, options)
+
+
 def _attention_context(config: Any, options: Any) -> AbstractContextManager[Any]:
     from zrt_core.capture.attention import zrt_attention_context
 
@@ -119,6 +131,12 @@ def core_patches() -> list[ModelPatch]:
             description="Mamba-2 mixers run one SSD chunk-scan node (prefill, training) or "
                         "one state-update node (decode), as mamba_chunk_scan_combined and "
                         "selective_state_update do, instead of HF's einsum reference"),
+        ModelPatch(
+            name="zrt.deltanet_kernels", applies_to=_has_deltanet, context=_deltanet_context,
+            description="Gated DeltaNet mixers (Qwen3-Next, Qwen3.5) run one chunked "
+                        "gated-delta-rule node (prefill, training) or one recurrent node "
+                        "(decode), as flash-linear-attention's kernels do, instead of HF's "
+                        "per-chunk torch fallback"),
         ModelPatch(
             name="zrt.llama4_experts", applies_to=_is_llama4, context=_llama4_context,
             description="Llama 4 MoE routes top-k experts instead of computing all densely"),

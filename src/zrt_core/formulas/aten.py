@@ -537,6 +537,11 @@ def zrt_op_formulas() -> list[OpFormula]:
                   category=Category.SSM),
         OpFormula("zrt.ssm_state_update", ssm_state_update_flop, ssm_state_update_bytes,
                   Category.SSM),
+        OpFormula("zrt.gated_delta_chunk", gated_delta_chunk_flop, category=Category.SSM),
+        OpFormula("zrt.gated_delta_chunk_backward", gated_delta_chunk_backward_flop,
+                  category=Category.SSM),
+        OpFormula("zrt.gated_delta_recurrent", gated_delta_recurrent_flop,
+                  category=Category.SSM),
         # transformers' own grouped-GEMM fallback (non-bf16 experts).
         OpFormula("transformers.grouped_mm_fallback", grouped_mm_flop, grouped_mm_bytes,
                   Category.MATMUL),
@@ -584,6 +589,35 @@ def ssm_state_update_bytes(call: OpCall) -> tuple[int, int]:
     """Reads its inputs (the state among them) and writes the output and the state."""
     read = sum(t.nbytes for t in call.inputs)
     return read, sum(t.nbytes for t in call.outputs) + call.inputs[0].nbytes
+
+
+# -- Gated DeltaNet ----------------------------------------------------------------------
+
+
+def gated_delta_chunk_flop(call: OpCall) -> int:
+    """flash-linear-attention's chunked gated delta rule (zrt_core.modelmath.flops gives the
+    derivation): ``q, k [B,S,Hk,Dk]``, ``v [B,S,Hv,Dv]``, chunk ``C``; per value head and
+    token ``2·(2·C·Dk + C·Dv + 3·Dk·Dv)`` — the in-chunk ``k_β·Kᵀ`` and ``Q·Kᵀ``, the
+    in-chunk output, and the state's two reads and its update."""
+    q, _k, v = call.inputs[:3]
+    batch, seq, _hk, dk = q.shape
+    heads, dv = v.shape[2], v.shape[3]
+    c = int(call.attrs.get("chunk_size") or 64)
+    return batch * seq * heads * 2 * (2 * c * dk + c * dv + 3 * dk * dv)
+
+
+def gated_delta_chunk_backward_flop(call: OpCall) -> int:
+    """Twice the forward (each product has an input and a weight-like gradient)."""
+    forward = OpCall(op="zrt.gated_delta_chunk", inputs=call.inputs[2:], outputs=(),
+                     attrs=call.attrs)
+    return 2 * gated_delta_chunk_flop(forward)
+
+
+def gated_delta_recurrent_flop(call: OpCall) -> int:
+    """One token per sequence: per value head ``7·Dk·Dv`` (decay the state, read it with
+    the key, the rank-one write, read it with the query)."""
+    q, _k, v = call.inputs[:3]
+    return q.shape[0] * q.shape[1] * v.shape[2] * 7 * q.shape[3] * v.shape[3]
 
 
 def _grouped_fallback_bwd_flop(call: OpCall) -> int:

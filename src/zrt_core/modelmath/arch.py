@@ -17,11 +17,12 @@ from typing import Any
 from attrs import field, frozen
 
 from zrt_core.errors import ModelError
-from zrt_core.modelinfo import ModelDims, text_config
+from zrt_core.modelinfo import ModelDims, ernie_moe_layers, text_config
 
 # Families whose MLP is up → activation → down (no gate).
 _UNGATED_MLP = frozenset({"gpt2", "opt", "bloom", "nemotron", "nemotron_h", "gpt_neox", "gptj",
-                          "phi", "falcon", "starcoder2", "mpt", "gpt_bigcode"})
+                          "phi", "falcon", "starcoder2", "mpt", "gpt_bigcode", "arcee",
+                          "apertus"})
 # Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
 _LAYERNORM = frozenset({"gpt2", "opt", "bloom", "nemotron", "gpt_neox", "gptj", "phi",
                         "falcon", "starcoder2", "gpt_bigcode"})
@@ -31,7 +32,14 @@ _ALL_BIASES = frozenset({"gpt2", "opt", "bloom", "gpt_neox", "gptj", "phi", "sta
 # Families with biases on q, k, v only.
 _QKV_BIAS = frozenset({"qwen2", "qwen2_moe"})
 # Families with an RMSNorm over each query and key head.
-_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "olmo2", "qwen3_next"})
+_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text", "olmo2", "qwen3_next", "qwen3_5_text",
+                      "qwen3_5_moe_text", "apertus"})
+# Families of Qwen3-Next's hybrid: three Gated DeltaNet (linear attention) layers to one
+# gated full-attention layer (``layer_types``, else every ``full_attention_interval``-th
+# layer full). The full-attention ``q_proj`` also produces a per-channel output gate
+# (heads × head_dim × 2 outputs; transformers' ``Qwen3NextAttention``), and a shared
+# expert's output passes a sigmoid gate (hidden → 1).
+_GATED_DELTANET = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 # Families with four norms per layer (before and after attention and MLP).
 _SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
 _MLA = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
@@ -93,6 +101,32 @@ class MambaSpec:
 
 
 @frozen
+class DeltaNetSpec:
+    """A Gated DeltaNet mixer (Qwen3-Next's linear attention): ``k_heads`` query/key heads
+    of width ``k_dim``, ``v_heads`` value heads of width ``v_dim`` (each holding a
+    ``k_dim × v_dim`` state; query and key heads are shared by ``v_heads / k_heads`` value
+    heads), a depthwise causal convolution of ``conv_kernel`` taps over q, k and v."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+
+    @property
+    def key_width(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value_width(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_width + self.value_width
+
+
+@frozen
 class LayerSpec:
     """One decoder layer: its kind, weights and mixer geometry.
 
@@ -110,6 +144,7 @@ class LayerSpec:
     active_expert_params: int = 0
     attention: AttentionSpec | None = None
     mamba: MambaSpec | None = None
+    delta: DeltaNetSpec | None = None
 
     @property
     def total_params(self) -> int:
@@ -215,6 +250,8 @@ def _moe_layer_set(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> set[
         first = int(cfg["first_k_dense_replace"])
         freq = int(cfg.get("moe_layer_freq") or 1)
         return {i for i in range(first, layers) if i % freq == 0}
+    if cfg.get("moe_layer_start_index") is not None:  # ernie4_5_moe
+        return ernie_moe_layers(cfg, layers)
     if family == "llama4_text":
         step = int(cfg.get("interleave_moe_layer_step") or 1)
         if isinstance(cfg.get("moe_layers"), list):
@@ -245,6 +282,10 @@ def _attention_types(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> li
                 for i in range(n)]
     if family == "gpt_oss":
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if family in _GATED_DELTANET:
+        interval = int(cfg.get("full_attention_interval") or 4)
+        return ["linear_attention" if (i + 1) % interval else "full_attention"
+                for i in range(n)]
     if family == "llama4_text":
         no_rope = cfg.get("no_rope_layers")
         if not isinstance(no_rope, list) or len(no_rope) != n:
@@ -311,7 +352,13 @@ class _Builder:
     def layer(self, index: int, kind: str) -> LayerSpec:
         if self.family == "nemotron_h":
             return self._nemotron_h_layer(index, kind)
-        attn_matmul, attn_other, attention = self._attention(index)
+        delta = None
+        if self.attn_types and self.attn_types[index] == "linear_attention" and \
+                self.family in _GATED_DELTANET:
+            attn_matmul, attn_other, delta = self._delta_net()
+            attention = None
+        else:
+            attn_matmul, attn_other, attention = self._attention(index)
         if kind.startswith("moe"):
             mlp_matmul, mlp_other, experts, active = self._moe()
         else:
@@ -320,7 +367,24 @@ class _Builder:
         norms = (4 if self.family in _SANDWICH_NORM else 2) * self.norm
         return LayerSpec(index=index, kind=kind, matmul_params=attn_matmul + mlp_matmul,
                          other_params=attn_other + mlp_other + norms, expert_params=experts,
-                         active_expert_params=active, attention=attention)
+                         active_expert_params=active, attention=attention, delta=delta)
+
+    def _delta_net(self) -> tuple[int, int, DeltaNetSpec]:
+        """Gated DeltaNet weights (transformers' ``Qwen3NextGatedDeltaNet``; Qwen3.5 splits
+        the same input projection in four): q, k, v, the output gate z (value width) and
+        the per-value-head b and a from the hidden state; ``out_proj`` back; a depthwise
+        convolution over q, k, v without bias; ``dt_bias`` and ``A_log`` per value head;
+        a gated RMSNorm over one value head."""
+        cfg, h = self.cfg, self.d.hidden
+        spec = DeltaNetSpec(k_heads=int(cfg.get("linear_num_key_heads") or 16),
+                            v_heads=int(cfg.get("linear_num_value_heads") or 32),
+                            k_dim=int(cfg.get("linear_key_head_dim") or 128),
+                            v_dim=int(cfg.get("linear_value_head_dim") or 128),
+                            conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4))
+        matmul = h * (spec.conv_dim + spec.value_width + 2 * spec.v_heads) + \
+            spec.value_width * h
+        other = spec.conv_dim * spec.conv_kernel + 2 * spec.v_heads + spec.v_dim
+        return matmul, other, spec
 
     def _dense_ffn(self) -> int:
         d, cfg = self.d, self.cfg
@@ -350,6 +414,8 @@ class _Builder:
             return self._mla(window)
         q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
         matmul = h * q + 2 * h * kv + q * h
+        if self.family in _GATED_DELTANET:
+            matmul += h * q  # the output gate's half of q_proj
         other = 0
         if self.attn_bias:
             other += q + 2 * kv + h
@@ -394,6 +460,8 @@ class _Builder:
         h = self.d.hidden
         matmul = (3 if self.gated else 2) * h * ffn
         other = ((2 if self.gated else 1) * ffn + h) if self.mlp_bias else 0
+        if self.family == "apertus":
+            other += 2  # xIELU's two learned scalars (alpha_p, alpha_n)
         return matmul, other
 
     def _moe(self) -> tuple[int, int, int, int]:
@@ -408,13 +476,16 @@ class _Builder:
             per_expert = 3 * h * ffn
             expert_bias = 2 * ffn + h
             return router, other + e * expert_bias, e * per_expert, k * per_expert
+        if self.family == "ernie4_5_moe":
+            other += e  # e_score_correction_bias: a parameter here
         if self.family in _MLA and cfg.get("topk_method") == "noaux_tc":
             # e_score_correction_bias: a buffer in transformers, a weight in the checkpoint
             # (and in the published counts).
             other += e
         per_expert = (3 if self.gated else 2) * h * ffn
         shared = (3 if self.gated else 2) * h * d.shared_expert_ffn
-        if self.family == "qwen2_moe" and d.shared_expert_ffn:
+        if (self.family == "qwen2_moe" or self.family in _GATED_DELTANET) and \
+                d.shared_expert_ffn:
             shared += h  # shared_expert_gate: hidden → 1
         return router + shared, other, e * per_expert, k * per_expert
 

@@ -43,6 +43,17 @@ kernel used for prefill and training does about the same per token
 (4·state·head_dim for the chunk states plus chunk·head_dim inside a 128-token chunk, per
 head), so one formula serves all phases; it is an approximation, within a few percent of a
 Mamba layer's FLOPs, which its projections dominate anyway.
+
+Gated DeltaNet mixers (Qwen3-Next's linear attention) add the depthwise convolution,
+2·kernel·conv_dim per token, and per value head (query/key heads shared across value
+heads, ``d_k × d_v`` state each):
+    chunked (prefill, training; chunk C = 64, the chunked kernel of flash-linear-attention
+    and transformers' torch fallback): 2·(2·C·d_k + C·d_v + 3·d_k·d_v) per token — the
+    in-chunk ``k_β·Kᵀ`` and ``Q·Kᵀ`` (C·d_k each), the in-chunk ``A·v_new`` (C·d_v), and
+    per chunk the state read by the decayed keys and by the queries and the state update
+    (d_k·d_v each, per token); the two unit-triangular solves are left out (C·d/2 each).
+    recurrent (decode): 7·d_k·d_v per token — decay the state (1), read it with the key
+    (2), write the rank-one update (2), read it with the query (2).
 """
 
 from __future__ import annotations
@@ -53,7 +64,13 @@ from typing import TYPE_CHECKING, Any
 from attrs import frozen
 
 from zrt_core.errors import ModelError
-from zrt_core.modelmath.arch import Architecture, AttentionSpec, MambaSpec, architecture
+from zrt_core.modelmath.arch import (
+    Architecture,
+    AttentionSpec,
+    DeltaNetSpec,
+    MambaSpec,
+    architecture,
+)
 
 if TYPE_CHECKING:
     from zrt_core.plugins import PluginHost
@@ -186,6 +203,27 @@ def _ssm_per_token(m: MambaSpec) -> int:
     return 2 * m.conv_kernel * m.conv_dim + 5 * m.inner * m.state
 
 
+#: Tokens per chunk of the chunked Gated DeltaNet kernel (flash-linear-attention's
+#: ``chunk_gated_delta_rule`` and transformers' ``torch_chunk_gated_delta_rule``).
+DELTANET_CHUNK = 64
+
+
+def _delta_per_token(m: DeltaNetSpec, *, recurrent: bool) -> int:
+    conv = 2 * m.conv_kernel * m.conv_dim
+    if recurrent:
+        return conv + 7 * m.v_heads * m.k_dim * m.v_dim
+    c = DELTANET_CHUNK
+    return conv + 2 * m.v_heads * (2 * c * m.k_dim + c * m.v_dim + 3 * m.k_dim * m.v_dim)
+
+
+def _mixer_state_per_token(arch: Architecture, *, recurrent: bool) -> int:
+    """State-space and linear-attention FLOPs per token over all layers."""
+    return sum(_ssm_per_token(layer.mamba) for layer in arch.layers
+               if layer.mamba is not None) + \
+        sum(_delta_per_token(layer.delta, recurrent=recurrent) for layer in arch.layers
+            if layer.delta is not None)
+
+
 # -- phases -----------------------------------------------------------------------------
 
 
@@ -224,7 +262,7 @@ def decode_flops(model: Architecture | Mapping[str, Any], batch: int, kv_len: in
     counts = param_counts(arch)
     attention = sum(_attention_decode(layer.attention, kv_len)
                     for layer in arch.layers if layer.attention is not None)
-    ssm = sum(_ssm_per_token(layer.mamba) for layer in arch.layers if layer.mamba is not None)
+    ssm = _mixer_state_per_token(arch, recurrent=True)
     return PhaseFlops(
         phase="decode", batch=batch, seq_len=kv_len, tokens=batch,
         matmul=2 * counts.layer_matmul_active * batch,
@@ -241,7 +279,7 @@ def _forward(arch: Architecture, phase: str, batch: int, seq_len: int, *,
     tokens = batch * seq_len
     attention = sum(_attention_prefill(layer.attention, seq_len)
                     for layer in arch.layers if layer.attention is not None)
-    ssm = sum(_ssm_per_token(layer.mamba) for layer in arch.layers if layer.mamba is not None)
+    ssm = _mixer_state_per_token(arch, recurrent=False)
     return PhaseFlops(
         phase=phase, batch=batch, seq_len=seq_len, tokens=tokens,
         matmul=2 * counts.layer_matmul_active * tokens,

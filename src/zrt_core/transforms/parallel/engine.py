@@ -155,6 +155,8 @@ class ShapePass:
                 ins = self._unify_cat_inputs(node, metas_in, ins, outs)
             elif op_base(node.op) == "ssm_state_update":
                 ins = self._unify_state_input(metas_in, ins)
+            elif op_base(node.op) in ("gated_delta_chunk", "gated_delta_recurrent"):
+                ins = self._unify_delta_state(metas_in, ins)
             if node.category == Category.CREATION and not any(
                     t.tensor_id is not None for t in node.inputs):
                 outs = [self.root(t, node, o) for t, o in zip(node.outputs, outs, strict=True)]
@@ -248,6 +250,24 @@ class ShapePass:
         merged = _layout(m.shape, axes, lay.partial)
         self.state[m.tensor_id] = merged
         return [merged, *ins[1:]]
+
+    def _unify_delta_state(self, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+        """A Gated DeltaNet's initial state ``[b, h_v, d_k, d_v]`` (input 5), carried in
+        from an earlier phase (no node of this graph made it), holds the value heads its
+        rank's ``v [b, s, h_v, d_v]`` (input 2) holds."""
+        if len(metas) < 6 or len(metas[5].shape) != 4 or len(metas[2].shape) != 4:
+            return ins
+        m, lay = metas[5], ins[5]
+        if m.tensor_id is None or m.tensor_id in self._slot_of:
+            return ins
+        v = ins[2]
+        axes = [_merge_factors(lay.axes[0], v.axes[0]), _merge_factors(lay.axes[1], v.axes[2]),
+                lay.axes[2], lay.axes[3]]
+        if tuple(axes) == lay.axes:
+            return ins
+        merged = _layout(m.shape, axes, lay.partial)
+        self.state[m.tensor_id] = merged
+        return [*ins[:5], merged, *ins[6:]]
 
     def emitted(self) -> list[OpNode]:
         """The nodes emitted so far, in order (for :meth:`finish`)."""

@@ -40,6 +40,25 @@ def _rule_ssm(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[
     return outs
 
 
+def _rule_delta(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
+    """Gated DeltaNet's kernels, split by heads as Megatron and vLLM split them:
+    ``gated_delta_chunk`` / ``gated_delta_recurrent(q, k [b, s, h_k, d_k], v [b, s, h_v,
+    d_v], g, beta, ...)`` → ``o`` like ``v`` and the state ``[b, h_v, d_k, d_v]`` with
+    ``v``'s batch and heads."""
+    if len(ins) < 3 or len(metas[2].shape) != 4:
+        return _rule_broadcast(node, metas, ins)
+    lv = ins[2]
+    outs = []
+    for k, out in enumerate(node.outputs):
+        if k == 0 and len(out.shape) == 4:  # o
+            outs.append(_layout(out.shape, lv.axes, lv.partial))
+        elif k == 1 and len(out.shape) == 4:  # the final / new state
+            outs.append(_layout(out.shape, [lv.axes[0], lv.axes[2], (), ()]))
+        else:
+            outs.append(Layout.plain(out))
+    return outs
+
+
 def _rule_indexer(node: OpNode, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
     """A top-k selection kernel ``(q [b, s_q, ...], keys [b, t, ...], ...) → indices
     [b, s_q, k]`` with ``k = min(attrs["topk"], t)`` (DSA's and CSA's lightning indexers):

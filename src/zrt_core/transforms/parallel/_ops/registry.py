@@ -20,6 +20,7 @@ from zrt_core.transforms.parallel._ops.matrix_ops import (
     _rule_query_attention,
 )
 from zrt_core.transforms.parallel._ops.model_ops import (
+    _rule_delta,
     _rule_embedding,
     _rule_indexer,
     _rule_moe,
@@ -103,6 +104,10 @@ def rule_for(node: OpNode, registry: FormulaRegistry | None = None) -> Rule:
         return _rule_complex
     if base in ("ssd_chunk_scan", "ssm_state_update"):
         return _rule_ssm
+    if base in ("gated_delta_chunk", "gated_delta_recurrent"):
+        return _rule_delta
+    if base == "gated_delta_chunk_backward":
+        return _rule_gradients
     if base == "convolution_backward":
         return _rule_conv_backward
     if base == "ssd_chunk_scan_backward":
