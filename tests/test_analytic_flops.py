@@ -295,3 +295,23 @@ def test_nemotron_h_as_transformers_saves_it():
     saved["layers_block_type"] = ["linear_attention", "full_attention", "mlp", "moe"]
     assert param_counts(saved) == param_counts(NEMOTRON_H)
     assert architecture(saved).dims.moe_layers == 1
+
+
+def test_a_frozen_config_reads_its_lists_as_given():
+    """A config read back from a capture or a validation record holds tuples where the JSON
+    had lists (``ir.graph._freeze``): per-layer lists still set the layers, as lists do."""
+    from zrt_core.checks import check_config
+    from zrt_core.ir.graph import _freeze
+
+    saved = {k: v for k, v in NEMOTRON_H.items()
+             if k not in ("hybrid_override_pattern", "num_hidden_layers")}
+    saved["layers_block_type"] = ["linear_attention", "full_attention", "mlp", "moe"]
+    frozen = _freeze(saved)
+    assert check_config(frozen).layers == 4  # was: "config has no layer count"
+    assert param_counts(frozen) == param_counts(NEMOTRON_H)
+    # an explicit layer pattern that the family's default rule would not give
+    gemma = dict(FAMILIES["gemma3_text"], num_hidden_layers=2,
+                 layer_types=["full_attention", "sliding_attention"])
+    kinds = [layer.kind for layer in architecture(_freeze(gemma)).layers]
+    assert kinds == [layer.kind for layer in architecture(gemma).layers] == \
+        ["dense_full", "dense_sliding"]

@@ -203,7 +203,7 @@ def _block_types(cfg: Mapping[str, Any]) -> list[str] | None:
     if isinstance(pattern, str):
         return [_PATTERN_TYPES.get(c, c) for c in pattern]
     types = cfg.get("layers_block_type")
-    if isinstance(types, list):
+    if isinstance(types, list | tuple):  # a tuple once a validation record froze it
         return ["moe" if t == "moe" else str(t) for t in types]
     return None
 
@@ -216,7 +216,7 @@ def _count_moe_layers(cfg: Mapping[str, Any], layers: int, experts: int) -> int:
     if block_types is not None:  # nemotron_h
         return sum(1 for t in block_types if t == "moe")
     layer_types = cfg.get("mlp_layer_types")
-    if isinstance(layer_types, list):
+    if isinstance(layer_types, list | tuple):
         return sum(1 for t in layer_types if "moe" in str(t).lower() or "sparse" in str(t).lower())
     if cfg.get("first_k_dense_replace") is not None:  # deepseek
         first = int(cfg["first_k_dense_replace"])

@@ -279,7 +279,7 @@ class _Model:
             else:
                 parts = []
                 if att_vary:
-                    if isinstance(layer_types, list) and len(layer_types) > indices[0]:
+                    if isinstance(layer_types, list | tuple) and len(layer_types) > indices[0]:
                         parts.append(str(layer_types[indices[0]]))
                     else:
                         parts.append("sliding_attention" if window else "full_attention")

@@ -254,11 +254,11 @@ def _moe_layer_set(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> set[
         return ernie_moe_layers(cfg, layers)
     if family == "llama4_text":
         step = int(cfg.get("interleave_moe_layer_step") or 1)
-        if isinstance(cfg.get("moe_layers"), list):
+        if isinstance(cfg.get("moe_layers"), list | tuple):
             return {int(i) for i in cfg["moe_layers"]}
         return set(range(step - 1, layers, step))
     layer_types = cfg.get("mlp_layer_types")
-    if isinstance(layer_types, list):
+    if isinstance(layer_types, list | tuple):
         return {i for i, t in enumerate(layer_types)
                 if "moe" in str(t).lower() or "sparse" in str(t).lower()}
     mlp_only = set(cfg.get("mlp_only_layers") or ())
@@ -271,7 +271,7 @@ def _attention_types(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> li
     same rules each family's transformers config applies when ``layer_types`` is absent."""
     n = dims.layers
     given = cfg.get("layer_types")
-    if isinstance(given, list) and len(given) == n:
+    if isinstance(given, list | tuple) and len(given) == n:
         return [str(t) for t in given]
     window = cfg.get("sliding_window")
     if family == "gemma2":
@@ -288,7 +288,7 @@ def _attention_types(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> li
                 for i in range(n)]
     if family == "llama4_text":
         no_rope = cfg.get("no_rope_layers")
-        if not isinstance(no_rope, list) or len(no_rope) != n:
+        if not isinstance(no_rope, list | tuple) or len(no_rope) != n:
             interval = int(cfg.get("no_rope_layer_interval") or 4)
             no_rope = [int((i + 1) % interval != 0) for i in range(n)]
         chunked = cfg.get("attention_chunk_size") is not None
