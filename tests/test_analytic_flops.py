@@ -117,6 +117,26 @@ FAMILIES = {
                          moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
                          moe_num_shared_experts=1, moe_layer_start_index=1,
                          moe_layer_end_index=2, moe_layer_interval=1),
+    # Mamba-2 hybrids with an MLP / MoE in every layer (IBM Bamba, Granite 4.0-H)
+    "bamba": dict(LLAMA, model_type="bamba", attn_layer_indices=[1], mamba_n_heads=8,
+                  mamba_d_head=16, mamba_expand=2, mamba_n_groups=1, mamba_d_state=16,
+                  mamba_d_conv=4, mamba_chunk_size=8),
+    "granitemoehybrid": dict(LLAMA, model_type="granitemoehybrid",
+                             layer_types=["mamba", "attention"], mamba_n_heads=8,
+                             mamba_d_head=16, mamba_expand=2, mamba_n_groups=1,
+                             mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=8,
+                             num_local_experts=4, num_experts_per_tok=2,
+                             shared_intermediate_size=32),
+    "granitemoehybrid_dense": dict(LLAMA, model_type="granitemoehybrid",
+                                   layer_types=["mamba", "attention"], mamba_n_heads=8,
+                                   mamba_d_head=16, mamba_expand=2, mamba_n_groups=1,
+                                   mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=8,
+                                   num_local_experts=0, shared_intermediate_size=96),
+    # Adept Persimmon: LayerNorms with biases, biased linears, ReLU² ungated MLP, qk norms
+    "persimmon": dict(LLAMA, model_type="persimmon", num_key_value_heads=4),
+    # XGLM's keys (d_model, ffn_dim, num_layers, attention_heads); GPT-2-like layers
+    "xglm": {"model_type": "xglm", "d_model": 64, "ffn_dim": 128, "num_layers": 2,
+             "attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 64},
     # up → ReLU² / xIELU → down, no gate (Arcee AFM, Swiss AI Apertus)
     "arcee": dict(LLAMA, model_type="arcee", hidden_act="relu2"),
     "apertus": dict(LLAMA, model_type="apertus", hidden_act="xielu"),

@@ -109,6 +109,12 @@ def test_every_bundled_config_passes_the_checks(host: PluginHost) -> None:
         check_config(model.config_dict(), where=model.key)
 
 
+def test_a_pure_state_space_model_is_named_as_such() -> None:
+    with pytest.raises(ModelError, match="'mamba2' is a pure state-space model"):
+        check_config({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2,
+                      "vocab_size": 256, "num_heads": 8})
+
+
 def test_a_switched_off_window_of_size_0_passes() -> None:
     """Qwen2-MoE configs as transformers saves them: ``use_sliding_window`` false and
     ``sliding_window`` 0 mean no window; a window switched on must still be positive."""
@@ -279,6 +285,13 @@ def test_captured_flops_far_from_the_analytic_count_are_an_internal_error(
                                             r"analytic count") as exc:
         check_flops(captured.config, {"decode": lost}, host, model="tiny")
     assert exc.value.exit_code == 1 and "a bug in zrt or a plugin" in str(exc.value)
+    # the same gap for a family whose token mixers zrt does not model is a model error
+    # that names them (its reference code, not a zrt bug, is what the capture recorded)
+    lfm2 = {**captured.config, "model_type": "lfm2"}
+    with pytest.raises(ModelError, match="zrt does not model LFM2's short-convolution "
+                                         "blocks yet") as exc:
+        check_flops(lfm2, {"decode": lost}, host, model="tiny")
+    assert exc.value.exit_code == 2
 
 
 @pytest.mark.parametrize(("field", "value"), [("ttft_s", 0.0), ("tpot_s", math.nan),

@@ -17,7 +17,7 @@ from zrt_core.errors import ModelError
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 _LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "attention_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
 _FFN = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff")
 _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
@@ -25,6 +25,8 @@ _EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_exp
 _TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts", "moe_k")
 _SHARED = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 _VOCAB = ("vocab_size", "padded_vocab_size")
+#: transformers' families without any attention layer.
+PURE_SSM_TYPES = ("mamba", "mamba2", "falcon_mamba")
 
 
 def _first(cfg: Mapping[str, Any], keys: Sequence[str]) -> Any:
@@ -107,6 +109,11 @@ class ModelDims:
             layers = len(block_types)  # nemotron_h saved by transformers: the list is the count
         else:
             layers = need(_LAYERS, "layer count")
+        if model_type in PURE_SSM_TYPES:  # (mamba2's num_heads are its SSM heads)
+            raise ModelError(f"model_type {model_type!r} is a pure state-space model (no "
+                             "attention layers): zrt does not model it yet",
+                             "zrt models attention decoders and their Mamba-2 hybrids "
+                             "(nemotron_h, bamba, granitemoehybrid)")
         heads = need(_HEADS, "attention head count")
         kv_heads = _first(cfg, _KV_HEADS) or heads
         if cfg.get("multi_query") is True:  # falcon / starcoder style

@@ -89,3 +89,30 @@ def test_patch_is_scoped(captured):
     captured("nemotron_h")
     assert m.mamba2_chunk_scan is not mamba._chunk_scan
     assert m.mamba2_selective_state_update is not mamba._state_update
+
+
+_HYBRID_MAMBA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                     mamba_n_heads=8, mamba_d_head=16, mamba_expand=2, mamba_n_groups=1,
+                     mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=8)
+
+
+@pytest.mark.parametrize("config", [
+    dict(_HYBRID_MAMBA, model_type="bamba", attn_layer_indices=[1]),
+    dict(_HYBRID_MAMBA, model_type="granitemoehybrid", layer_types=["mamba", "attention"],
+         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32),
+], ids=["bamba", "granitemoehybrid"])
+def test_mamba2_hybrids_run_the_kernels_and_match_the_count(host, config):
+    """Bamba and Granite 4.0-H call the same Mamba-2 entry points as Nemotron-H: one scan
+    node per Mamba layer and phase, and every phase's FLOPs match the analytic count (the
+    check that refused both before their Mamba layers were counted)."""
+    from zrt_core.capture.api import capture
+
+    r = capture(config, batch=2, seq_len=16, host=host)
+    for phase, op in ((Phase.PREFILL, "zrt.ssd_chunk_scan.default"),
+                      (Phase.DECODE, "zrt.ssm_state_update.default"),
+                      (Phase.TRAIN_BACKWARD, "zrt.ssd_chunk_scan_backward.default")):
+        assert [n.op for n in _mamba_ops(r.graphs[phase])] == [op]
+        assert _mamba_ops(r.graphs[phase], layer=1) == []  # the attention layer
+    for phase, check in r.flops_checks.items():
+        assert check.gap is not None and abs(check.gap) < 0.10, (phase, check.gap)

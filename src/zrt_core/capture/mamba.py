@@ -30,7 +30,10 @@ from collections.abc import Iterator
 from typing import Any
 
 # model_type → modeling module whose Mamba-2 mixer calls the kernel entry points by name
-MAMBA_MODULES = {"nemotron_h": "transformers.models.nemotron_h.modeling_nemotron_h"}
+MAMBA_MODULES = {"nemotron_h": "transformers.models.nemotron_h.modeling_nemotron_h",
+                 "bamba": "transformers.models.bamba.modeling_bamba",
+                 "granitemoehybrid":
+                     "transformers.models.granitemoehybrid.modeling_granitemoehybrid"}
 
 _ENTRY_POINTS = ("mamba2_chunk_scan", "mamba2_selective_state_update")
 _REFERENCE: dict[str, Any] = {}

@@ -22,13 +22,13 @@ from zrt_core.modelinfo import ModelDims, ernie_moe_layers, text_config
 # Families whose MLP is up → activation → down (no gate).
 _UNGATED_MLP = frozenset({"gpt2", "opt", "bloom", "nemotron", "nemotron_h", "gpt_neox", "gptj",
                           "phi", "falcon", "starcoder2", "mpt", "gpt_bigcode", "arcee",
-                          "apertus"})
+                          "apertus", "persimmon", "xglm"})
 # Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
 _LAYERNORM = frozenset({"gpt2", "opt", "bloom", "nemotron", "gpt_neox", "gptj", "phi",
-                        "falcon", "starcoder2", "gpt_bigcode"})
+                        "falcon", "starcoder2", "gpt_bigcode", "persimmon", "xglm"})
 # Families whose every linear layer has a bias.
 _ALL_BIASES = frozenset({"gpt2", "opt", "bloom", "gpt_neox", "gptj", "phi", "starcoder2",
-                         "gpt_bigcode"})
+                         "gpt_bigcode", "persimmon", "xglm"})
 # Families with biases on q, k, v only.
 _QKV_BIAS = frozenset({"qwen2", "qwen2_moe"})
 # Families with an RMSNorm over each query and key head.
@@ -44,6 +44,11 @@ _GATED_DELTANET = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
 _SANDWICH_NORM = frozenset({"gemma2", "gemma3_text"})
 _MLA = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
 # transformers' default sliding_window for families that always have sliding layers.
+# Mamba-2 hybrids with an MLP (or MoE) in every layer and a Mamba-2 mixer or attention
+# before it (IBM Bamba, Granite 4.0-H): the mixer per layer from ``attn_layer_indices``
+# (Bamba) or ``layer_types`` (``mamba``/``linear_attention`` or ``attention``/
+# ``full_attention``).
+_MAMBA_HYBRID = frozenset({"bamba", "granitemoehybrid"})
 _DEFAULT_WINDOW = {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128}
 _UNSUPPORTED = {
     "deepseek_v4": "compressed sparse attention with hyper-connections",
@@ -230,6 +235,9 @@ def _layer_kinds(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> list[s
             raise ModelError("nemotron_h layer pattern has an unknown block type",
                              "use M (mamba), * (attention), - (mlp) or E (moe)")
         return [str(k) for k in kinds]
+    if family in _MAMBA_HYBRID:
+        ffn = "+moe" if dims.experts else ""
+        return [mixer + ffn for mixer in _hybrid_mixers(dims, cfg, family)]
     moe = _moe_layer_set(dims, cfg, family)
     attn = _attention_types(dims, cfg, family)
     mixed = len(set(attn)) > 1
@@ -240,6 +248,36 @@ def _layer_kinds(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> list[s
             kind += "_" + attn[i].removesuffix("_attention")
         out.append(kind)
     return out
+
+
+def _hybrid_mixers(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> list[str]:
+    """``mamba`` / ``attention`` per layer of a :data:`_MAMBA_HYBRID` family."""
+    n = dims.layers
+    if family == "bamba":
+        attn = {int(i) for i in cfg.get("attn_layer_indices") or ()}
+        return ["attention" if i in attn else "mamba" for i in range(n)]
+    types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    if isinstance(types, list | tuple) and len(types) == n:
+        return ["mamba" if str(t) in ("mamba", "linear_attention") else "attention"
+                for t in types]
+    return ["mamba"] * n
+
+
+def _mamba_spec(cfg: Mapping[str, Any]) -> MambaSpec:
+    """A Mamba-2 mixer's geometry, by Nemotron-H's keys or Bamba's / Granite's
+    (``mamba_n_heads``, ``mamba_d_head``, ``mamba_d_state``, ``mamba_n_groups``,
+    ``mamba_d_conv``)."""
+    def first(*keys: str, default: int) -> int:
+        for k in keys:
+            if cfg.get(k) is not None:
+                return int(cfg[k])
+        return default
+
+    return MambaSpec(heads=first("mamba_num_heads", "mamba_n_heads", default=128),
+                     head_dim=first("mamba_head_dim", "mamba_d_head", default=64),
+                     state=first("ssm_state_size", "mamba_d_state", default=128),
+                     groups=first("n_groups", "mamba_n_groups", default=8),
+                     conv_kernel=first("conv_kernel", "mamba_d_conv", default=4))
 
 
 def _moe_layer_set(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> set[int]:
@@ -352,6 +390,8 @@ class _Builder:
     def layer(self, index: int, kind: str) -> LayerSpec:
         if self.family == "nemotron_h":
             return self._nemotron_h_layer(index, kind)
+        if self.family in _MAMBA_HYBRID:
+            return self._hybrid_layer(index, kind)
         delta = None
         if self.attn_types and self.attn_types[index] == "linear_attention" and \
                 self.family in _GATED_DELTANET:
@@ -423,6 +463,8 @@ class _Builder:
             other += q + 2 * kv
         if self.family in _QK_NORM:
             other += 2 * d.head_dim
+        if self.family == "persimmon" and self.cfg.get("qk_layernorm", True):
+            other += 4 * d.head_dim  # LayerNorms (weight and bias) over query and key heads
         if self.family == "gpt_oss":
             other += d.heads  # attention sinks
         return matmul, other, AttentionSpec(heads=d.heads, qk_dim=d.head_dim, v_dim=d.head_dim,
@@ -489,24 +531,53 @@ class _Builder:
             shared += h  # shared_expert_gate: hidden → 1
         return router + shared, other, e * per_expert, k * per_expert
 
+    def _mamba_mixer(self, *, proj_bias: bool, conv_bias: bool) -> tuple[int, int, MambaSpec]:
+        """A Mamba-2 mixer's (matmul, other) weights: ``in_proj`` hidden → (z: inner) +
+        (x, B, C: conv_dim) + (dt: heads), ``out_proj`` back; the depthwise convolution;
+        ``dt_bias``, ``A_log``, ``D`` per head; a gated RMSNorm over inner."""
+        h = self.d.hidden
+        m = _mamba_spec(self.cfg)
+        matmul = h * (m.inner + m.conv_dim + m.heads) + m.inner * h
+        bias = (m.inner + m.conv_dim + m.heads + h) if proj_bias else 0
+        conv = m.conv_dim * m.conv_kernel + (m.conv_dim if conv_bias else 0)
+        return matmul, bias + conv + 3 * m.heads + m.inner, m
+
+    def _hybrid_layer(self, index: int, kind: str) -> LayerSpec:
+        """Bamba / Granite 4.0-H: a Mamba-2 mixer or attention, then the layer's gated MLP
+        (Bamba) or MoE (router, experts gated over ``intermediate_size``) plus a gated
+        shared MLP of ``shared_intermediate_size`` (Granite); two RMSNorms."""
+        d, cfg, h = self.d, self.cfg, self.d.hidden
+        mamba = None
+        attention = None
+        if kind.startswith("mamba"):
+            matmul, other, mamba = self._mamba_mixer(
+                proj_bias=bool(cfg.get("mamba_proj_bias")),
+                conv_bias=bool(cfg.get("mamba_conv_bias", True)))
+        else:
+            matmul, other, attention = self._attention(index)
+        experts = active = 0
+        if self.family == "bamba":
+            mlp, mlp_other = self._dense_mlp(self._dense_ffn())
+        else:
+            shared = int(cfg.get("shared_intermediate_size") or 0)
+            mlp, mlp_other = 3 * h * shared, 0
+            if d.experts:
+                mlp += h * d.experts  # router
+                per_expert = 3 * h * d.moe_ffn
+                experts, active = d.experts * per_expert, d.top_k * per_expert
+        return LayerSpec(index=index, kind=kind, matmul_params=matmul + mlp,
+                         other_params=other + mlp_other + 2 * h, expert_params=experts,
+                         active_expert_params=active, attention=attention, mamba=mamba)
+
     def _nemotron_h_layer(self, index: int, kind: str) -> LayerSpec:
         d, cfg, h = self.d, self.cfg, self.d.hidden
         norm = h  # one RMSNorm per block
         if kind == "mamba":
-            m = MambaSpec(heads=int(cfg.get("mamba_num_heads") or 128),
-                          head_dim=int(cfg.get("mamba_head_dim") or 64),
-                          state=int(cfg.get("ssm_state_size") or 128),
-                          groups=int(cfg.get("n_groups") or 8),
-                          conv_kernel=int(cfg.get("conv_kernel") or 4))
-            # in_proj: hidden → (z: inner) + (x, B, C: conv_dim) + (dt: heads); out_proj back.
-            matmul = h * (m.inner + m.conv_dim + m.heads) + m.inner * h
-            bias = (m.inner + m.conv_dim + m.heads + h) if cfg.get("use_bias") else 0
-            conv = m.conv_dim * m.conv_kernel + (m.conv_dim if cfg.get("use_conv_bias", True)
-                                                 else 0)
-            # dt_bias, A_log, D per head; gated RMSNorm over inner.
-            other = bias + conv + 3 * m.heads + m.inner + norm
-            return LayerSpec(index=index, kind=kind, matmul_params=matmul, other_params=other,
-                             mamba=m)
+            matmul, other, m = self._mamba_mixer(
+                proj_bias=bool(cfg.get("use_bias")),
+                conv_bias=bool(cfg.get("use_conv_bias", True)))
+            return LayerSpec(index=index, kind=kind, matmul_params=matmul,
+                             other_params=other + norm, mamba=m)
         if kind == "attention":
             q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
             bias = q + 2 * kv + h if cfg.get("attention_bias") else 0
