@@ -178,3 +178,28 @@ def test_a_multimodal_config_captures_its_language_model(host, tiny):
     assert [t.kind for t in r.templates] == ["sliding_attention", "full_attention"]
     assert any("capturing the language model" in w for w in r.warnings)
     assert r.config["hidden_size"] == 128
+
+
+def test_qwen3_vl_moe_captures_its_text_layers_as_qwen3_moe(host):
+    """transformers builds Qwen3-VL's text model only inside the multimodal model; its
+    layers are Qwen3-MoE's, which zrt captures (the FLOP check holds: the analytic count
+    reads the text config as qwen3_moe)."""
+    from zrt_core.capture.api import capture
+    from zrt_core.modelmath.flops import param_counts
+
+    text = {"model_type": "qwen3_vl_moe_text", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "vocab_size": 256, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                "mrope_section": [4, 2, 2], "mrope_interleaved": True}}
+    vision = {"model_type": "qwen3_vl_moe", "depth": 1, "hidden_size": 32, "num_heads": 2,
+              "out_hidden_size": 64}
+    config = {"model_type": "qwen3_vl_moe", "text_config": text, "vision_config": vision}
+    r = capture(config, batch=2, seq_len=16, host=host)
+    assert r.model_type == "qwen3_moe"
+    assert any("capturing the language model as qwen3_moe" in w for w in r.warnings)
+    assert any(n.op == "aten._grouped_mm.default" for n in r.graphs["prefill"].nodes)
+    for phase, check in r.flops_checks.items():
+        assert check.gap is not None and abs(check.gap) < 0.10, (phase, check.gap)
+    assert param_counts(config).total == r.params.total

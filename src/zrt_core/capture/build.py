@@ -31,6 +31,29 @@ class ParamCounts:
     routed_experts: int = 0
 
 
+#: Text models of multimodal families that transformers builds only inside the multimodal
+#: model, → (the causal-LM family with the same layers, keys renamed on the way).
+TEXT_EQUIVALENT: dict[str, tuple[str, dict[str, str]]] = {
+    "qwen3_vl_moe_text": ("qwen3_moe", {"num_local_experts": "num_experts"}),
+    "qwen3_vl_text": ("qwen3", {}),
+}
+
+
+def _text_equivalent(inner: Any) -> Any:
+    """``inner`` (a text config of :data:`TEXT_EQUIVALENT`) as its causal-LM family."""
+    from transformers import AutoConfig
+
+    family, renamed = TEXT_EQUIVALENT[inner.model_type]
+    fields = {renamed.get(k, k): v for k, v in inner.to_dict().items()
+              if k not in ("model_type", "transformers_version", "architectures")
+              and not k.startswith("_")}
+    rope = fields.get("rope_parameters")
+    if isinstance(rope, dict):  # mrope's per-axis sections have no meaning for text alone
+        fields["rope_parameters"] = {k: v for k, v in rope.items()
+                                     if k not in ("mrope_section", "mrope_interleaved")}
+    return AutoConfig.for_model(family, **fields)
+
+
 def text_config_of(config: Any) -> tuple[Any, str | None]:
     """The language-model config of a (possibly multimodal) config, and a note if it differs.
 
@@ -44,6 +67,12 @@ def text_config_of(config: Any) -> tuple[Any, str | None]:
         return config, None
     outer_type = getattr(config, "model_type", "")
     inner_type = getattr(inner, "model_type", "")
+    if inner_type in TEXT_EQUIVALENT:
+        return _text_equivalent(inner), (
+            f"{outer_type}: capturing the language model as {TEXT_EQUIVALENT[inner_type][0]} "
+            f"({inner_type}'s text layers compute the same; its multimodal RoPE sections "
+            "and the visual features it adds to early layers are left out); the vision "
+            "tower is not part of the graph")
     outer_cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(outer_type, "")
     if inner_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
             not outer_cls or "ConditionalGeneration" in outer_cls or outer_type != inner_type):

@@ -190,7 +190,9 @@ def architecture(config: Mapping[str, Any]) -> Architecture:
     dims = ModelDims.from_config(config)
     cfg = text_config(config)
     family = str(cfg.get("model_type") or dims.model_type)
-    family = {"gemma3": "gemma3_text", "llama4": "llama4_text"}.get(family, family)
+    family = {"gemma3": "gemma3_text", "llama4": "llama4_text",
+              # Qwen3-VL's text layers are Qwen3's / Qwen3-MoE's (capture.build.TEXT_EQUIVALENT)
+              "qwen3_vl_moe_text": "qwen3_moe", "qwen3_vl_text": "qwen3"}.get(family, family)
     if family in _UNSUPPORTED:
         raise ModelError(
             f"no analytic model for model_type {family!r} ({_UNSUPPORTED[family]})",
