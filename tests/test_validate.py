@@ -282,3 +282,21 @@ def test_mfu_in_the_sources_definition_where_its_counter_is_known(host: PluginHo
     assert result.predicted["mfu"] == pytest.approx(
         nemo2_llama_flops(TINY_LLAMA, 32, 8) / (step * 4 * peak), rel=1e-12)
     assert any("NeMo 2 flops_formulas" in a for a in result.assumptions)
+
+
+def test_a_layout_that_places_mtp_layers_trains_them() -> None:
+    """Qwen3-Next's Megatron-Bridge GB200 layout ends ``tmL``: an MTP layer its config does
+    not declare. The layout is what ran, so the case trains one MTP layer and says so (it
+    was a layout error); the same layout without the m is not changed."""
+    from zrt_core.estimate.training.records import case_from_record
+
+    laid_out = {**TRAIN, "id": "mtp-layout", "num_gpus": 6,
+                "parallel": {"tp": 2, "pp": 3, "pipeline_model_parallel_layout": "Et|t|mL"}}
+    case = case_from_record(laid_out)
+    assert case.mtp is not None and case.mtp.depths == 1
+    assert case.config["num_nextn_predict_layers"] == 1
+    assert any("1 MTP layer(s) of the last layer kind, as the pipeline layout places them"
+               in a for a in case.assumptions)
+    plain = case_from_record({**laid_out, "parallel": {
+        **laid_out["parallel"], "pipeline_model_parallel_layout": "Et|t|L"}})
+    assert plain.mtp is None and "num_nextn_predict_layers" not in plain.config

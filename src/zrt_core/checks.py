@@ -280,8 +280,28 @@ def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
     return schedule
 
 
+#: Keys by which a config declares the MTP layers Megatron-Bridge's recipes train with it
+#: (DeepSeek's ``num_nextn_predict_layers``, Megatron's ``mtp_num_layers``).
+TRAINED_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_layers")
+#: Keys of a checkpoint's MTP head, which serving can draft with: also Qwen3.5's
+#: ``mtp_num_hidden_layers`` (whether its training recipes train it is not published; a
+#: record's pipeline layout says so when they do).
+MTP_HEAD_KEYS = (*TRAINED_MTP_KEYS, "mtp_num_hidden_layers")
+
+
+def _first_count(config: Mapping[str, Any], keys: tuple[str, ...]) -> int:
+    cfg = text_config(config)
+    return int(next((cfg[k] for k in keys if cfg.get(k)), 0))
+
+
 def _mtp_layers(config: Mapping[str, Any]) -> int:
-    return int(config.get("num_nextn_predict_layers") or config.get("mtp_num_layers") or 0)
+    """MTP layers a training run trains with this config."""
+    return _first_count(config, TRAINED_MTP_KEYS)
+
+
+def mtp_head_layers(config: Mapping[str, Any]) -> int:
+    """MTP layers a checkpoint of this config carries (serving's draft head)."""
+    return _first_count(config, MTP_HEAD_KEYS)
 
 
 def _dims_for_layout(dims: ModelDims, stages: int, num_layers: int) -> ModelDims:

@@ -69,7 +69,9 @@ def with_mtp(report: InferenceReport, wide: InferenceReport, draft_tokens: int,
              acceptance: float, config: Any) -> InferenceReport:
     """``report`` (a ``latency`` run at a fixed batch) with its TPOT and throughput under
     MTP speculative decoding; ``wide`` is the same run at ``batch·(N+1)``."""
-    if not int(config.get("num_nextn_predict_layers") or config.get("mtp_num_layers") or 0):
+    from zrt_core.checks import mtp_head_layers
+
+    if not mtp_head_layers(config):
         raise SpecError("--mtp in serving drafts with the model's MTP head, and this config "
                         "declares none (num_nextn_predict_layers)",
                         "use a model with MTP layers (DeepSeek-V3) or drop --mtp")

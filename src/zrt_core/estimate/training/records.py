@@ -244,8 +244,25 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     if any(s in source for s in TP_ONLY_AMAX_SOURCES):
         amax_reduction = "tp"
         assumptions.append("fp8 amax reduction over TP only (tp_only_amax_red)")
+    stage_split = _record_stage_split(raw, layers, pp, vp, assumptions, recipe)
     mtp = mtp_from_config(config)
-    if mtp is not None:
+    if mtp is None and isinstance(stage_split, StageSplit) and stage_split.layout:
+        # the run's own layout places MTP layers (m) the config does not declare (Qwen3-Next
+        # and Qwen3.5 keep theirs out of transformers' config): the layout is what ran
+        from zrt_core.errors import ZrtError
+        from zrt_core.schedule.stages import parse_layout
+
+        try:
+            depths = "".join(parse_layout(stage_split.layout)).count("m")
+        except ZrtError:
+            depths = 0  # plan_stages gives the layout's own error
+        if depths:
+            config = {**config, "num_nextn_predict_layers": depths}
+            mtp = mtp_from_config(config)
+            assumptions.append(f"multi-token prediction trained: {depths} MTP layer(s) of the "
+                               "last layer kind, as the pipeline layout places them (the "
+                               "config declares none)")
+    elif mtp is not None:
         assumptions.append(f"multi-token prediction trained: {mtp.depths} depth(s) of "
                            f"{'+'.join(mtp.kinds) or 'the last layer kind'} (the config's "
                            "num_nextn_predict_layers; Megatron-Bridge recipes)")
@@ -255,7 +272,6 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append(f"nvfp4: the last {bf16_layers[1]} of {layers} layers keep bf16 "
                            "linear layers (NVIDIA's NVFP4 recipe, Megatron-Bridge "
                            "first_last_layers_bf16)")
-    stage_split = _record_stage_split(raw, layers, pp, vp, assumptions, recipe)
     moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", "")) or bool(
         recipe is not None and recipe.moe_pad_expert_input_to_capacity)
     if moe_token_drop:
