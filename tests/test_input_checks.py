@@ -109,6 +109,18 @@ def test_every_bundled_config_passes_the_checks(host: PluginHost) -> None:
         check_config(model.config_dict(), where=model.key)
 
 
+def test_a_family_with_unmodelled_mixers_is_refused_before_capturing() -> None:
+    from zrt_core.checks import check_infer_request, check_train_request
+
+    lfm2 = {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 256, "intermediate_size": 128}
+    with pytest.raises(ModelError, match="zrt does not model LFM2's short-convolution"):
+        check_infer_request(lfm2, Parallel(), InferSpec(16, 4, batch=1))
+    with pytest.raises(ModelError, match="zrt does not model LFM2's short-convolution"):
+        check_train_request(lfm2, Parallel(), TrainSpec(micro_batch=1, global_batch=1,
+                                                        seq_len=16))
+
+
 def test_a_pure_state_space_model_is_named_as_such() -> None:
     with pytest.raises(ModelError, match="'mamba2' is a pure state-space model"):
         check_config({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2,

@@ -204,6 +204,7 @@ def check_train_request(config: Mapping[str, Any], parallel: Any, train: Any, *,
         raise SpecError(f"train must be a zrt_core.strategy.TrainSpec, got {_show(train)}",
                         "pass TrainSpec(micro_batch=..., global_batch=..., seq_len=...)")
     dims = check_config(config, where=where)
+    check_mixers_modelled(config, where=where)
     check_tokens(config if positions else {}, train.seq_len, "a training sequence",
                  where=where)
     if layout:
@@ -236,6 +237,7 @@ def check_infer_request(config: Mapping[str, Any], parallel: Any, infer: Any, *,
         raise SpecError(f"infer must be a zrt_core.strategy.InferSpec, got {_show(infer)}",
                         "pass InferSpec(input_len=..., output_len=...)")
     dims = check_config(config, where=where)
+    check_mixers_modelled(config, where=where)
     tokens = infer.input_len + infer.output_len
     check_tokens(config if positions else {}, tokens,
                  f"a sequence of {infer.input_len} prompt + {infer.output_len} output tokens",
@@ -278,6 +280,33 @@ def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
     if parallel.pp == 1 and schedule in ("interleaved",):
         return "1f1b"
     return schedule
+
+
+#: Families whose token mixers zrt does not model yet: their capture runs transformers'
+#: reference code for them (slow-path scans, per-chunk loops) and the analytic count leaves
+#: them out, so estimates refuse them with this reason (:func:`check_mixers_modelled`) before
+#: capturing, and the FLOP check names it should a capture get that far.
+MIXERS_NOT_MODELLED = {
+    "jamba": "Jamba's Mamba-1 mixers",
+    "falcon_h1": "Falcon-H1's parallel attention + Mamba-2 layers",
+    "zamba2": "Zamba2's shared attention blocks",
+    "lfm2": "LFM2's short-convolution blocks",
+    "lfm2_moe": "LFM2's short-convolution blocks",
+    "recurrent_gemma": "RecurrentGemma's RG-LRU blocks",
+    "kimi_linear": "Kimi Linear's delta attention (KDA)",
+}
+
+
+def check_mixers_modelled(config: Mapping[str, Any], *, where: str = "config") -> None:
+    """Refuse a family in :data:`MIXERS_NOT_MODELLED` before an estimate captures it."""
+    family = str(text_config(config).get("model_type") or config.get("model_type") or "")
+    if family in MIXERS_NOT_MODELLED:
+        raise ModelError(f"{where}: zrt does not model {MIXERS_NOT_MODELLED[family]} yet "
+                         "(its capture would run transformers' reference code for them), so "
+                         "no prediction is made",
+                         "a model patch routing them to one kernel node (as "
+                         "zrt.mamba_kernels does for Mamba-2) and their analytic count "
+                         "would add the family")
 
 
 #: Keys by which a config declares the MTP layers Megatron-Bridge's recipes train with it

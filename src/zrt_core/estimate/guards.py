@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from zrt_core.checks import MIXERS_NOT_MODELLED
 from zrt_core.errors import InternalError, ModelError
 
 #: Largest relative gap between a captured phase's FLOPs and the analytic count
@@ -22,18 +23,6 @@ FLOPS_TOLERANCE = 0.10
 #: forward's 2, i.e. 2.5 × the forward where the analytic reference counts 2 ×. The backward's
 #: upper bound allows that on the attention term.
 FLASH_BACKWARD_ATTENTION = 2.5 / 2.0
-#: Families whose token mixers zrt does not model yet: their capture runs transformers'
-#: reference code for them (slow-path scans, per-chunk loops) and the analytic count leaves
-#: them out, so the FLOP check refuses them with this reason instead of a generic one.
-MIXERS_NOT_MODELLED = {
-    "jamba": "Jamba's Mamba-1 mixers",
-    "falcon_h1": "Falcon-H1's parallel attention + Mamba-2 layers",
-    "zamba2": "Zamba2's shared attention blocks",
-    "lfm2": "LFM2's short-convolution blocks",
-    "lfm2_moe": "LFM2's short-convolution blocks",
-    "recurrent_gemma": "RecurrentGemma's RG-LRU blocks",
-    "kimi_linear": "Kimi Linear's delta attention (KDA)",
-}
 #: Relative slack of the report identities (float rounding over thousands of terms).
 IDENTITY_TOLERANCE = 1e-6
 
