@@ -137,6 +137,10 @@ FAMILIES = {
     # XGLM's keys (d_model, ffn_dim, num_layers, attention_heads); GPT-2-like layers
     "xglm": {"model_type": "xglm", "d_model": 64, "ffn_dim": 128, "num_layers": 2,
              "attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 64},
+    # GPT-Neo: learned positions, global and 4-key local layers, biased out_proj and MLP
+    "gpt_neo": {"model_type": "gpt_neo", "hidden_size": 64, "num_layers": 2, "num_heads": 4,
+                "vocab_size": 256, "max_position_embeddings": 64, "window_size": 4,
+                "attention_types": [[["global", "local"], 1]]},
     # up → ReLU² / xIELU → down, no gate (Arcee AFM, Swiss AI Apertus)
     "arcee": dict(LLAMA, model_type="arcee", hidden_act="relu2"),
     "apertus": dict(LLAMA, model_type="apertus", hidden_act="xielu"),

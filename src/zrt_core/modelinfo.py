@@ -121,7 +121,7 @@ class ModelDims:
         head_dim = cfg.get("head_dim") or hidden // heads
         ffn = _first(cfg, _FFN)
         if ffn is None:
-            if model_type in ("gpt2", "bloom", "gpt_neox", "gptj", "opt"):
+            if model_type in ("gpt2", "bloom", "gpt_neox", "gptj", "opt", "gpt_neo"):
                 ffn = 4 * hidden
             else:
                 ffn = 0

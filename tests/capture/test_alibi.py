@@ -54,14 +54,20 @@ def test_alibi_attention_adds_the_distance_bias_and_its_gradients():
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
-@pytest.mark.parametrize("family", ["bloom", "mpt"])
+GPT_NEO = {"model_type": "gpt_neo", "hidden_size": 64, "num_layers": 2, "num_heads": 4,
+           "vocab_size": 512, "max_position_embeddings": 64, "window_size": 4,
+           "attention_types": [[["global", "local"], 1]]}
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt", "gpt_neo"])
 def test_patched_attention_gives_hf_logits(tiny, family):
     # On real tensors the patched modules compute what HF's eager ALiBi attention does
     # (BLOOM adds slope · key position, MPT slope · (key - last) position: the same softmax
-    # as -slope · |query - key| for the keys a causal query sees).
+    # as -slope · |query - key| for the keys a causal query sees); GPT-Neo's local layer
+    # sees its last 4 keys (7 tokens), unscaled.
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    raw = dict(tiny["bloom"] if family == "bloom" else MPT)
+    raw = dict(tiny["bloom"] if family == "bloom" else MPT if family == "mpt" else GPT_NEO)
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
@@ -122,3 +128,22 @@ def test_bloom_capture_matches_the_analytic_flops(host, model):
     gaps = {phase: abs(check.gap) for phase, check in r.flops_checks.items()}
     assert set(gaps) == set(PHASES)
     assert max(gaps.values()) < 0.01, gaps
+
+
+def test_gpt_neo_runs_one_attention_node_per_layer_with_its_local_window(host):
+    """GPT-Neo picks its attention class by implementation name (the zrt name was a
+    KeyError): under the patch each layer is one causal ``zrt.attention`` node, the local
+    layers with their window, unscaled as GPT-Neo's scores are, and the capture matches the
+    analytic count (global and local layers, learned positions)."""
+    from zrt_core.capture.api import capture
+
+    cfg = {"model_type": "gpt_neo", "hidden_size": 64, "num_layers": 2, "num_heads": 4,
+           "vocab_size": 256, "max_position_embeddings": 64, "window_size": 4,
+           "attention_types": [[["global", "local"], 1]]}
+    r = capture(cfg, batch=2, seq_len=16, host=host)
+    nodes = [n for n in r.graphs["prefill"].nodes if n.op == "zrt.attention.default"]
+    assert [(n.layer_index, n.attrs["window"], n.attrs["scale"]) for n in nodes] == \
+        [(0, 0, 1.0), (1, 4, 1.0)]
+    assert not any(n.op == "aten.softmax.int" for n in r.graphs["prefill"].nodes)
+    for phase, check in r.flops_checks.items():
+        assert check.gap is not None and abs(check.gap) < 0.10, (phase, check.gap)

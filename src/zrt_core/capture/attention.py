@@ -135,9 +135,11 @@ def zrt_mask_context(_config: Any, _options: Any) -> Iterator[None]:
 # half the work at long sequences. While the patch is open their attention modules call
 # ``zrt.attention(..., alibi=True)`` instead; projections, caches and dropout stay HF's.
 # Falcon's rotary configs take the same route without the flag (the module would otherwise
-# fall back to its eager full-square path under the zrt implementation).
+# fall back to its eager full-square path under the zrt implementation), and so does GPT-Neo,
+# whose attention class is picked from a table keyed by implementation name (its local
+# layers a 256-key sliding window, no 1/√d scaling: ``scale`` 1).
 
-ALIBI_TYPES = ("bloom", "mpt", "falcon")
+ALIBI_TYPES = ("bloom", "mpt", "falcon", "gpt_neo")
 
 
 def uses_alibi_patch(config: Any) -> bool:
@@ -208,6 +210,25 @@ def _falcon_attention_forward(self: Any, hidden_states: Any, alibi: Any, attenti
     return self.dense(out.reshape(batch, q_len, self.num_heads * self.head_dim)), None
 
 
+def _gpt_neo_attention_forward(self: Any, hidden_states: Any, attention_mask: Any = None,
+                               layer_past: Any = None, use_cache: bool = False,
+                               output_attentions: bool = False, **_kwargs: Any
+                               ) -> tuple[Any, None]:
+    import torch
+
+    batch, q_len = hidden_states.shape[:2]
+    query, key, value = (self._split_heads(proj(hidden_states), self.num_heads, self.head_dim)
+                         for proj in (self.q_proj, self.k_proj, self.v_proj))  # [B, H, S, D]
+    cache = take_cache(_kwargs, layer_past)
+    if cache is not None:
+        key, value = cache.update(key, value, self.layer_id)
+    window = int(self.config.window_size) if self.attention_type == "local" else 0
+    out, _lse = torch.ops.zrt.attention(query, key, value, None, None, True, window, 0, 1.0,
+                                        0.0)
+    output = self.out_proj(out.reshape(batch, q_len, self.num_heads * self.head_dim))
+    return self.resid_dropout(output), None
+
+
 def _alibi_targets(model_type: str) -> list[tuple[Any, Any]]:
     if model_type == "bloom":
         from transformers.models.bloom import modeling_bloom
@@ -217,6 +238,10 @@ def _alibi_targets(model_type: str) -> list[tuple[Any, Any]]:
         from transformers.models.mpt import modeling_mpt
 
         return [(modeling_mpt.MptAttention, _mpt_attention_forward)]
+    if model_type == "gpt_neo":
+        from transformers.models.gpt_neo import modeling_gpt_neo
+
+        return [(modeling_gpt_neo.GPTNeoSelfAttention, _gpt_neo_attention_forward)]
     from transformers.models.falcon import modeling_falcon
 
     return [(modeling_falcon.FalconAttention, _falcon_attention_forward)]
@@ -234,12 +259,16 @@ def alibi_attention_context(config: Any, _options: Any) -> Iterator[None]:
         from transformers.models.falcon import modeling_falcon
 
         classes = modeling_falcon.FALCON_ATTENTION_CLASSES
+    elif model_type == "gpt_neo":  # so does GPT-Neo
+        from transformers.models.gpt_neo import modeling_gpt_neo
+
+        classes = modeling_gpt_neo.GPT_NEO_ATTENTION_CLASSES
     had = ATTN_NAME in classes
     previous = classes.get(ATTN_NAME)
     try:
         for cls, forward in targets:
             cls.forward = forward
-        if model_type == "falcon":
+        if model_type in ("falcon", "gpt_neo"):
             classes[ATTN_NAME] = targets[0][0]
         yield
     finally:

@@ -115,9 +115,10 @@ def core_patches() -> list[ModelPatch]:
                         "window, chunk, sinks, sparse indices as arguments; no mask tensors)"),
         ModelPatch(
             name="zrt.alibi_attention", applies_to=_has_alibi, context=_alibi_context,
-            description="BLOOM, MPT and Falcon attention modules (ALiBi or rotary) run one "
-                        "causal zrt.attention node with alibi=True, as FlashAttention's "
-                        "alibi_slopes, instead of full-square scores + softmax + bmm"),
+            description="BLOOM, MPT, Falcon and GPT-Neo attention modules run one causal "
+                        "zrt.attention node (alibi=True for ALiBi, as FlashAttention's "
+                        "alibi_slopes; GPT-Neo's local window) instead of full-square "
+                        "scores + softmax + bmm"),
         ModelPatch(
             name="zrt.attention_mask", applies_to=_needs_mask, context=_mask_context,
             description="materialise causal masks for model code that reads them (the "

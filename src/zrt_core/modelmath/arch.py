@@ -22,10 +22,11 @@ from zrt_core.modelinfo import ModelDims, ernie_moe_layers, text_config
 # Families whose MLP is up → activation → down (no gate).
 _UNGATED_MLP = frozenset({"gpt2", "opt", "bloom", "nemotron", "nemotron_h", "gpt_neox", "gptj",
                           "phi", "falcon", "starcoder2", "mpt", "gpt_bigcode", "arcee",
-                          "apertus", "persimmon", "xglm"})
+                          "apertus", "persimmon", "xglm", "gpt_neo"})
 # Families with LayerNorm (weight and bias) rather than RMSNorm (weight only).
 _LAYERNORM = frozenset({"gpt2", "opt", "bloom", "nemotron", "gpt_neox", "gptj", "phi",
-                        "falcon", "starcoder2", "gpt_bigcode", "persimmon", "xglm"})
+                        "falcon", "starcoder2", "gpt_bigcode", "persimmon", "xglm",
+                        "gpt_neo"})
 # Families whose every linear layer has a bias.
 _ALL_BIASES = frozenset({"gpt2", "opt", "bloom", "gpt_neox", "gptj", "phi", "starcoder2",
                          "gpt_bigcode", "persimmon", "xglm"})
@@ -49,7 +50,7 @@ _MLA = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
 # (Bamba) or ``layer_types`` (``mamba``/``linear_attention`` or ``attention``/
 # ``full_attention``).
 _MAMBA_HYBRID = frozenset({"bamba", "granitemoehybrid"})
-_DEFAULT_WINDOW = {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128}
+_DEFAULT_WINDOW = {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128, "gpt_neo": 256}
 _UNSUPPORTED = {
     "deepseek_v4": "compressed sparse attention with hyper-connections",
 }
@@ -322,6 +323,11 @@ def _attention_types(dims: ModelDims, cfg: Mapping[str, Any], family: str) -> li
                 for i in range(n)]
     if family == "gpt_oss":
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if family == "gpt_neo":  # attention_types [[["global", "local"], 12]] unrolled
+        types = [t for pattern, repeat in cfg.get("attention_types") or [[["global", "local"],
+                                                                           n // 2]]
+                 for _ in range(int(repeat)) for t in pattern]
+        return ["sliding_attention" if t == "local" else "full_attention" for t in types][:n]
     if family in _GATED_DELTANET:
         interval = int(cfg.get("full_attention_interval") or 4)
         return ["linear_attention" if (i + 1) % interval else "full_attention"
@@ -358,7 +364,7 @@ class _Builder:
         self.gated = family not in _UNGATED_MLP
         self.attn_bias = family in _ALL_BIASES or bool(cfg.get("attention_bias")
                                                       and family not in _MLA)
-        self.mlp_bias = family in _ALL_BIASES or bool(cfg.get("mlp_bias"))
+        self.mlp_bias = family in _ALL_BIASES or family == "gpt_neo" or bool(cfg.get("mlp_bias"))
         self.attn_types = None if family == "nemotron_h" else _attention_types(dims, cfg, family)
 
     # -- model-level --------------------------------------------------------------------
@@ -369,6 +375,9 @@ class _Builder:
             proj = int(cfg.get("word_embed_proj_dim") or d.hidden)
             positions = (int(cfg.get("max_position_embeddings") or 2048) + 2) * d.hidden
             return d.vocab * proj + positions
+        if self.family == "gpt_neo":
+            positions = int(cfg.get("max_position_embeddings") or 2048)
+            return d.vocab * d.hidden + positions * d.hidden
         if self.family == "gpt2":
             positions = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 1024)
             return d.vocab * d.hidden + positions * d.hidden
@@ -440,7 +449,8 @@ class _Builder:
     def _window(self, index: int) -> tuple[int | None, int | None]:
         kind = self.attn_types[index] if self.attn_types else "full_attention"
         if kind == "sliding_attention":
-            window = self.cfg.get("sliding_window") or _DEFAULT_WINDOW.get(self.family)
+            window = self.cfg.get("sliding_window") or self.cfg.get("window_size") \
+                or _DEFAULT_WINDOW.get(self.family)
             if not window:
                 raise ModelError(f"layer {index} is sliding_attention but config has no "
                                  "sliding_window", "add sliding_window to config.json")
@@ -469,6 +479,8 @@ class _Builder:
             other += 4 * d.head_dim  # LayerNorms (weight and bias) over query and key heads
         if self.family == "gpt_oss":
             other += d.heads  # attention sinks
+        if self.family == "gpt_neo":
+            other += h  # out_proj's bias (q, k, v have none)
         return matmul, other, AttentionSpec(heads=d.heads, qk_dim=d.head_dim, v_dim=d.head_dim,
                                             window=window, chunk=chunk)
 
