@@ -146,6 +146,7 @@ def test_decode_step_matches_hf_numerically():
     torch.testing.assert_close(got, ref)
 
 
+@pytest.mark.needs("zrt-nvidia")
 def test_tensor_parallel_splits_the_heads_and_the_state():
     """TP 2 serving: each rank holds half the value heads, so the fixed recurrent state per
     sequence halves with the KV cache."""
