@@ -288,7 +288,6 @@ def _schedule_name(parallel: Parallel, train: TrainSpec) -> str:
 #: capturing, and the FLOP check names it should a capture get that far.
 MIXERS_NOT_MODELLED = {
     "jamba": "Jamba's Mamba-1 mixers",
-    "falcon_h1": "Falcon-H1's parallel attention + Mamba-2 layers",
     "zamba2": "Zamba2's shared attention blocks",
     "lfm2": "LFM2's short-convolution blocks",
     "lfm2_moe": "LFM2's short-convolution blocks",

@@ -113,7 +113,7 @@ class ModelDims:
             raise ModelError(f"model_type {model_type!r} is a pure state-space model (no "
                              "attention layers): zrt does not model it yet",
                              "zrt models attention decoders and their Mamba-2 hybrids "
-                             "(nemotron_h, bamba, granitemoehybrid)")
+                             "(nemotron_h, bamba, granitemoehybrid, falcon_h1)")
         heads = need(_HEADS, "attention head count")
         kv_heads = _first(cfg, _KV_HEADS) or heads
         if cfg.get("multi_query") is True:  # falcon / starcoder style

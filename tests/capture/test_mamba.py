@@ -116,3 +116,23 @@ def test_mamba2_hybrids_run_the_kernels_and_match_the_count(host, config):
         assert _mamba_ops(r.graphs[phase], layer=1) == []  # the attention layer
     for phase, check in r.flops_checks.items():
         assert check.gap is not None and abs(check.gap) < 0.10, (phase, check.gap)
+
+
+def test_falcon_h1_runs_attention_and_the_scan_side_by_side(host):
+    """Falcon-H1's layers hold attention and a Mamba-2 mixer in parallel: one scan node and
+    one attention node in every layer, and the count agrees (both mixers, the MLP)."""
+    from zrt_core.capture.api import capture
+    from zrt_core.modelmath.flops import param_counts
+
+    config = dict(model_type="falcon_h1", hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=256, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8,
+                  mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=8)
+    r = capture(config, batch=2, seq_len=16, host=host)
+    g = r.graphs[Phase.PREFILL]
+    assert [n.op for n in _mamba_ops(g)] == ["zrt.ssd_chunk_scan.default"]
+    assert [n.op for n in g.nodes if n.layer_index == 0 and n.category == Category.ATTENTION] \
+        == ["zrt.attention.default"]
+    for phase, check in r.flops_checks.items():
+        assert check.gap is not None and abs(check.gap) < 0.10, (phase, check.gap)
+    assert param_counts(config).total == r.params.total

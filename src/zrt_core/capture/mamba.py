@@ -33,7 +33,8 @@ from typing import Any
 MAMBA_MODULES = {"nemotron_h": "transformers.models.nemotron_h.modeling_nemotron_h",
                  "bamba": "transformers.models.bamba.modeling_bamba",
                  "granitemoehybrid":
-                     "transformers.models.granitemoehybrid.modeling_granitemoehybrid"}
+                     "transformers.models.granitemoehybrid.modeling_granitemoehybrid",
+                 "falcon_h1": "transformers.models.falcon_h1.modeling_falcon_h1"}
 
 _ENTRY_POINTS = ("mamba2_chunk_scan", "mamba2_selective_state_update")
 _REFERENCE: dict[str, Any] = {}

@@ -403,6 +403,8 @@ class _Builder:
             return self._nemotron_h_layer(index, kind)
         if self.family in _MAMBA_HYBRID:
             return self._hybrid_layer(index, kind)
+        if self.family == "falcon_h1":
+            return self._falcon_h1_layer(index, kind)
         delta = None
         if self.attn_types and self.attn_types[index] == "linear_attention" and \
                 self.family in _GATED_DELTANET:
@@ -582,6 +584,26 @@ class _Builder:
         return LayerSpec(index=index, kind=kind, matmul_params=matmul + mlp,
                          other_params=other + mlp_other + 2 * h, expert_params=experts,
                          active_expert_params=active, attention=attention, mamba=mamba)
+
+    def _falcon_h1_layer(self, index: int, kind: str) -> LayerSpec:
+        """Falcon-H1: attention and a Mamba-2 mixer side by side in every layer (their
+        outputs summed), then a gated MLP; two RMSNorms. The mixer's inner width is
+        ``mamba_d_ssm`` (else expand × hidden); its output projection's bias is
+        ``projectors_bias``; its gated RMSNorm only with ``mamba_rms_norm``."""
+        cfg, h = self.cfg, self.d.hidden
+        a_matmul, a_other, attention = self._attention(index)
+        m_matmul, m_other, mamba = self._mamba_mixer(
+            proj_bias=False, conv_bias=bool(cfg.get("mamba_conv_bias", True)))
+        if cfg.get("mamba_proj_bias"):  # in_proj's bias
+            m_other += mamba.inner + mamba.conv_dim + mamba.heads
+        if cfg.get("projectors_bias"):  # out_proj's
+            m_other += h
+        if not cfg.get("mamba_rms_norm"):
+            m_other -= mamba.inner  # no gated norm
+        mlp, mlp_other = self._dense_mlp(self._dense_ffn())
+        return LayerSpec(index=index, kind=kind, matmul_params=a_matmul + m_matmul + mlp,
+                         other_params=a_other + m_other + mlp_other + 2 * h,
+                         attention=attention, mamba=mamba)
 
     def _nemotron_h_layer(self, index: int, kind: str) -> LayerSpec:
         d, cfg, h = self.d, self.cfg, self.d.hidden
