@@ -35,7 +35,8 @@ from _bench import result
 #: Decoder families with published training or serving runs, or the same mechanisms.
 FAMILIES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next",
-    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "qwen3_vl", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_vl_moe", "qwen3_vl", "qwen2_5_vl", "qwen2_vl", "glm4v",
+    "glm4v_moe", "llava", "mistral3", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
     "phimoe", "gpt2", "gpt_neox", "gptj", "gpt_bigcode", "starcoder2", "opt", "bloom", "falcon",
     "mpt", "olmo", "olmo2", "olmo3", "olmoe", "granite", "granitemoe", "granitemoeshared", "granitemoehybrid",
     "cohere", "cohere2", "glm", "glm4", "glm4_moe", "deepseek_v2", "deepseek_v3",

@@ -203,3 +203,25 @@ def test_qwen3_vl_moe_captures_its_text_layers_as_qwen3_moe(host):
     for phase, check in r.flops_checks.items():
         assert check.gap is not None and abs(check.gap) < 0.10, (phase, check.gap)
     assert param_counts(config).total == r.params.total
+
+
+def test_qwen2_5_vl_captures_its_text_layers_as_qwen2(host):
+    """Qwen2.5-VL's text model, too, exists only inside the multimodal model; its layers are
+    Qwen2's (biased q/k/v), captured as such and counted as such."""
+    from zrt_core.capture.api import capture
+    from zrt_core.modelmath.flops import param_counts
+
+    text = {"model_type": "qwen2_5_vl_text", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 256, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                "mrope_section": [2, 3, 3]}}
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64,
+              "intermediate_size": 64}
+    config = {"model_type": "qwen2_5_vl", "text_config": text, "vision_config": vision}
+    r = capture(config, phases=("prefill", "train_forward"), batch=2, seq_len=16, host=host)
+    assert r.model_type == "qwen2"
+    assert any("capturing the language model as qwen2" in w for w in r.warnings)
+    for phase, check in r.flops_checks.items():
+        assert check.gap is not None and abs(check.gap) < 0.10, (phase, check.gap)
+    assert param_counts(config).total == r.params.total

@@ -36,6 +36,10 @@ class ParamCounts:
 TEXT_EQUIVALENT: dict[str, tuple[str, dict[str, str]]] = {
     "qwen3_vl_moe_text": ("qwen3_moe", {"num_local_experts": "num_experts"}),
     "qwen3_vl_text": ("qwen3", {}),
+    "qwen2_5_vl_text": ("qwen2", {}),
+    "qwen2_vl_text": ("qwen2", {}),
+    "glm4v_text": ("glm4", {}),
+    "glm4v_moe_text": ("glm4_moe", {}),
 }
 
 

@@ -192,8 +192,11 @@ def architecture(config: Mapping[str, Any]) -> Architecture:
     cfg = text_config(config)
     family = str(cfg.get("model_type") or dims.model_type)
     family = {"gemma3": "gemma3_text", "llama4": "llama4_text",
-              # Qwen3-VL's text layers are Qwen3's / Qwen3-MoE's (capture.build.TEXT_EQUIVALENT)
-              "qwen3_vl_moe_text": "qwen3_moe", "qwen3_vl_text": "qwen3"}.get(family, family)
+              # VL text models as the causal-LM family of their layers
+              # (capture.build.TEXT_EQUIVALENT)
+              "qwen3_vl_moe_text": "qwen3_moe", "qwen3_vl_text": "qwen3",
+              "qwen2_5_vl_text": "qwen2", "qwen2_vl_text": "qwen2", "glm4v_text": "glm4",
+              "glm4v_moe_text": "glm4_moe"}.get(family, family)
     if family in _UNSUPPORTED:
         raise ModelError(
             f"no analytic model for model_type {family!r} ({_UNSUPPORTED[family]})",
