@@ -296,16 +296,24 @@ MIXERS_NOT_MODELLED = {
 }
 
 
+def mixers_not_modelled(config: Mapping[str, Any], where: str, why: str) -> ModelError | None:
+    """The one-line refusal of a family in :data:`MIXERS_NOT_MODELLED` (``why``: what its
+    capture runs instead), None for any other family."""
+    family = str(text_config(config).get("model_type") or config.get("model_type") or "")
+    if family not in MIXERS_NOT_MODELLED:
+        return None
+    return ModelError(f"{where}: zrt does not model {MIXERS_NOT_MODELLED[family]} yet ({why}), "
+                      "so no prediction is made",
+                      "a model patch routing them to one kernel node (as zrt.mamba_kernels "
+                      "does for Mamba-2) and their analytic count would add the family")
+
+
 def check_mixers_modelled(config: Mapping[str, Any], *, where: str = "config") -> None:
     """Refuse a family in :data:`MIXERS_NOT_MODELLED` before an estimate captures it."""
-    family = str(text_config(config).get("model_type") or config.get("model_type") or "")
-    if family in MIXERS_NOT_MODELLED:
-        raise ModelError(f"{where}: zrt does not model {MIXERS_NOT_MODELLED[family]} yet "
-                         "(its capture would run transformers' reference code for them), so "
-                         "no prediction is made",
-                         "a model patch routing them to one kernel node (as "
-                         "zrt.mamba_kernels does for Mamba-2) and their analytic count "
-                         "would add the family")
+    error = mixers_not_modelled(config, where, "its capture would run transformers' reference "
+                                "code for them")
+    if error is not None:
+        raise error
 
 
 #: Keys by which a config declares the MTP layers Megatron-Bridge's recipes train with it

@@ -123,3 +123,30 @@ def captured(host: PluginHost):
         return _CACHE[key]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def patch_keeps_a_training_step() -> Any:
+    """:func:`_patch_keeps_a_training_step`."""
+    return _patch_keeps_a_training_step
+
+
+def _patch_keeps_a_training_step(model: Any, ids: Any, patch: Any) -> None:
+    """One training step of ``model`` on ``ids`` (logits, and the gradient of every
+    parameter that gets one) equal with and without the ``patch`` context open."""
+    import torch
+
+    def run() -> tuple[Any, list[Any]]:
+        model.zero_grad()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.logits.detach(), [p.grad.clone() for p in model.parameters()
+                                     if p.grad is not None]
+
+    ref_logits, ref_grads = run()
+    with patch:
+        logits, grads = run()
+    torch.testing.assert_close(logits, ref_logits)
+    assert len(grads) == len(ref_grads)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b)

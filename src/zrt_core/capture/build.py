@@ -13,6 +13,7 @@ from typing import Any
 from attrs import frozen
 
 from zrt_core.errors import ModelError
+from zrt_core.modelmath.arch import TEXT_EQUIVALENT_FAMILIES
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -31,23 +32,19 @@ class ParamCounts:
     routed_experts: int = 0
 
 
-#: Text models of multimodal families that transformers builds only inside the multimodal
-#: model, → (the causal-LM family with the same layers, keys renamed on the way).
-TEXT_EQUIVALENT: dict[str, tuple[str, dict[str, str]]] = {
-    "qwen3_vl_moe_text": ("qwen3_moe", {"num_local_experts": "num_experts"}),
-    "qwen3_vl_text": ("qwen3", {}),
-    "qwen2_5_vl_text": ("qwen2", {}),
-    "qwen2_vl_text": ("qwen2", {}),
-    "glm4v_text": ("glm4", {}),
-    "glm4v_moe_text": ("glm4_moe", {}),
+#: Keys a text model of ``modelmath.arch.TEXT_EQUIVALENT_FAMILIES`` spells otherwise than
+#: the causal-LM family it is built as.
+_TEXT_EQUIVALENT_KEYS: dict[str, dict[str, str]] = {
+    "qwen3_vl_moe_text": {"num_local_experts": "num_experts"},
 }
 
 
 def _text_equivalent(inner: Any) -> Any:
-    """``inner`` (a text config of :data:`TEXT_EQUIVALENT`) as its causal-LM family."""
+    """``inner`` (a text config of ``TEXT_EQUIVALENT_FAMILIES``) as its causal-LM family."""
     from transformers import AutoConfig
 
-    family, renamed = TEXT_EQUIVALENT[inner.model_type]
+    family = TEXT_EQUIVALENT_FAMILIES[inner.model_type]
+    renamed = _TEXT_EQUIVALENT_KEYS.get(inner.model_type, {})
     fields = {renamed.get(k, k): v for k, v in inner.to_dict().items()
               if k not in ("model_type", "transformers_version", "architectures")
               and not k.startswith("_")}
@@ -71,9 +68,10 @@ def text_config_of(config: Any) -> tuple[Any, str | None]:
         return config, None
     outer_type = getattr(config, "model_type", "")
     inner_type = getattr(inner, "model_type", "")
-    if inner_type in TEXT_EQUIVALENT:
+    if inner_type in TEXT_EQUIVALENT_FAMILIES:
         return _text_equivalent(inner), (
-            f"{outer_type}: capturing the language model as {TEXT_EQUIVALENT[inner_type][0]} "
+            f"{outer_type}: capturing the language model as "
+            f"{TEXT_EQUIVALENT_FAMILIES[inner_type]} "
             f"({inner_type}'s text layers compute the same; its multimodal RoPE sections "
             "and the visual features it adds to early layers are left out); the vision "
             "tower is not part of the graph")

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
 from collections.abc import Iterator
 from typing import Any
+
+from zrt_core.capture.ops import define_once, swapped_globals
+from zrt_core.modelmath.flops import DELTANET_CHUNK
 
 #: model_type → modeling module whose Gated DeltaNet calls the entry points by name
 DELTANET_MODULES = {
@@ -39,13 +41,9 @@ DELTANET_MODULES = {
     "qwen3_5_moe": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
     "qwen3_5_moe_text": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
 }
-#: Tokens per chunk FLA's ``chunk_gated_delta_rule`` and HF's fallback use.
-CHUNK = 64
 
 _ENTRY_POINTS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
-_REFERENCE: dict[tuple[str, str], Any] = {}
-_lock = threading.Lock()
-_defined = False
+_REFERENCE: dict[str, Any] = {}
 
 _SCHEMAS = {
     "gated_delta_chunk": "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, "
@@ -60,17 +58,13 @@ _SCHEMAS = {
 }
 
 
-def _module_for(config: Any) -> str:
-    return DELTANET_MODULES[getattr(config, "model_type", "")]
-
-
 def _reference(name: str) -> Any:
     """transformers' own implementation of an entry point (the unpatched global of the
     Qwen3-Next module: the Qwen3.5 modules copy the same functions)."""
-    key = (DELTANET_MODULES["qwen3_next"], name)
-    if key not in _REFERENCE:
-        _REFERENCE[key] = getattr(importlib.import_module(key[0]), name)
-    return _REFERENCE[key]
+    if name not in _REFERENCE:
+        module = importlib.import_module(DELTANET_MODULES["qwen3_next"])
+        _REFERENCE[name] = getattr(module, name)
+    return _REFERENCE[name]
 
 
 def _state_shape(q: Any, v: Any) -> tuple[int, int, int, int]:
@@ -82,17 +76,6 @@ def _chunk_reference(q, k, v, g, beta, initial_state, chunk_size, qk_l2norm):
         q, k, v, g=g, beta=beta, chunk_size=chunk_size, initial_state=initial_state,
         output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm)
     return o, final
-
-
-def ensure_deltanet_ops() -> None:
-    """Define the Gated DeltaNet ``zrt::`` operators once per process (idempotent)."""
-    global _defined
-    if _defined:
-        return
-    with _lock:
-        if not _defined:
-            _define()
-            _defined = True
 
 
 def _define() -> None:
@@ -154,7 +137,7 @@ def _define() -> None:
         return v.new_empty(v.shape), v.new_empty(_state_shape(q, v), dtype=torch.float32)
 
 
-def _chunk(query: Any, key: Any, value: Any, g: Any, beta: Any, chunk_size: int = CHUNK,
+def _chunk(query: Any, key: Any, value: Any, g: Any, beta: Any, chunk_size: int = DELTANET_CHUNK,
            initial_state: Any = None, output_final_state: bool = False,
            use_qk_l2norm_in_kernel: bool = False, **_kwargs: Any) -> tuple[Any, Any]:
     """``torch_chunk_gated_delta_rule``'s signature, one ``zrt.gated_delta_chunk`` node."""
@@ -177,6 +160,9 @@ def _recurrent(query: Any, key: Any, value: Any, g: Any, beta: Any, initial_stat
     return o, (state if output_final_state else None)
 
 
+#: Define the Gated DeltaNet ``zrt::`` operators once per process (idempotent).
+ensure_deltanet_ops = define_once(_define)
+
 _REPLACEMENTS = {"torch_chunk_gated_delta_rule": _chunk,
                  "torch_recurrent_gated_delta_rule": _recurrent}
 
@@ -188,15 +174,8 @@ def uses_deltanet_kernels(config: Any) -> bool:
 @contextlib.contextmanager
 def deltanet_kernels_context(config: Any, _options: Any) -> Iterator[None]:
     """Route the family's Gated DeltaNet entry points to the ``zrt::`` ops while open."""
-    module = importlib.import_module(_module_for(config))
-    _reference(_ENTRY_POINTS[0])  # the unpatched references, before any patch is open
-    _reference(_ENTRY_POINTS[1])
+    for name in _ENTRY_POINTS:  # the unpatched references, before any patch is open
+        _reference(name)
     ensure_deltanet_ops()
-    originals = {name: getattr(module, name) for name in _ENTRY_POINTS}
-    try:
-        for name in _ENTRY_POINTS:
-            setattr(module, name, _REPLACEMENTS[name])
+    with swapped_globals(DELTANET_MODULES[config.model_type], _REPLACEMENTS):
         yield
-    finally:
-        for name, fn in originals.items():
-            setattr(module, name, fn)

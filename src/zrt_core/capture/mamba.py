@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
 from collections.abc import Iterator
 from typing import Any
+
+from zrt_core.capture.ops import define_once, swapped_globals
 
 # model_type → modeling module whose Mamba-2 mixer calls the kernel entry points by name
 MAMBA_MODULES = {"nemotron_h": "transformers.models.nemotron_h.modeling_nemotron_h",
@@ -38,8 +39,6 @@ MAMBA_MODULES = {"nemotron_h": "transformers.models.nemotron_h.modeling_nemotron
 
 _ENTRY_POINTS = ("mamba2_chunk_scan", "mamba2_selective_state_update")
 _REFERENCE: dict[str, Any] = {}
-_lock = threading.Lock()
-_defined = False
 
 _SCHEMAS = {
     "ssd_chunk_scan": "(Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, "
@@ -70,17 +69,6 @@ def _scan_reference(x, dt, A, B, C, D, dt_bias, initial_states, chunk_size, dt_s
         initial_states=initial_states, dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max),
         return_final_states=True)
     return y.to(x.dtype), final
-
-
-def ensure_mamba_ops() -> None:
-    """Define the Mamba ``zrt::`` operators once per process (idempotent)."""
-    global _defined
-    if _defined:
-        return
-    with _lock:
-        if not _defined:
-            _define()
-            _defined = True
 
 
 def _define() -> None:
@@ -187,6 +175,9 @@ def _state_update(state: Any, hidden_states: Any, dt: Any, A: Any, B: Any, C: An
     return out
 
 
+#: Define the Mamba ``zrt::`` operators once per process (idempotent).
+ensure_mamba_ops = define_once(_define)
+
 _REPLACEMENTS = {"mamba2_chunk_scan": _chunk_scan,
                  "mamba2_selective_state_update": _state_update}
 
@@ -198,15 +189,8 @@ def uses_mamba_kernels(config: Any) -> bool:
 @contextlib.contextmanager
 def mamba_kernels_context(config: Any, _options: Any) -> Iterator[None]:
     """Route the family's Mamba-2 kernel entry points to the ``zrt::`` ops while open."""
-    module = importlib.import_module(MAMBA_MODULES[config.model_type])
+    for name in _ENTRY_POINTS:  # the unpatched references, before any patch is open
+        _reference(name)
     ensure_mamba_ops()
-    originals = {name: getattr(module, name) for name in _ENTRY_POINTS}
-    for name, fn in originals.items():
-        _REFERENCE.setdefault(name, fn)
-    try:
-        for name in _ENTRY_POINTS:
-            setattr(module, name, _REPLACEMENTS[name])
+    with swapped_globals(MAMBA_MODULES[config.model_type], _REPLACEMENTS):
         yield
-    finally:
-        for name, fn in originals.items():
-            setattr(module, name, fn)

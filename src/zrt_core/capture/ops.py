@@ -35,15 +35,16 @@ Operators (namespace ``zrt``):
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import math
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-_lock = threading.Lock()
-_defined = False
 
 NAMESPACE = "zrt"
 
@@ -58,21 +59,48 @@ _SCHEMAS = {
 }
 
 
-def ensure_ops() -> None:
-    """Define the ``zrt::`` operators once per process (idempotent, thread-safe).
+def define_once(define: Callable[[], None]) -> Callable[[], None]:
+    """An ``ensure()`` that runs ``define`` the first time it is called, once per process
+    (idempotent, thread-safe): how each family of ``zrt::`` operators is registered."""
+    lock = threading.Lock()
+    done = False
 
-    Defining an operator adds it to torch's operator registry; it patches nothing, and
-    nothing runs it unless a model patch routes calls to it.
-    """
-    global _defined
-    if _defined:
-        return
-    with _lock:
-        if _defined:
+    def ensure() -> None:
+        nonlocal done
+        if done:
             return
-        _define_attention()
-        _define_moe()
-        _defined = True
+        with lock:
+            if not done:
+                define()
+                done = True
+
+    return ensure
+
+
+@contextlib.contextmanager
+def swapped_globals(module_name: str, replacements: Mapping[str, Any]) -> Iterator[None]:
+    """Set the named globals of a modeling module to ``replacements`` while open (the kernel
+    entry points its model code calls by name), and restore them on exit."""
+    module = importlib.import_module(module_name)
+    originals = {name: getattr(module, name) for name in replacements}
+    try:
+        for name, fn in replacements.items():
+            setattr(module, name, fn)
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(module, name, fn)
+
+
+def _define_all() -> None:
+    _define_attention()
+    _define_moe()
+
+
+#: Define the ``zrt::`` operators once per process (idempotent, thread-safe). Defining an
+#: operator adds it to torch's operator registry; it patches nothing, and nothing runs it
+#: unless a model patch routes calls to it.
+ensure_ops = define_once(_define_all)
 
 
 # -- attention -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from zrt_core.checks import MIXERS_NOT_MODELLED
+from zrt_core.checks import mixers_not_modelled
 from zrt_core.errors import InternalError, ModelError
 
 #: Largest relative gap between a captured phase's FLOPs and the analytic count
@@ -61,14 +61,11 @@ def check_flops(config: Mapping[str, Any], graphs: Mapping[str, Any], host: Any,
                 (1 + FLOPS_TOLERANCE)
         if not low <= captured <= high:
             gap = (captured - ref.total) / ref.total
-            family = str(dict(config).get("model_type") or "")
-            if family in MIXERS_NOT_MODELLED:
-                raise ModelError(
-                    f"{model}: zrt does not model {MIXERS_NOT_MODELLED[family]} yet: the "
-                    f"captured {phase} runs transformers' reference code for them "
-                    f"({gap:+.1%} against the analytic count), so no prediction is made",
-                    "a model patch routing them to one kernel node (as zrt.mamba_kernels "
-                    "does for Mamba-2) and their analytic count would add the family")
+            error = mixers_not_modelled(config, model, f"the captured {phase} runs "
+                                        "transformers' reference code for them, "
+                                        f"{gap:+.1%} against the analytic count")
+            if error is not None:
+                raise error
             raise InternalError(
                 f"{model}: the captured {phase} graph has {captured:.4g} FLOPs, the analytic "
                 f"count {ref.total:.4g} ({gap:+.1%}, beyond the {FLOPS_TOLERANCE:.0%} "

@@ -51,6 +51,13 @@ _MLA = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
 # ``full_attention``).
 _MAMBA_HYBRID = frozenset({"bamba", "granitemoehybrid"})
 _DEFAULT_WINDOW = {"gemma2": 4096, "gemma3_text": 4096, "gpt_oss": 128, "gpt_neo": 256}
+#: Text models of multimodal families that transformers builds only inside the multimodal
+#: model → the causal-LM family whose layers they are (the capture builds them as that
+#: family: ``capture.build.text_config_of``).
+TEXT_EQUIVALENT_FAMILIES: Mapping[str, str] = {
+    "qwen3_vl_moe_text": "qwen3_moe", "qwen3_vl_text": "qwen3", "qwen2_5_vl_text": "qwen2",
+    "qwen2_vl_text": "qwen2", "glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe",
+}
 _UNSUPPORTED = {
     "deepseek_v4": "compressed sparse attention with hyper-connections",
 }
@@ -192,11 +199,7 @@ def architecture(config: Mapping[str, Any]) -> Architecture:
     cfg = text_config(config)
     family = str(cfg.get("model_type") or dims.model_type)
     family = {"gemma3": "gemma3_text", "llama4": "llama4_text",
-              # VL text models as the causal-LM family of their layers
-              # (capture.build.TEXT_EQUIVALENT)
-              "qwen3_vl_moe_text": "qwen3_moe", "qwen3_vl_text": "qwen3",
-              "qwen2_5_vl_text": "qwen2", "qwen2_vl_text": "qwen2", "glm4v_text": "glm4",
-              "glm4v_moe_text": "glm4_moe"}.get(family, family)
+              **TEXT_EQUIVALENT_FAMILIES}.get(family, family)
     if family in _UNSUPPORTED:
         raise ModelError(
             f"no analytic model for model_type {family!r} ({_UNSUPPORTED[family]})",
@@ -550,16 +553,18 @@ class _Builder:
             shared += h  # shared_expert_gate: hidden → 1
         return router + shared, other, e * per_expert, k * per_expert
 
-    def _mamba_mixer(self, *, proj_bias: bool, conv_bias: bool) -> tuple[int, int, MambaSpec]:
+    def _mamba_mixer(self, *, in_bias: bool, out_bias: bool, conv_bias: bool,
+                     norm: bool = True) -> tuple[int, int, MambaSpec]:
         """A Mamba-2 mixer's (matmul, other) weights: ``in_proj`` hidden → (z: inner) +
-        (x, B, C: conv_dim) + (dt: heads), ``out_proj`` back; the depthwise convolution;
-        ``dt_bias``, ``A_log``, ``D`` per head; a gated RMSNorm over inner."""
+        (x, B, C: conv_dim) + (dt: heads), ``out_proj`` back, each with its bias when
+        asked; the depthwise convolution; ``dt_bias``, ``A_log``, ``D`` per head; a gated
+        RMSNorm over inner when ``norm``."""
         h = self.d.hidden
         m = _mamba_spec(self.cfg)
         matmul = h * (m.inner + m.conv_dim + m.heads) + m.inner * h
-        bias = (m.inner + m.conv_dim + m.heads + h) if proj_bias else 0
+        bias = (m.inner + m.conv_dim + m.heads if in_bias else 0) + (h if out_bias else 0)
         conv = m.conv_dim * m.conv_kernel + (m.conv_dim if conv_bias else 0)
-        return matmul, bias + conv + 3 * m.heads + m.inner, m
+        return matmul, bias + conv + 3 * m.heads + (m.inner if norm else 0), m
 
     def _hybrid_layer(self, index: int, kind: str) -> LayerSpec:
         """Bamba / Granite 4.0-H: a Mamba-2 mixer or attention, then the layer's gated MLP
@@ -569,9 +574,9 @@ class _Builder:
         mamba = None
         attention = None
         if kind.startswith("mamba"):
+            bias = bool(cfg.get("mamba_proj_bias"))
             matmul, other, mamba = self._mamba_mixer(
-                proj_bias=bool(cfg.get("mamba_proj_bias")),
-                conv_bias=bool(cfg.get("mamba_conv_bias", True)))
+                in_bias=bias, out_bias=bias, conv_bias=bool(cfg.get("mamba_conv_bias", True)))
         else:
             matmul, other, attention = self._attention(index)
         experts = active = 0
@@ -596,13 +601,9 @@ class _Builder:
         cfg, h = self.cfg, self.d.hidden
         a_matmul, a_other, attention = self._attention(index)
         m_matmul, m_other, mamba = self._mamba_mixer(
-            proj_bias=False, conv_bias=bool(cfg.get("mamba_conv_bias", True)))
-        if cfg.get("mamba_proj_bias"):  # in_proj's bias
-            m_other += mamba.inner + mamba.conv_dim + mamba.heads
-        if cfg.get("projectors_bias"):  # out_proj's
-            m_other += h
-        if not cfg.get("mamba_rms_norm"):
-            m_other -= mamba.inner  # no gated norm
+            in_bias=bool(cfg.get("mamba_proj_bias")), out_bias=bool(cfg.get("projectors_bias")),
+            conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+            norm=bool(cfg.get("mamba_rms_norm")))
         mlp, mlp_other = self._dense_mlp(self._dense_ffn())
         return LayerSpec(index=index, kind=kind, matmul_params=a_matmul + m_matmul + mlp,
                          other_params=a_other + m_other + mlp_other + 2 * h,
@@ -612,9 +613,9 @@ class _Builder:
         d, cfg, h = self.d, self.cfg, self.d.hidden
         norm = h  # one RMSNorm per block
         if kind == "mamba":
+            bias = bool(cfg.get("use_bias"))
             matmul, other, m = self._mamba_mixer(
-                proj_bias=bool(cfg.get("use_bias")),
-                conv_bias=bool(cfg.get("use_conv_bias", True)))
+                in_bias=bias, out_bias=bias, conv_bias=bool(cfg.get("use_conv_bias", True)))
             return LayerSpec(index=index, kind=kind, matmul_params=matmul,
                              other_params=other + norm, mamba=m)
         if kind == "attention":

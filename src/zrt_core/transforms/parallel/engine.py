@@ -154,9 +154,9 @@ class ShapePass:
             if op_base(node.op) == "cat":
                 ins = self._unify_cat_inputs(node, metas_in, ins, outs)
             elif op_base(node.op) == "ssm_state_update":
-                ins = self._unify_state_input(metas_in, ins)
+                ins = self._unify_carried_state(metas_in, ins, 0, 1, 3, {0: 0, 1: 1, 2: 2})
             elif op_base(node.op) in ("gated_delta_chunk", "gated_delta_recurrent"):
-                ins = self._unify_delta_state(metas_in, ins)
+                ins = self._unify_carried_state(metas_in, ins, 5, 2, 4, {0: 0, 1: 2})
             if node.category == Category.CREATION and not any(
                     t.tensor_id is not None for t in node.inputs):
                 outs = [self.root(t, node, o) for t, o in zip(node.outputs, outs, strict=True)]
@@ -234,40 +234,29 @@ class ShapePass:
                                   [Layout.plain(t) for t in source.inputs], [new])
         return True
 
-    def _unify_state_input(self, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
-        """The recurrent state ``[b, h, p, n]`` a decode step updates in place, carried in
-        from earlier steps (no node of this graph made it), holds the heads its rank's
-        ``x [b, h, p]`` holds."""
-        if len(metas) < 2 or len(metas[0].shape) != 4 or len(metas[1].shape) != 3:
+    def _unify_carried_state(self, metas: list[TensorMeta], ins: list[Layout], state: int,
+                             source: int, source_ndim: int,
+                             axes_from: Mapping[int, int]) -> list[Layout]:
+        """A recurrent state ``[b, h, ...]`` (input ``state``, 4-D) carried in from an
+        earlier phase (no node of this graph made it) holds what its rank's input
+        ``source`` (``source_ndim``-D) holds on the axes ``axes_from`` maps (state axis →
+        source axis): the Mamba-2 decode step's ``state [b, h, p, n]`` takes ``x [b, h, p]``'s
+        first three, a Gated DeltaNet's ``initial_state [b, h_v, d_k, d_v]`` takes ``v [b, s,
+        h_v, d_v]``'s batch and heads."""
+        if len(metas) <= max(state, source) or len(metas[state].shape) != 4 or \
+                len(metas[source].shape) != source_ndim:
             return ins
-        m, lay = metas[0], ins[0]
+        m, lay = metas[state], ins[state]
         if m.tensor_id is None or m.tensor_id in self._slot_of:
             return ins
-        x = ins[1]
-        axes = [_merge_factors(lay.axes[i], x.axes[i]) for i in range(3)] + [lay.axes[3]]
+        src = ins[source]
+        axes = [_merge_factors(lay.axes[i], src.axes[axes_from[i]]) if i in axes_from
+                else lay.axes[i] for i in range(4)]
         if tuple(axes) == lay.axes:
             return ins
         merged = _layout(m.shape, axes, lay.partial)
         self.state[m.tensor_id] = merged
-        return [merged, *ins[1:]]
-
-    def _unify_delta_state(self, metas: list[TensorMeta], ins: list[Layout]) -> list[Layout]:
-        """A Gated DeltaNet's initial state ``[b, h_v, d_k, d_v]`` (input 5), carried in
-        from an earlier phase (no node of this graph made it), holds the value heads its
-        rank's ``v [b, s, h_v, d_v]`` (input 2) holds."""
-        if len(metas) < 6 or len(metas[5].shape) != 4 or len(metas[2].shape) != 4:
-            return ins
-        m, lay = metas[5], ins[5]
-        if m.tensor_id is None or m.tensor_id in self._slot_of:
-            return ins
-        v = ins[2]
-        axes = [_merge_factors(lay.axes[0], v.axes[0]), _merge_factors(lay.axes[1], v.axes[2]),
-                lay.axes[2], lay.axes[3]]
-        if tuple(axes) == lay.axes:
-            return ins
-        merged = _layout(m.shape, axes, lay.partial)
-        self.state[m.tensor_id] = merged
-        return [*ins[:5], merged, *ins[6:]]
+        return [*ins[:state], merged, *ins[state + 1:]]
 
     def emitted(self) -> list[OpNode]:
         """The nodes emitted so far, in order (for :meth:`finish`)."""
