@@ -21,7 +21,8 @@ Every number in the pack is fitted by code from timings taken here (docs/profile
 * memory: a copy of ``mem_mb`` MB (read + write) at the best of the repeats: with the
   default 64 MB, beyond a CPU's caches — a training step's saved activations and a decode
   step's weights stream from DRAM.
-* launch overhead: a one-element ``add`` (PyTorch dispatch, plus the kernel launch on a GPU).
+* launch overhead: a one-element ``add`` (on a CPU the call; on a GPU the device's time per
+  kernel of an eager stream, the adds queued while it sleeps: :func:`_launch_s`).
 * link (``ranks`` > 1): all-reduce over that many ranks of the machine with
   ``torch.distributed`` (:mod:`zrt_core.profile.collectives`), fitted as zrt's ring; else the
   pack's one tier is a copy through the device's memory.
@@ -268,9 +269,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                        min_time_s=min_time_s)[0]
     memory = 2 * numel * 4 / copy_s / 1e9
 
-    one = torch.ones(1, device=dev)
-    launch_s = time_call(device, lambda: torch.add(one, one), repeats=repeats,
-                         min_time_s=min_time_s)[0]
+    launch_s = _launch_s(device, repeats, min_time_s)
 
     attention_dtype = "bf16" if device.kind == "cuda" and "bf16" in dtypes else "fp32"
     attention = _attention_fits(device, sizes, repeats, min_time_s, attention_dtype)
@@ -288,6 +287,52 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                        eager_host=eager_host, link=link,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
+
+
+#: one-element adds queued behind :func:`torch.cuda._sleep` (:func:`_launch_s`), and the
+#: sleep's cycles: 50M, 25 ms at 2 GHz, against the few ms a host takes to queue 256 adds
+LAUNCH_QUEUE = 256
+LAUNCH_SLEEP_CYCLES = 50_000_000
+
+
+def _launch_s(device: Device, repeats: int, min_time_s: float) -> float:
+    """Seconds a kernel costs beyond its work: a one-element ``add``.
+
+    On a CPU that is the call (dispatch and all), timed back to back. On a GPU a timed loop
+    of adds measures the host instead (it issues one every ~12 µs on an H100 machine, while
+    the GPU runs one in a few): so the adds are queued while the GPU sleeps, and CUDA events
+    around them time what the device alone spends per kernel of an eager stream. The host's
+    own cost per op is the pack's ``eager_host_*`` (:func:`_eager_host`); before this, both
+    carried the host and ``zrt diff``'s ops of a decode step on an H100 came out 1.25× of
+    the profiler's (docs/profile.md).
+    """
+    import torch
+
+    one = torch.ones(1, device=device.torch_device)
+    if device.kind != "cuda":
+        return time_call(device, lambda: torch.add(one, one), repeats=repeats,
+                         min_time_s=min_time_s)[0]
+    return queued_s(lambda: torch.add(one, one), repeats)
+
+
+def queued_s(fn: Any, repeats: int) -> float:
+    """Device seconds per call of ``fn`` on a GPU, the host out of it: the best of
+    ``repeats`` batches of :data:`LAUNCH_QUEUE` calls queued while the GPU sleeps, timed
+    with CUDA events around the batch (one batch before them warms up)."""
+    import torch
+
+    samples = []
+    for _ in range(repeats + 1):
+        start, end = (torch.cuda.Event(enable_timing=True),
+                      torch.cuda.Event(enable_timing=True))
+        torch.cuda._sleep(LAUNCH_SLEEP_CYCLES)
+        start.record()
+        for _ in range(LAUNCH_QUEUE):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e-3 / LAUNCH_QUEUE)
+    return min(samples[1:])
 
 
 def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
@@ -421,7 +466,9 @@ def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: flo
            "gelu": lambda: F.gelu(x), "exp": lambda: torch.exp(x), "pow2": lambda: x.pow(2)}
     logs = []
     for name in VECTOR_OPS:
-        t = time_call(device, ops[name], repeats=repeats, min_time_s=min_time_s)[0]
+        # on a GPU, queued: a timed loop of these few-µs kernels measures the host issuing
+        t = (queued_s(ops[name], repeats) if device.kind == "cuda" else
+             time_call(device, ops[name], repeats=repeats, min_time_s=min_time_s)[0])
         logs.append(math.log(x.numel() / max(t - launch_s, 0.05 * t)))
     return math.exp(sum(logs) / len(logs))
 
