@@ -19,9 +19,10 @@ def host():
 
 def test_every_table_loads_and_names_an_installed_hardware_id(host):
     tables = [t for t in host.measured_tables if t.name.split("/")[0].startswith("nvidia_")]
-    assert len(MEASURED_TABLES) == 3 and len(OPT_IN_TABLES) == 1
-    assert [t.name for t in tables if t.opt_in] == ["nvidia_h200/zrt_profile"]
-    assert len(tables) == 4
+    assert len(MEASURED_TABLES) == 3 and len(OPT_IN_TABLES) == 2
+    assert [t.name for t in tables if t.opt_in] == ["nvidia_h200/zrt_profile",
+                                                    "nvidia_h100_sxm/zrt_profile"]
+    assert len(tables) == 5
     for table in tables:
         rows = table.load()
         assert rows, table.name
@@ -108,3 +109,20 @@ def test_the_opt_in_h200_table_prices_only_when_named(host):
     # the table's row: 4096 x 4096 x 4096 bf16 (TN, weights cycled) in 169.6 us on the H200
     assert cost.source == PriceSource.MEASURED
     assert cost.time_s == pytest.approx(169.6e-6, rel=1e-9)
+
+
+def test_the_opt_in_h100_table_is_priced_before_the_default_ones_when_named(host):
+    from zrt_core.profile.tables import backends_with_tables, load_table_rows
+
+    h100 = _isolated(host.hardware_spec("nvidia_h100_sxm"))
+    rows = load_table_rows("nvidia_h100_sxm/zrt_profile", "nvidia_h100_sxm", host)
+    # 122 rows of the Llama profiles and 59 of Qwen3-MoE's that the Llama ones lacked
+    assert len(rows) == 181 and all(
+        r.source.startswith("zrt profile 2026-11-27 on NVIDIA H100 80GB HBM3") for r in rows)
+    node = _mm(4096, 4096, 4096, "bfloat16")
+    backend = backends_with_tables(h100, host, "nvidia_h100_sxm/zrt_profile")[0]
+    # the table's row: 4096 x 4096 x 4096 bf16 (TN, weights cycled) in 177.5 us on the H100,
+    # not the default OpenXLA row's 175.455 us (test_h100_bf16_gemm_row_is_an_exact_hit)
+    cost = backend.price(node)
+    assert cost.source == PriceSource.MEASURED
+    assert cost.time_s == pytest.approx(177.5e-6, rel=1e-9)
