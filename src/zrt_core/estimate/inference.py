@@ -146,6 +146,7 @@ class _Estimator:
         self.backends = _CachedBackends(hw, build_backends(hw, host))
         self.plan = PipelinePlan.build(self.dims.layers, parallel.pp, parallel.vp)
         self._graphs: dict[tuple[str, int, int, bool], OpGraph] = {}
+        self._raw: dict[str, OpGraph] = {}
         self._priced: dict[tuple[str, int, int], list[CostedGraph]] = {}
         self.notes: list[str] = []
         self.caches = cache_states(captured.graph(Phase.DECODE), captured.graph(Phase.PREFILL))
@@ -168,7 +169,7 @@ class _Estimator:
         key = (phase, batch, cache_len, kernels)
         g = self._graphs.get(key)
         if g is None:
-            raw = self.cap.graph(phase)
+            raw = self.raw_graph(phase)
             rescale = Rescale(batch, cache_len or None)
             # rescaling and sharding in one walk over the graph
             names = ["rescale", "parallel"]
@@ -182,6 +183,23 @@ class _Estimator:
                 names.append(t.name)
             g = replace_graph(g, meta={**g.meta, "transforms": tuple(names)})
             self._graphs[key] = g
+        return g
+
+    def raw_graph(self, phase: str) -> OpGraph:
+        """The captured graph of ``phase`` with the vocabulary the engine allocates
+        (:mod:`zrt_core.transforms.vocab`: vLLM a multiple of 64, TensorRT-LLM of TP)."""
+        g = self._raw.get(phase)
+        if g is None:
+            from zrt_core.transforms.vocab import pad_vocabulary, padded_vocab
+
+            vocab = self.dims.vocab
+            padded = padded_vocab(vocab, self.engine.name, self.p.tp)
+            (g,), note = pad_vocabulary((self.cap.graph(phase),), vocab, padded,
+                                        other_dims=(self.dims.hidden, self.infer.input_len))
+            note = note and f"{note} ({self.engine.name})"
+            if note and note not in self.notes:
+                self.notes.append(note)
+            self._raw[phase] = g
         return g
 
     def priced(self, phase: str, batch: int, cache_len: int = 0) -> list[CostedGraph]:
