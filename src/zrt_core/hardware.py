@@ -199,6 +199,12 @@ class Efficiency:
         inside a whole workload (every unit busy under the power limit, collectives' kernels
         beside it); applied to roofline and measured-table GEMM prices alike. Fitted per
         hardware on whole-step records (docs/cost-model.md); 1 where none separates it.
+    :param matmul_unaligned_8b: the rate of a GEMM whose rows (leading dimensions) are
+        aligned to 4 or 8 bytes but not 16, as a fraction of the aligned GEMM's: the kernels
+        cuBLAS runs without 16-byte strides load narrower vectors; measured per GPU
+        (``benchmarks/gpu_alignment.py``, docs/cost-model.md); 1: not modelled.
+    :param matmul_unaligned_2b: the same for rows aligned to 2 bytes or less (an odd
+        dimension in a 16-bit type).
     :param matmul_overhead_us: a GEMM's fixed cost on top of ``launch_overhead_us``
         (pipeline fill and epilogue of a tensor-core kernel).
     :param parallel_units: output tiles a kernel computes at once (SMs on NVIDIA, cube
@@ -251,6 +257,8 @@ class Efficiency:
     vector: float = 0.5
     matmul_overhead_us: float = 0.0
     matmul_sustained: float = 1.0
+    matmul_unaligned_8b: float = 1.0
+    matmul_unaligned_2b: float = 1.0
     parallel_units: int = 0
     matmul_tile_m: int = 128
     matmul_tile_n: int = 128

@@ -14,7 +14,7 @@ from zrt_core.cost.errors import CostError
 from zrt_core.cost.roofline import RooflineBackend
 from zrt_core.hardware import ComputeSpec
 
-from .builders import make_toy, mm_node, tensor
+from .builders import make_toy, mm_node, op_node, tensor
 
 
 @pytest.fixture
@@ -220,3 +220,51 @@ def test_head_dim_factor_is_relative_to_head_dim_128(node):
     # (64/104) / (128/168) = 0.8076923...; head dim 128 is the reference: 1
     assert small.detail["head_dim_factor"] == pytest.approx((64 / 104) / (128 / 168))
     assert base.detail["head_dim_factor"] == 1.0
+
+
+def test_row_alignment_reads_the_leading_dimensions():
+    from zrt_core.cost.opdims import gemm_dims, gemm_row_alignment
+
+    def align(node):
+        return gemm_row_alignment(node, gemm_dims(node))
+
+    # forward x[T, H] @ Wᵀ: n = 50,257 output rows of 2 bytes -> a 100,514-byte row: 2
+    assert align(mm_node(8192, 768, 50257)) == 2
+    assert align(mm_node(8192, 768, 50258)) == 4   # 100,516 bytes
+    assert align(mm_node(8192, 768, 50260)) == 8   # 100,520
+    assert align(mm_node(8192, 768, 50264)) == 16  # 100,528 = 16 x 6,283
+    # input gradient dY[T, V] @ W[V, H]: k = 50,257
+    assert align(mm_node(8192, 50257, 768)) == 2
+    # a decode step's 5 rows are a row count (the weight is a parameter): aligned
+    assert align(mm_node(5, 4096, 4096)) == 16
+    # the weight gradient dYᵀ X has no parameter input: m = 50,257 is a transposed row
+    dw = op_node("aten.mm.default", "matmul", [tensor(50257, 8192), tensor(8192, 768)],
+                 [tensor(50257, 768)], flops=2 * 50257 * 768 * 8192)
+    assert align(dw) == 2
+    # fp8 (1 byte) in, bf16 out: an fp8 input gradient's rows of 50,264 bytes = 8 x 6,283
+    # -> 8; the forward's rows are its bf16 output's, 100,528 bytes -> 16
+    assert align(mm_node(8192, 50264, 768, dtype="float8_e4m3fn")) == 8
+    assert align(mm_node(8192, 768, 50264, dtype="float8_e4m3fn")) == 16
+    # a convolution in the matmul category is not a GEMM: no rule
+    conv = op_node("aten.convolution.default", "matmul", [tensor(2, 8195, 64),
+                   tensor(8195, 1, 4, param="conv.weight")], [tensor(2, 8195, 64)],
+                   flops=2 * 2 * 8195 * 64 * 4)
+    assert align(conv) == 16
+
+
+def test_unaligned_rows_run_at_the_packs_fractions():
+    toy = make_toy(matmul_unaligned_8b=0.5, matmul_unaligned_2b=0.25)
+    roofline = RooflineBackend(toy)
+    aligned = roofline.price(mm_node(4096, 4096, 4096))
+    # n 4,097 (8,194-byte rows: 2) and 4,098 (8,196: 4): the compute time of the same
+    # shape factor over 0.25 and 0.5; the shape factor itself moves with n, so the
+    # comparison is against the pack without the fractions
+    plain = RooflineBackend(make_toy())
+    for n, fraction in ((4097, 0.25), (4098, 0.5)):
+        cost = roofline.price(mm_node(4096, 4096, n))
+        base = plain.price(mm_node(4096, 4096, n))
+        assert cost.compute_s == pytest.approx(base.compute_s / fraction, rel=1e-12)
+        assert cost.detail["row_alignment_efficiency"] == fraction
+    assert "row_alignment_efficiency" not in aligned.detail
+    # without the fractions (every pack but the Hopper ones) nothing changes
+    assert "row_alignment_efficiency" not in plain.price(mm_node(4096, 4096, 4097)).detail

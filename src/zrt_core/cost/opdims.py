@@ -100,6 +100,43 @@ def gemm_dims(node: OpNode) -> GemmDims | None:
     return GemmDims(batch=batch, m=m, n=n, k=k, grouped=grouped)
 
 
+#: the row alignment (bytes) above which a GEMM's loads are as wide as they go: Hopper's
+#: tensor-memory copies need 16-byte strides (docs/cost-model.md, "Row alignment")
+FULL_ROW_ALIGNMENT = 16
+
+
+def gemm_row_alignment(node: OpNode, dims: GemmDims) -> int:
+    """The bytes every stored row of a GEMM's operands and output is aligned to, up to
+    :data:`FULL_ROW_ALIGNMENT`: the largest power of two dividing each row's length (a
+    leading dimension) times its element size.
+
+    The rows are read from the tensors, not from ``dims`` (whose ``k`` a grouped GEMM's
+    mean rows per group leave inexact): the output's last dimension; the left operand's
+    (``k``: the activation of a forward or an input gradient); and ``m`` where no input is
+    a parameter, as in a weight gradient ``dYᵀ X``, whose left operand is a transposed view
+    of rows ``m`` long. The right operand's recorded last dimension is ``n`` whether it is
+    a weight's transposed view or not, so the output stands for it. A grouped GEMM's ``m``
+    is a row count, never a length. Only GEMM operators: a convolution in the ``matmul``
+    category runs other kernels.
+    """
+    base = op_base(node.op)
+    left = _left_operand(node, base)
+    if (base not in GEMM_OPS or left is None or not node.outputs
+            or not node.outputs[0].shape):
+        return FULL_ROW_ALIGNMENT
+    out = node.outputs[0]
+    left_size = DTYPE_BYTES.get(left.dtype, 2)
+    rows = [(out.shape[-1], DTYPE_BYTES.get(out.dtype, 2)), (left.shape[-1], left_size)]
+    if not dims.grouped and not _has_param(node):
+        rows.append((dims.m, left_size))
+    align = FULL_ROW_ALIGNMENT
+    for length, size in rows:
+        row = int(length * size)
+        if row > 0:
+            align = min(align, row & -row)
+    return align
+
+
 def _has_param(node: OpNode) -> bool:
     return any(t.param is not None for t in node.inputs)
 
