@@ -254,6 +254,25 @@ def test_fp8_runs_linear_gemms_in_e4m3_with_e5m2_gradients_and_one_cast_per_tens
     assert sum(n.op == "precision.quantize" for n in b8.nodes) == 2
 
 
+def test_fp8_leaves_the_moe_router_in_the_model_dtype() -> None:
+    # Megatron-Core's TopKRouter runs router_gating_linear (F.linear in the activation dtype,
+    # or --moe-router-dtype), not a TransformerEngine Linear: fp8_autocast never reaches it
+    from attrs import evolve
+
+    F = Phase.TRAIN_FORWARD
+    x, gate_w, logits = _t((TOKENS, H), 1), _t((H, 4), 2, "layers.0.mlp.gate.weight"), \
+        _t((TOKENS, 4), 3)
+    router = evolve(_node(0, "aten.mm.default", Category.MATMUL, F, (x, gate_w), (logits,),
+                          flops=2 * TOKENS * H * 4, seq_nr=1),
+                    module_path="layers.0.mlp.gate", module_class="Linear")
+    fwd, _ = _graphs()
+    graph = OpGraph(F, [router, *[evolve(n, id=n.id + 1) for n in fwd.nodes]])
+    f8 = Precision(precision_plan("fp8", _hw())).apply(graph, _ctx())
+    gemms = [n for n in f8.nodes if n.category == Category.MATMUL]
+    assert [t.dtype for t in gemms[0].inputs] == ["bfloat16", "bfloat16"]
+    assert all(t.dtype == "float8_e4m3fn" for n in gemms[1:] for t in n.inputs)
+
+
 def test_block_scaled_recipes_need_blackwell_units_and_fall_back_with_a_note() -> None:
     hopper = _hw()
     assert precision_plan("mxfp8", hopper).recipe == "fp8"

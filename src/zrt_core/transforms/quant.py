@@ -62,6 +62,14 @@ KV_DTYPES: Mapping[str, str] = {"fp8": "float8_e4m3fn", "float8_e4m3fn": "float8
 DEFAULT_EXCLUDE = ("lm_head",)
 _ROUTER_CLASS = re.compile(r"(Router|TopK|Gate)$")
 _ROUTER_PATH = re.compile(r"\.(gate|router)$")
+
+
+def is_router(node: OpNode) -> bool:
+    """A MoE router's node (by its module's class or path): engines and Megatron run the
+    router's GEMM in the model's dtype (ModelOpt leaves it unquantized; Megatron-Core's
+    ``TopKRouter`` is a plain ``F.linear``, not a TransformerEngine module)."""
+    return bool(_ROUTER_CLASS.search(node.module_class or "")
+                or _ROUTER_PATH.search(node.module_path or ""))
 _GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_grouped_mm",
                        "grouped_mm_fallback", "_scaled_mm", "_scaled_grouped_mm"})
 
@@ -128,9 +136,7 @@ class Quantize:
         weight = _param_of_operand(node)
         if weight is not None and any(rx.search(weight.param or "") for rx in self._exclude_rx):
             return False
-        if _ROUTER_CLASS.search(node.module_class) or _ROUTER_PATH.search(path):
-            return False
-        return True
+        return not is_router(node)
 
 
 def quantize_graph(graph: OpGraph, q: Quantize, registry: FormulaRegistry | None) -> OpGraph:

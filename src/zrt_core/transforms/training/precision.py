@@ -294,8 +294,13 @@ def _saved(t: TensorMeta, producers: Mapping[int | None, int]) -> bool:
 
 def _is_linear_gemm(n: OpNode, backward: bool) -> bool:
     """A linear layer's GEMM (TE ``Linear``/``GroupedLinear``): not a convolution (Mamba's
-    depthwise conv1d is ``nn.Conv1d`` / ``causal_conv1d`` in bf16)."""
-    if n.category != Category.MATMUL or n.layer_index is None or "convolution" in n.op:
+    depthwise conv1d is ``nn.Conv1d`` / ``causal_conv1d`` in bf16), not a MoE router
+    (Megatron-Core's ``TopKRouter`` is ``F.linear`` in the model's dtype, or
+    ``--moe-router-dtype``)."""
+    from zrt_core.transforms.quant import is_router
+
+    if (n.category != Category.MATMUL or n.layer_index is None or "convolution" in n.op
+            or is_router(n)):
         return False
     if backward:
         return n.attrs.get("grad") in (WEIGHT_GRAD, INPUT_GRAD)
