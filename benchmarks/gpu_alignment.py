@@ -13,42 +13,23 @@ H100 run timed 50,257/50,304 and the Llama pair with this script, and the other 
 with the same loop inline, in a second call on the same machine: benchmarks/data/.)
 
 ``python benchmarks/gpu_alignment.py --fit FILE`` (no GPU) fits the hardware pack's
-``matmul_unaligned_8b`` and ``matmul_unaligned_2b`` from such output (:func:`fit`).
+``matmul_unaligned_8b`` and ``matmul_unaligned_2b`` from such output (``zrt calibrate``'s
+``fit_alignment``, which also times these GEMMs itself: docs/profile.md).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
-from collections import defaultdict
-
-
-def fit(lines: list[dict]) -> dict[str, float]:
-    """The pack's ``matmul_unaligned_8b`` and ``matmul_unaligned_2b`` from this script's
-    output: each unaligned GEMM's rate over the geometric mean of the aligned (16-byte)
-    rates of the same GEMM and shape, the geometric mean of those ratios per class (rows
-    aligned to 4 or 8 bytes; to 2 or less)."""
-    aligned: dict[tuple, list[float]] = defaultdict(list)
-    for row in lines:
-        if row.get("row_alignment_bytes") == 16:
-            aligned[row["gemm"], row["tokens"], row["hidden"]].append(math.log(row["tflops"]))
-    ratios: dict[str, list[float]] = {"matmul_unaligned_8b": [], "matmul_unaligned_2b": []}
-    for row in lines:
-        align = row.get("row_alignment_bytes")
-        ref = aligned.get((row.get("gemm"), row.get("tokens"), row.get("hidden")))
-        if align is None or align >= 16 or not ref:
-            continue
-        key = "matmul_unaligned_8b" if align >= 4 else "matmul_unaligned_2b"
-        ratios[key].append(math.log(row["tflops"]) - sum(ref) / len(ref))
-    return {key: round(math.exp(sum(v) / len(v)), 3) for key, v in ratios.items() if v}
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--fit":
         with open(sys.argv[2]) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        print(json.dumps(fit([r for r in rows if "gemm" in r])))
+        from zrt_core.profile.calibrate import fit_alignment
+
+        print(json.dumps(fit_alignment([r for r in rows if "gemm" in r])))
         return
     import torch
 

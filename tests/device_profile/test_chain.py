@@ -45,6 +45,9 @@ def test_calibrated_pack_is_accepted_by_hw(chain, capsys):
     spec = HardwareSpec.from_yaml(chain["hw"])
     assert spec.vendor == "measured" and spec.compute.fp32_tflops > 0
     assert 0 < spec.efficiency.attention <= 1 and spec.efficiency.launch_overhead_us > 0
+    # fp32 rows one and two elements longer than aligned are 4 and 8 bytes: one class timed
+    assert 0 < spec.efficiency.matmul_unaligned_8b <= 1
+    assert spec.efficiency.matmul_unaligned_2b == 1.0
     data = _json(capsys, ["hw", "show", str(chain["hw"]), "--json"])
     assert data["id"] == spec.id and data["distribution"] == f"file {chain['hw']}"
 

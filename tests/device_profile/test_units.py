@@ -220,3 +220,22 @@ def test_a_gpu_rows_source_names_the_sm_clock_it_ran_at(tmp_path, monkeypatch):
     assert rows[0]["source"].endswith("; model; sm 1440 MHz")
     with open(tmp_path / "t.csv", encoding="utf-8", newline="") as fh:
         assert next(iter(csv.DictReader(fh)))["source"] == rows[0]["source"]
+
+
+def test_the_unaligned_row_fractions_are_geometric_means_over_the_aligned_rates():
+    from zrt_core.profile.calibrate import fit_alignment
+
+    def row(gemm, align, tflops, tokens=8):
+        return {"gemm": gemm, "tokens": tokens, "hidden": 4, "row_alignment_bytes": align,
+                "tflops": tflops}
+
+    points = [row("fwd", 16, 100.0), row("fwd", 16, 400.0),  # aligned: geometric mean 200
+              row("fwd", 4, 50.0), row("fwd", 8, 200.0),      # 0.25 and 1 -> 0.5
+              row("fwd", 2, 20.0),                            # 0.1
+              row("dw", 16, 10.0), row("dw", 2, 40.0),        # 4, capped at 1 below
+              row("fwd", 2, 1.0, tokens=9)]                   # no aligned reference: skipped
+    # 2 bytes: sqrt(0.1 x 4) = 0.632; 4-8 bytes: sqrt(0.25 x 1) = 0.5
+    assert fit_alignment(points) == {"matmul_unaligned_8b": 0.5, "matmul_unaligned_2b": 0.632}
+    assert fit_alignment([row("dw", 16, 10.0), row("dw", 2, 40.0)]) == {
+        "matmul_unaligned_2b": 1.0}
+    assert fit_alignment([row("fwd", 16, 10.0)]) == {}

@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
               f"(forward / backward), memory {result.memory_gb_per_s:.1f} GB/s, launch "
               f"{result.launch_overhead_us:.1f} µs, pointwise {result.vector_flops / 1e9:.3g} "
               "GFLOP/s")
+    if result.alignment:
+        con.print("GEMMs with unaligned rows, over the aligned rate: " + ", ".join(
+            f"{key.removeprefix('matmul_unaligned_')} {value:.3g}"
+            for key, value in result.alignment.items()))
     if result.link is not None:
         link = result.link
         con.print(f"all-reduce over {link.ranks} ranks ({link.backend}): bus bandwidth "

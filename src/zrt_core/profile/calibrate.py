@@ -45,7 +45,7 @@ import datetime as _dt
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
@@ -132,6 +132,9 @@ class Calibration:
     eager_host: EagerHost = EagerHost()
     #: the ring all-reduce fit over several ranks (``--ranks``); None: one device
     link: Any = None
+    #: the unaligned-row GEMM fractions (:func:`_alignment`) and the timings they came from
+    alignment: Mapping[str, float] = field(factory=dict)
+    alignment_points: tuple[Mapping[str, Any], ...] = field(default=(), converter=tuple)
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
@@ -170,6 +173,7 @@ class Calibration:
             "matmul_tile_n": 1,
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
             **self.eager_host.to_efficiency(),
+            **{key: _sig(value) for key, value in self.alignment.items()},
         }
         return {
             "id": hw_id or self.hardware_id(),
@@ -212,6 +216,8 @@ class Calibration:
                     "rms_rel_error": self.link.rms_rel_error,
                     "all_reduce": [{"bytes": b, "time_us": t * 1e6}
                                    for b, t in self.link.points]},
+                "alignment": dict(self.alignment),
+                "alignment_points": [dict(p) for p in self.alignment_points],
                 "memory_gb_per_s": self.memory_gb_per_s,
                 "launch_overhead_us": self.launch_overhead_us,
                 "vector_flops": self.vector_flops,
@@ -276,6 +282,8 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
     # its steps take a millisecond or two: 50 at least, the best of them (a busy machine)
     eager_host = _eager_host(device, max(repeats, 50))
+    align_dtype = attention_dtype if attention_dtype in dtypes else "fp32"
+    alignment_points = _alignment_points(device, align_dtype, max(sizes), repeats, min_time_s)
     link = None
     if ranks > 1:
         from zrt_core.profile.collectives import measure_link
@@ -285,6 +293,8 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
                        vector_flops=vector, attention_dtype=attention_dtype,
                        eager_host=eager_host, link=link,
+                       alignment=fit_alignment(alignment_points),
+                       alignment_points=alignment_points,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
@@ -363,6 +373,64 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
     finally:
         if dtype == "tf32":
             torch.backends.cuda.matmul.allow_tf32 = False
+
+
+#: the three GEMMs of an output layer's training step: forward ``x Wᵀ``, input gradient
+#: ``dY W``, weight gradient ``dYᵀ X`` (``benchmarks/gpu_alignment.py``'s)
+ALIGNMENT_GEMMS = ("forward x@W^T", "input grad dY@W", "weight grad dY^T@X")
+
+
+def _alignment_points(device: Device, dtype: str, size: int, repeats: int,
+                      min_time_s: float) -> list[dict[str, Any]]:
+    """The output layer's three GEMMs (:data:`ALIGNMENT_GEMMS`; ``size`` tokens, hidden
+    ``size / 2``, a "vocabulary" of ``4 × size``) in ``dtype`` with the vocabulary's rows
+    aligned to 16 bytes, and made 1 and 2 elements longer (rows of one and two elements'
+    bytes: 2 and 4 in a 16-bit type, 4 and 8 in fp32): each a row as
+    :func:`fit_alignment` reads it."""
+    import torch
+
+    dev = device.torch_device
+    torch_type = getattr(torch, TORCH_DTYPES[dtype])
+    size_bytes = torch_type.itemsize
+    tokens, hidden = size, max(16, size // 2)
+    base = 4 * size
+    x = torch.randn(tokens, hidden, device=dev, dtype=torch_type)
+    points = []
+    for vocab in (base, base + 1, base + 2):
+        w = torch.randn(vocab, hidden, device=dev, dtype=torch_type)
+        dy = torch.randn(tokens, vocab, device=dev, dtype=torch_type)
+        row = vocab * size_bytes
+        calls = (lambda w=w: torch.nn.functional.linear(x, w), lambda dy=dy, w=w: dy @ w,
+                 lambda dy=dy: dy.t() @ x)
+        for name, call in zip(ALIGNMENT_GEMMS, calls, strict=True):
+            seconds = time_call(device, call, repeats=repeats, min_time_s=min_time_s)[0]
+            points.append({"gemm": name, "tokens": tokens, "hidden": hidden, "vocab": vocab,
+                           "dtype": dtype, "row_alignment_bytes": min(16, row & -row),
+                           "tflops": 2 * tokens * hidden * vocab / seconds / 1e12})
+    return points
+
+
+def fit_alignment(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The pack's ``matmul_unaligned_8b`` and ``matmul_unaligned_2b`` from timed GEMMs
+    (``gemm``, ``tokens``, ``hidden``, ``row_alignment_bytes``, ``tflops``): each unaligned
+    GEMM's rate over the geometric mean of the aligned (16-byte) rates of the same GEMM and
+    shape; the geometric mean of those ratios per class (rows aligned to 4 or 8 bytes; to
+    2 or less), capped at 1. A class with no timing is left out (the pack's default, 1)."""
+    aligned: dict[tuple[Any, ...], list[float]] = {}
+    for row in points:
+        if row.get("row_alignment_bytes") == 16:
+            key = (row["gemm"], row["tokens"], row["hidden"])
+            aligned.setdefault(key, []).append(math.log(row["tflops"]))
+    logs: dict[str, list[float]] = {"matmul_unaligned_8b": [], "matmul_unaligned_2b": []}
+    for row in points:
+        align = row.get("row_alignment_bytes")
+        ref = aligned.get((row.get("gemm"), row.get("tokens"), row.get("hidden")))
+        if align is None or align >= 16 or not ref:
+            continue
+        key = "matmul_unaligned_8b" if align >= 4 else "matmul_unaligned_2b"
+        logs[key].append(math.log(row["tflops"]) - sum(ref) / len(ref))
+    return {key: min(1.0, round(math.exp(sum(v) / len(v)), 3))
+            for key, v in logs.items() if v}
 
 
 #: the small eager decoder :func:`_eager_host` times (its ops' own work is microseconds), at
