@@ -245,6 +245,11 @@ class TrainSpec:
     #: decoder layers' weights live only in TransformerEngine's quantized storage (no 16-bit
     #: copy beside it; the fp32 master copy is the optimizer's)
     quantized_params: bool = field(default=False, validator=_flag)
+    #: Megatron-Bridge's ``freeze_language_model``: the decoder's weights do not train (no
+    #: weight-gradient GEMMs, gradient reduction or optimizer states for them); activation
+    #: gradients still run back through every layer to a trainable module before them (the
+    #: vision projection of a VLM whose language model is frozen)
+    freeze_language_model: bool = field(default=False, validator=_flag)
 
     def num_microbatches(self, parallel: Parallel) -> int:
         return self.global_batch // (self.micro_batch * parallel.dp)
@@ -257,7 +262,8 @@ class TrainSpec:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules", "zero",
             "fsdp", "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
-            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32", "quantized_params")}
+            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32", "quantized_params",
+            "freeze_language_model")}
 
 
 @frozen

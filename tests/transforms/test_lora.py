@@ -96,3 +96,57 @@ def test_records_read_lora_from_peft_or_the_id():
     assert case_from_record({**base, "peft": {"method": "lora", "rank": 16}}).train.lora_rank == 16
     assert case_from_record({**base, "id": "x-sft-y"}).train.lora_rank == 0
     assert case_from_record({**base, "peft": "none"}).train.lora_rank == 0
+
+
+@pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack
+def test_a_frozen_language_model_keeps_its_input_gradients_and_drops_the_rest(graphs,
+                                                                              monkeypatch):
+    import zrt_core.estimate.training.estimator as training
+
+    cap, _, _ = graphs
+    host = get_plugin_manager()
+    seen = []
+    stages = training._stages
+
+    def spy(f, b, *args, **kwargs):
+        seen.append(b)
+        return stages(f, b, *args, **kwargs)
+
+    monkeypatch.setattr(training, "_stages", spy)
+    p = Parallel(tp=1, pp=1, dp=2)
+    full = TrainSpec(micro_batch=1, global_batch=4, seq_len=TOKENS, zero=1)
+    frozen = evolve(full, freeze_language_model=True)
+    a = estimate_training(TINY, "nvidia_h100_sxm", p, full, host=host, captured=cap)
+    b = estimate_training(TINY, "nvidia_h100_sxm", p, frozen, host=host, captured=cap)
+    full_bwd, frozen_bwd = seen
+
+    def gemm_flops(g, grad):
+        return sum(n.flops * g.multiplicity(n) for n in g.nodes
+                   if n.category == Category.MATMUL and n.attrs.get("grad") == grad)
+
+    # every input-gradient GEMM stays, no weight-gradient GEMM is left
+    assert gemm_flops(frozen_bwd, "input") == gemm_flops(full_bwd, "input") > 0
+    assert gemm_flops(full_bwd, WEIGHT_GRAD) > 0 == gemm_flops(frozen_bwd, WEIGHT_GRAD)
+    assert not any(n.op == "aten.embedding_dense_backward.default" for n in frozen_bwd.nodes)
+    # the weights stay, nothing else: no gradients, no optimizer states
+    assert b.memory.weights_bytes == a.memory.weights_bytes
+    assert b.memory.gradients_bytes == 0 and b.memory.optimizer_bytes == 0
+    assert b.step_time_s < a.step_time_s
+    assert any(n.startswith("language model frozen") for n in b.notes)
+
+
+def test_records_freeze_the_language_model_of_megatron_bridge_qwen3_vl_runs():
+    base = {"id": "mbridge-x-qwen3-vl", "workload": "train", "hardware": "nvidia_h100_sxm",
+            "num_gpus": 1, "seq_len": 32, "global_batch": 1,
+            "source": "NVIDIA Megatron-Bridge performance summary",
+            "model": {"hf_config": {**TINY, "model_type": "qwen3_vl"}},
+            "parallel": {"tp": 1, "pp": 1, "dp": 1}}
+    case = case_from_record(base)
+    assert case.train.freeze_language_model
+    assert any("freeze_language_model=True" in a for a in case.assumptions)
+    # an explicit field wins; other families and other sources train every weight
+    assert not case_from_record({**base, "freeze_language_model": False}
+                                ).train.freeze_language_model
+    assert not case_from_record({**base, "model": {"hf_config": TINY}}
+                                ).train.freeze_language_model
+    assert not case_from_record({**base, "source": "a paper"}).train.freeze_language_model

@@ -21,6 +21,7 @@ FLAG_NAMES = {"tp": "--tp", "pp": "--pp", "vp": "--vp", "cp": "--cp", "ep": "--e
               "lora_rank": "--lora-rank", "hsdp": "--hsdp",
               "grad_reduce_in_fp32": "--grad-reduce-in-bf16",
               "quantized_params": "--fp8-param-gather",
+              "freeze_language_model": "--freeze-language-model",
               "reshard_after_forward": "--reshard-after-forward", "batch": "--batch", "quant": "--quant",
               "kv_dtype": "--kv-dtype", "engine": "--engine", "num_gpus": "--num-gpus",
               "input_len": "--input-len", "output_len": "--output-len",

@@ -67,6 +67,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="LoRA fine-tuning: frozen base weights, rank-R adapters on every "
                         "decoder linear layer (Megatron-Bridge's default is 32; without it "
                         "every weight trains)")
+    g.add_argument("--freeze-language-model", action="store_true",
+                   help="the decoder's weights do not train (Megatron-Bridge's "
+                        "freeze_language_model, as its Qwen3-VL recipes run): no weight "
+                        "gradients, gradient reduction or optimizer states for them")
     g.add_argument("--host-link-gbps", type=float, default=None, metavar="GB_S",
                    help="device-to-host bandwidth per device, GB/s (PCIe or C2C)")
     g.add_argument("--ep-overlap", action="store_true",
@@ -150,7 +154,8 @@ def run_train(args: argparse.Namespace) -> int:
         "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank,
         "reshard_after_forward": args.reshard_after_forward, "hsdp": args.hsdp,
         "grad_reduce_in_fp32": args.grad_reduce_in_fp32,
-        "quantized_params": args.quantized_params}
+        "quantized_params": args.quantized_params,
+        "freeze_language_model": args.freeze_language_model}
     if args.pp_schedule:
         fields["pp_schedule"] = args.pp_schedule
     if args.recompute_modules is not None:

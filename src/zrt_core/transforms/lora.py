@@ -65,7 +65,7 @@ class LoRA:
                               default=0)
         fwd_nodes = list(forward.nodes)
         fwd_edges = list(forward.edges)
-        bwd_nodes = _drop_frozen_grads(backward)
+        bwd_nodes = drop_frozen_grads(backward)
         bwd_edges = _kept_edges(backward, bwd_nodes)
         next_fwd = 1 + max((n.id for n in forward.nodes), default=0)
         next_bwd = 1 + max((n.id for n in backward.nodes), default=0)
@@ -176,7 +176,7 @@ def _dgrads_by_seq(nodes: Sequence[OpNode]) -> dict[int, OpNode]:
     return out
 
 
-def _drop_frozen_grads(backward: OpGraph) -> list[OpNode]:
+def drop_frozen_grads(backward: OpGraph) -> list[OpNode]:
     """The backward without the frozen weights' gradient kernels (the dW GEMMs, the word
     embedding's gradient) and the views that only carried their results."""
     dropped = {n.id for n in backward.nodes

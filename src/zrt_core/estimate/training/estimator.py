@@ -406,7 +406,8 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
         # gathers' and the gradient sync's groups) and the sharding plan (never vp or the
         # schedule: they only split and order the stages)
         layer_key = (*_sharding_key(parallel, train, attention, ctx), train.recompute,
-                     train.recompute_modules, train.lora_rank, plan, rules, mtp, cross_entropy)
+                     train.recompute_modules, train.lora_rank, train.freeze_language_model,
+                     plan, rules, mtp, cross_entropy)
 
         def layers(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
             return _layer_graphs(captured, fwd0, bwd0, ctx, made, attention=attention,
@@ -461,6 +462,10 @@ def _data_parallel(fwd: OpGraph, bwd: OpGraph, applied: tuple[str, ...],
         from zrt_core.transforms.lora import lora_inventory
 
         inventory = evolve(inventory, trainable=lora_inventory(fwd, parallel, dims))
+    elif train.freeze_language_model:
+        # nothing the graphs hold trains (a VLM's trainable projection is not captured)
+        inventory = evolve(inventory, trainable=param_inventory(fwd.with_nodes((), ()),
+                                                                parallel, dims))
     fwd_first, fwd, bwd, bwd_sync = apply_sharding(
         fwd, bwd, ctx, inventory, param_dtype=plan.activation_dtype,
         grad_dtype=grad_dtype(train.precision, train.grad_reduce_in_fp32), algorithm=zero_algorithm, notes=notes)
@@ -504,6 +509,13 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
     fwd = apply_all(fwd, [Precision(plan)], ctx)
     bwd = mark_weight_grads(fwd, bwd)
     bwd = apply_all(bwd, [Precision(plan, forward=fwd0)], ctx)
+    if train.freeze_language_model and not train.lora_rank:
+        from zrt_core.transforms.lora import drop_frozen_grads
+
+        bwd = bwd.with_nodes(drop_frozen_grads(bwd))
+        notes.append("language model frozen (Megatron-Bridge freeze_language_model): no "
+                     "weight-gradient GEMMs, gradient reduction or optimizer states for its "
+                     "weights; the backward still runs every layer's input gradients")
     if train.lora_rank:
         from zrt_core.transforms.lora import LoRA
 

@@ -190,6 +190,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
     source = str(record.get("source", ""))
+    if _frozen_language_model(record, source, assumptions):
+        train = evolve(train, freeze_language_model=True)
     if "Megatron-Bridge" in source and precision not in ("fp16", "fp32"):
         # every release's performance configs (scripts/performance, perf_recipes/_common.py
         # _benchmark_common): cfg.ddp.grad_reduce_in_fp32 = False
@@ -417,6 +419,30 @@ def _record_stage_split(raw: Mapping[str, Any], layers: int, pp: int, vp: int,
                            "balanced layout (the estimate's notes say which)")
         return "auto"
     return "even"
+
+
+#: Megatron-Bridge's Qwen3-VL pre-training recipes, which every Qwen3-VL performance recipe
+#: builds on (``recipes/qwen_vl/h100/qwen3_vl.py``, ``qwen3_vl_*_pretrain_mock_config``:
+#: ``freeze_language_model=True``, ``freeze_vision_model=True``; Megatron-Bridge@067f987d):
+#: only the vision projection trains. Its Qwen3.5-VL recipes train both (``common.py``).
+_FROZEN_LM_FAMILIES = frozenset({"qwen3_vl", "qwen3_vl_moe"})
+
+
+def _frozen_language_model(record: Mapping[str, Any], source: str,
+                           assumptions: list[str]) -> bool:
+    """Whether the record's language model is frozen: its ``freeze_language_model`` field,
+    else the Megatron-Bridge Qwen3-VL pre-training recipes' setting."""
+    given = record.get("freeze_language_model")
+    if given is not None:
+        return bool(given)
+    config = (record.get("model") or {}).get("hf_config") or {}
+    if "Megatron-Bridge" not in source or config.get("model_type") not in _FROZEN_LM_FAMILIES:
+        return False
+    assumptions.append("language and vision models frozen, only the vision projection trains "
+                       "(Megatron-Bridge Qwen3-VL pre-training recipes: "
+                       "freeze_language_model=True, freeze_vision_model=True); the vision "
+                       "tower's forward is not priced")
+    return True
 
 
 def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
