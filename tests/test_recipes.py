@@ -204,6 +204,27 @@ def test_lookup_is_none_for_an_unknown_release_model_or_layout() -> None:
     assert recipes.model_key("Qwen3-235B-A22B") == "qwen3_235b_a22b"
 
 
+@pytest.mark.parametrize(("name", "key"), [
+    ("Qwen3-VL-30B-A3B", "qwen3_vl_30b_a3b"), ("Qwen3_VL_30B_a3B", "qwen3_vl_30b_a3b"),
+    ("Qwen3-VL-235B-A22B", "qwen3_vl_235b_a22b"), ("Qwen3.5-VL-35B-A3B", "qwen35_vl_35b_a3b"),
+    ("Qwen3.5-397B-A17B", "qwen35_vl_397b_a17b"), ("Qwen3-30B-A3B", "qwen3_30b_a3b"),
+])
+def test_vision_language_model_names_find_their_rows(name: str, key: str) -> None:
+    assert recipes.model_key(name) == key
+
+
+def test_a_26_08_qwen3_vl_record_finds_its_perf_config() -> None:
+    record = {"id": "mbridge-26.08-pre-training-qwen3-vl-30b-a3b-b200-8gpu-bf16-gbs512",
+              "source": "NVIDIA Megatron-Bridge performance summary, NeMo 26.08",
+              "model": {"name": "Qwen3-VL-30B-A3B"}, "hardware": "nvidia_b200",
+              "num_gpus": 8, "global_batch": 512, "micro_batch": 1, "precision": "bf16",
+              "parallel": {"tp": 1, "pp": 1, "cp": 1, "ep": 8}}
+    r = recipes.lookup(record)
+    assert r is not None and r.provenance_config == (
+        "qwen3_vl_30b_a3b_pretrain_8gpu_b200_bf16_config()")
+    assert r.moe_token_dispatcher_type == "alltoall"
+
+
 def test_25_11_qwen3_30b_dispatcher_is_the_provider_default() -> None:
     # v0.2.0: QWEN3_30B_A3B_B200_FP8_MX_BASE_CONFIG names no flex backend and v0.2.0's
     # set_workload_base_configs (utils/helpers.py) sets no dispatcher, so the value is the

@@ -38,6 +38,13 @@ MODEL_PATTERNS = (
     (r"nemotron 3 nano", "nemotron_3_nano"), (r"nemotron 3 super", "nemotron_3_super"),
     (r"nemotron 3 ultra", "nemotron_3_ultra"), (r"nemotron 3\.5 lightning", "nemotron_3_5_lightning"),
     (r"kimi[- ]k2", "kimi_k2"),
+    # the vision-language rows (26.08): spelt with or without separators, "VL" optional
+    # for Qwen3.5, whose models are multimodal by default
+    (r"qwen3[-_ ]?vl[-_ ]?30b[-_ ]?a3b", "qwen3_vl_30b_a3b"),
+    (r"qwen3[-_ ]?vl[-_ ]?235b[-_ ]?a22b", "qwen3_vl_235b_a22b"),
+    (r"qwen3\.?5[-_ ]?(vl[-_ ]?)?35b[-_ ]?a3b", "qwen35_vl_35b_a3b"),
+    (r"qwen3\.?5[-_ ]?(vl[-_ ]?)?122b[-_ ]?a10b", "qwen35_vl_122b_a10b"),
+    (r"qwen3\.?5[-_ ]?(vl[-_ ]?)?397b[-_ ]?a17b", "qwen35_vl_397b_a17b"),
 )
 
 _INT = (int,)
