@@ -208,8 +208,12 @@ def test_lookup_is_none_for_an_unknown_release_model_or_layout() -> None:
     ("Qwen3-VL-30B-A3B", "qwen3_vl_30b_a3b"), ("Qwen3_VL_30B_a3B", "qwen3_vl_30b_a3b"),
     ("Qwen3-VL-235B-A22B", "qwen3_vl_235b_a22b"), ("Qwen3.5-VL-35B-A3B", "qwen35_vl_35b_a3b"),
     ("Qwen3.5-397B-A17B", "qwen35_vl_397b_a17b"), ("Qwen3-30B-A3B", "qwen3_30b_a3b"),
+    # the summaries' spelling and other separators reach the same rows
+    ("Qwen3_30B_a3B", "qwen3_30b_a3b"), ("GPT-OSS-120B", "gpt_oss_120b"),
+    ("GPT-OSS 120B (117B total, 5.1B active)", "gpt_oss_120b"),
+    ("Nemotron-3-Nano", "nemotron_3_nano"), ("Kimi K2", "kimi_k2"),
 ])
-def test_vision_language_model_names_find_their_rows(name: str, key: str) -> None:
+def test_model_names_find_their_rows_whatever_the_separators(name: str, key: str) -> None:
     assert recipes.model_key(name) == key
 
 

@@ -30,14 +30,19 @@ HARDWARE_GPU = {"nvidia_h100_sxm": "h100", "nvidia_b200": "b200", "nvidia_b300":
 RECORD_PRECISION = {"bf16": ("bf16",), "fp8": ("fp8_cs", "fp8_ss"), "mxfp8": ("fp8_mx",),
                     "nvfp4": ("nvfp4",)}
 #: record model name (lower case) -> perf-config model key; first match wins.
+#: (a separator — hyphen, underscore, space or none — may stand between the name's parts:
+#: the summaries print "Qwen3_30B_a3B" where a record may say "Qwen3-30B-A3B")
 MODEL_PATTERNS = (
-    (r"deepseek-v3", "deepseek_v3"), (r"deepseek-v4-flash", "deepseek_v4_flash"),
-    (r"deepseek-v4-pro", "deepseek_v4_pro"), (r"gpt-oss 120b", "gpt_oss_120b"),
-    (r"gpt-oss 20b", "gpt_oss_20b"), (r"qwen3-30b-a3b", "qwen3_30b_a3b"),
-    (r"qwen3-235b-a22b", "qwen3_235b_a22b"), (r"qwen3-next-80b-a3b", "qwen3_next_80b_a3b"),
-    (r"nemotron 3 nano", "nemotron_3_nano"), (r"nemotron 3 super", "nemotron_3_super"),
-    (r"nemotron 3 ultra", "nemotron_3_ultra"), (r"nemotron 3\.5 lightning", "nemotron_3_5_lightning"),
-    (r"kimi[- ]k2", "kimi_k2"),
+    (r"deepseek[-_ ]?v3", "deepseek_v3"), (r"deepseek[-_ ]?v4[-_ ]?flash", "deepseek_v4_flash"),
+    (r"deepseek[-_ ]?v4[-_ ]?pro", "deepseek_v4_pro"), (r"gpt[-_ ]?oss[-_ ]?120b", "gpt_oss_120b"),
+    (r"gpt[-_ ]?oss[-_ ]?20b", "gpt_oss_20b"), (r"qwen3[-_ ]?30b[-_ ]?a3b", "qwen3_30b_a3b"),
+    (r"qwen3[-_ ]?235b[-_ ]?a22b", "qwen3_235b_a22b"),
+    (r"qwen3[-_ ]?next[-_ ]?80b[-_ ]?a3b", "qwen3_next_80b_a3b"),
+    (r"nemotron[-_ ]?3[-_ ]?nano", "nemotron_3_nano"),
+    (r"nemotron[-_ ]?3[-_ ]?super", "nemotron_3_super"),
+    (r"nemotron[-_ ]?3[-_ ]?ultra", "nemotron_3_ultra"),
+    (r"nemotron[-_ ]?3\.5[-_ ]?lightning", "nemotron_3_5_lightning"),
+    (r"kimi[-_ ]?k2", "kimi_k2"),
     # the vision-language rows (26.08): spelt with or without separators, "VL" optional
     # for Qwen3.5, whose models are multimodal by default
     (r"qwen3[-_ ]?vl[-_ ]?30b[-_ ]?a3b", "qwen3_vl_30b_a3b"),
