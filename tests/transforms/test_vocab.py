@@ -20,6 +20,7 @@ from ..cost.builders import op_node, tensor
     # vLLM: a multiple of 64, and of TP (lcm)
     (50257, "vllm", 1, 50304),        # 786 x 64
     (50257, "vllm", 3, 50304),        # lcm 192: 262 x 192
+    (50257, "sglang", 1, 50304),      # SGLang keeps vLLM's VocabParallelEmbedding
     # TensorRT-LLM: a multiple of TP only
     (50257, "trtllm", 1, 50257),
     (50257, "trtllm", 8, 50264),      # 6,283 x 8

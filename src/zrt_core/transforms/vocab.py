@@ -36,11 +36,11 @@ VLLM_VOCAB_PADDING = 64
 
 def padded_vocab(vocab: int, framework: str, tp: int = 1) -> int:
     """The rows ``framework`` allocates for a vocabulary of ``vocab`` at tensor parallelism
-    ``tp`` (``megatron``, ``vllm``, ``trtllm``; anything else: ``vocab``)."""
+    ``tp`` (``megatron``, ``vllm`` or ``sglang``, ``trtllm``; anything else: ``vocab``)."""
     tp = max(1, tp)
     if framework == "megatron":
         multiple = MEGATRON_VOCAB_DIVISIBLE_BY * tp
-    elif framework == "vllm":
+    elif framework in ("vllm", "sglang"):
         multiple = math.lcm(VLLM_VOCAB_PADDING, tp)
     elif framework == "trtllm":
         multiple = tp
