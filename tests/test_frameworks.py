@@ -510,3 +510,15 @@ def test_bridge_has_no_delayed_scaling_to_write() -> None:
                                             "--fp8-format hybrid", {"layers": 4}).values)
     with pytest.raises(SpecError, match=r"no fp8 \(delayed scaling\)"):
         emit("bridge", request, Header(model="m", hardware="nvidia_h100_sxm", layers=4))
+
+
+def test_bridge_reads_and_writes_a_frozen_language_model() -> None:
+    # Megatron-Bridge's Qwen3-VL recipes freeze the language model: the override round-trips
+    request = request_from_values({"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1,
+                                   "global_batch": 512, "seq_len": 4096,
+                                   "freeze_language_model": True})
+    text = emit("bridge", request, Header(model="m", hardware="nvidia_b200"))
+    assert "model.freeze_language_model=true" in text
+    back = request_from_values(read_text("bridge", text).values)
+    assert back.train.freeze_language_model
+    assert back.normalized() == request.normalized()

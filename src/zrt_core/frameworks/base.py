@@ -149,7 +149,8 @@ def request_from_values(values: Mapping[str, Any]) -> RunRequest:
         "lora_rank": int(v.get("lora_rank") or 0),
         "reshard_after_forward": v.get("reshard_after_forward"), "hsdp": v.get("hsdp"),
         "grad_reduce_in_fp32": bool(v.get("grad_reduce_in_fp32", True)),
-        "quantized_params": bool(v.get("quantized_params", False))}
+        "quantized_params": bool(v.get("quantized_params", False)),
+        "freeze_language_model": bool(v.get("freeze_language_model", False))}
     if v.get("pp_schedule"):
         fields["pp_schedule"] = v["pp_schedule"]
     if v.get("recompute_modules") is not None and fields["recompute"] == "selective":

@@ -64,6 +64,7 @@ OVERRIDES = {
     "optimizer.optimizer_cpu_offload": ("offload_optimizer", "bool"),
     "ddp.grad_reduce_in_fp32": ("grad_reduce_in_fp32", "bool"),
     "mixed_precision.fp8_param_gather": ("quantized_params", "bool"),
+    "model.freeze_language_model": ("freeze_language_model", "bool"),
 }
 
 
@@ -258,6 +259,8 @@ def write(request: RunRequest, header: Header) -> str:
         over.append(f"peft.dim={train.lora_rank}")
     if train.offload_optimizer:
         over.append("optimizer.optimizer_cpu_offload=true")
+    if train.freeze_language_model:
+        over.append("model.freeze_language_model=true")
     if split is not None:
         if split.first_layers is not None:
             over.append(f"model.num_layers_in_first_pipeline_stage={split.first_layers}")
