@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
 
 #: ``zrt run --train`` flags a spec document has no key for, with their defaults: a
 #: different value cannot go to a server, and is refused rather than dropped.
-_LOCAL_ONLY = {"lora_rank": 0, "freeze_language_model": False, "host_link_gbps": None, "attention": "flash",
-               "embedding_loss_stages": False, "decoder_first_pipeline_num_layers": None,
+_LOCAL_ONLY = {"lora_rank": 0, "freeze_language_model": False, "host_link_gbps": None,
+               "attention": "flash", "embedding_loss_stages": False,
+               "decoder_first_pipeline_num_layers": None,
                "decoder_last_pipeline_num_layers": None,
                "pipeline_model_parallel_layout": None, "no_cache": False,
                "reshard_after_forward": None, "hsdp": None, "gpus": None, "mtp": None}

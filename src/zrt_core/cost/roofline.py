@@ -193,10 +193,9 @@ class RooflineBackend:
             shape, parts = self.gemm_shape_efficiency(dims, peak / self._bf16_flops_per_s)
             detail.update(parts)
             rule = "grouped_gemm" if dims.grouped else "gemm"
-            aligned = self.row_alignment_efficiency(node, dims)
+            aligned, align = self.row_alignment_efficiency(node, dims)
             if aligned != 1.0:
-                detail.update(row_alignment_bytes=gemm_row_alignment(node, dims),
-                              row_alignment_efficiency=aligned)
+                detail.update(row_alignment_bytes=align, row_alignment_efficiency=aligned)
                 shape *= aligned
         else:
             shape, rule = 1.0, "gemm_unshaped"
@@ -238,17 +237,18 @@ class RooflineBackend:
         return self._finish("expert_gemm_loop", compute_s, nbytes / self.hbm_bytes_per_s,
                             fixed_s, detail)
 
-    def row_alignment_efficiency(self, node: OpNode, dims: GemmDims) -> float:
+    def row_alignment_efficiency(self, node: OpNode, dims: GemmDims) -> tuple[float, int]:
         """The GEMM's rate over an aligned one's, by the bytes its rows are aligned to
-        (:func:`~zrt_core.cost.opdims.gemm_row_alignment`): 1 at 16 bytes,
-        ``matmul_unaligned_8b`` at 4 or 8, ``matmul_unaligned_2b`` below."""
+        (:func:`~zrt_core.cost.opdims.gemm_row_alignment`), and those bytes: 1 at 16,
+        ``matmul_unaligned_8b`` at 4 or 8, ``matmul_unaligned_2b`` below (a pack without
+        the fractions reads no alignment: 1 and 16)."""
         eff = self.eff
         if eff.matmul_unaligned_8b == 1.0 and eff.matmul_unaligned_2b == 1.0:
-            return 1.0
+            return 1.0, FULL_ROW_ALIGNMENT
         align = gemm_row_alignment(node, dims)
         if align >= FULL_ROW_ALIGNMENT:
-            return 1.0
-        return eff.matmul_unaligned_8b if align >= 4 else eff.matmul_unaligned_2b
+            return 1.0, align
+        return (eff.matmul_unaligned_8b if align >= 4 else eff.matmul_unaligned_2b), align
 
     def gemm_shape_efficiency(self, dims: GemmDims, rate_vs_bf16: float = 1.0
                               ) -> tuple[float, dict[str, Any]]:

@@ -132,9 +132,13 @@ class Calibration:
     eager_host: EagerHost = EagerHost()
     #: the ring all-reduce fit over several ranks (``--ranks``); None: one device
     link: Any = None
-    #: the unaligned-row GEMM fractions (:func:`_alignment`) and the timings they came from
-    alignment: Mapping[str, float] = field(factory=dict)
+    #: the unaligned-row GEMM timings (:func:`_alignment_points`)
     alignment_points: tuple[Mapping[str, Any], ...] = field(default=(), converter=tuple)
+
+    @property
+    def alignment(self) -> dict[str, float]:
+        """The pack's unaligned-row GEMM fractions, fitted on :attr:`alignment_points`."""
+        return fit_alignment(self.alignment_points)
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
@@ -293,7 +297,6 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
                        vector_flops=vector, attention_dtype=attention_dtype,
                        eager_host=eager_host, link=link,
-                       alignment=fit_alignment(alignment_points),
                        alignment_points=alignment_points,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))

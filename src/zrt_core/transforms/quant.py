@@ -62,6 +62,8 @@ KV_DTYPES: Mapping[str, str] = {"fp8": "float8_e4m3fn", "float8_e4m3fn": "float8
 DEFAULT_EXCLUDE = ("lm_head",)
 _ROUTER_CLASS = re.compile(r"(Router|TopK|Gate)$")
 _ROUTER_PATH = re.compile(r"\.(gate|router)$")
+_GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_grouped_mm",
+                       "grouped_mm_fallback", "_scaled_mm", "_scaled_grouped_mm"})
 
 
 def is_router(node: OpNode) -> bool:
@@ -70,8 +72,6 @@ def is_router(node: OpNode) -> bool:
     ``TopKRouter`` is a plain ``F.linear``, not a TransformerEngine module)."""
     return bool(_ROUTER_CLASS.search(node.module_class or "")
                 or _ROUTER_PATH.search(node.module_path or ""))
-_GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_grouped_mm",
-                       "grouped_mm_fallback", "_scaled_mm", "_scaled_grouped_mm"})
 
 
 def kv_dtype_name(value: str | None) -> str | None:

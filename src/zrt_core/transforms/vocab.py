@@ -21,12 +21,13 @@ Hopper (``matmul_unaligned_*``, docs/cost-model.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from attrs import evolve
 
 from zrt_core.ir.graph import OpGraph, OpNode, TensorMeta
+from zrt_core.transforms.parallel.engine import reprice
 
 #: Megatron-Core's ``--make-vocab-size-divisible-by`` default
 MEGATRON_VOCAB_DIVISIBLE_BY = 128
@@ -78,38 +79,28 @@ def pad_vocabulary(graphs: Sequence[OpGraph], vocab: int, padded: int,
                 if (t.param is not None and vocab in t.shape
                         and sorted(t.shape) != sorted((vocab, hidden))):
                     return refused
-    from zrt_core.transforms.parallel.engine import reprice
-
     out = []
     for graph in graphs:
-        nodes = []
-        changed = False
-        for node in graph.nodes:
-            new = _padded_node(node, vocab, padded, registry, reprice)
-            changed = changed or new is not node
-            nodes.append(new)
+        nodes = [_padded_node(n, vocab, padded, registry) for n in graph.nodes]
+        changed = any(new is not old for new, old in zip(nodes, graph.nodes, strict=True))
         out.append(graph.with_nodes(nodes, graph.edges) if changed else graph)
-    return tuple(out), f"vocabulary padded from {vocab} to {padded} rows, as the framework " \
-                       "allocates it"
+    return tuple(out), (f"vocabulary padded from {vocab} to {padded} rows, as the framework "
+                        "allocates it")
 
 
-def _padded_node(node: OpNode, vocab: int, padded: int, registry: Any, reprice: Any
-                 ) -> OpNode:
-    def pad(metas: Sequence[TensorMeta]) -> tuple[tuple[TensorMeta, ...], bool]:
-        hit = False
-        result = []
-        for t in metas:
-            if vocab in t.shape:
-                hit = True
-                t = evolve(t, shape=tuple(padded if d == vocab else d for d in t.shape))
-            result.append(t)
-        return tuple(result), hit
-
-    ins, hit_in = pad(node.inputs)
-    outs, hit_out = pad(node.outputs)
-    if not (hit_in or hit_out):
+def _padded_node(node: OpNode, vocab: int, padded: int, registry: Any) -> OpNode:
+    """``node`` with its tensors' ``vocab`` dimensions made ``padded`` and its counts
+    re-evaluated (the node itself when none of its tensors has one)."""
+    if not any(vocab in t.shape for t in (*node.inputs, *node.outputs)):
         return node
-    attrs: Mapping[str, Any] = node.attrs
-    flops, read, written, formula = reprice(node, ins, outs, attrs, registry)
-    return evolve(node, inputs=list(ins), outputs=list(outs), flops=flops, bytes_read=read,
+
+    def pad(t: TensorMeta) -> TensorMeta:
+        if vocab not in t.shape:
+            return t
+        return evolve(t, shape=tuple(padded if d == vocab else d for d in t.shape))
+
+    ins = tuple(pad(t) for t in node.inputs)
+    outs = tuple(pad(t) for t in node.outputs)
+    flops, read, written, formula = reprice(node, ins, outs, node.attrs, registry)
+    return evolve(node, inputs=ins, outputs=outs, flops=flops, bytes_read=read,
                   bytes_written=written, formula=formula)

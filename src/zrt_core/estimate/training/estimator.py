@@ -485,7 +485,7 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
     assert train is not None
 
     def sharded(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
-        fwd, bwd = megatron_vocabulary(captured.config, fwd0, bwd0, ctx.parallel.tp,
+        fwd, bwd = megatron_vocabulary(ctx.dims, fwd0, bwd0, ctx.parallel.tp,
                                        (train.micro_batch * train.seq_len, train.seq_len),
                                        made)
         return _platform_and_parallel(fwd, bwd, ctx, made, attention=attention,
@@ -529,19 +529,14 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
     return fwd, bwd, applied
 
 
-def megatron_vocabulary(config: Any, fwd: OpGraph, bwd: OpGraph, tp: int,
+def megatron_vocabulary(dims: ModelDims, fwd: OpGraph, bwd: OpGraph, tp: int,
                         tokens: tuple[int, ...], notes: list[str]) -> tuple[OpGraph, OpGraph]:
     """The training graphs with the vocabulary Megatron-Core allocates: padded to a
     multiple of 128 × TP (:mod:`zrt_core.transforms.vocab`), so each rank's output-layer
     GEMMs have rows of a multiple of 128. ``tokens``: the micro-batch's tokens and the
     sequence, sizes a dimension of the graphs has besides the hidden size."""
-    from zrt_core.modelinfo import ModelDims, ModelError
     from zrt_core.transforms.vocab import pad_vocabulary, padded_vocab
 
-    try:
-        dims = ModelDims.from_config(config)
-    except ModelError:  # a config the dims cannot read is priced as captured
-        return fwd, bwd
     padded = padded_vocab(dims.vocab, "megatron", tp)
     (fwd, bwd), note = pad_vocabulary((fwd, bwd), dims.vocab, padded,
                                       other_dims=(dims.hidden, *tokens))

@@ -19,6 +19,7 @@ from zrt_core.ir.graph import (
     TensorMeta,
     dtype_bytes,
 )
+from zrt_core.transforms.quant import is_router
 from zrt_core.transforms.training.common import (
     _FLOAT_DTYPES,
     INPUT_GRAD,
@@ -297,8 +298,6 @@ def _is_linear_gemm(n: OpNode, backward: bool) -> bool:
     depthwise conv1d is ``nn.Conv1d`` / ``causal_conv1d`` in bf16), not a MoE router
     (Megatron-Core's ``TopKRouter`` is ``F.linear`` in the model's dtype, or
     ``--moe-router-dtype``)."""
-    from zrt_core.transforms.quant import is_router
-
     if (n.category != Category.MATMUL or n.layer_index is None or "convolution" in n.op
             or is_router(n)):
         return False
