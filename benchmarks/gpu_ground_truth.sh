@@ -11,7 +11,8 @@
 # next runs, so a cut-short run still leaves what it measured. The result is the directory
 # OUTDIR (tar it to carry it off the machine; TAR_TO=FILE.tar.gz re-tars it after each step).
 # Every measurement runs before any profile, so a run cut short keeps the diffs' inputs.
-# CAL_SIZES and PROFILE_FLAGS (say --no-grid) shorten a run that has few device minutes.
+# CAL_SIZES and PROFILE_FLAGS (say --no-grid) shorten a run that has few device minutes;
+# PROFILES=0 skips the profiles (a machine whose table already ships).
 set -u
 OUT_DIR=${1:?usage: gpu_ground_truth.sh OUTDIR [cuda|cpu]}
 DEV=${2:-cuda}
@@ -98,6 +99,7 @@ for c in "${TRAIN[@]}"; do run_case train "$c"; done
 for c in "${DECODE[@]}"; do run_case decode "$c"; done
 for c in "${PREFILL[@]}"; do run_case prefill "$c"; done
 i=1
+[ "${PROFILES:-1}" = 1 ] || PROFILE=()
 for c in "${PROFILE[@]}"; do profile_case $i "$c"; i=$((i + 1)); done
 first=$(basename "$(echo "${TRAIN[0]}" | cut -d' ' -f1)" .json)_train
 [ "$DIFFS" = 1 ] && [ -f "m_$first.json" ] && step "d_${first}_tables" 120 zrt diff \

@@ -239,3 +239,17 @@ def test_the_unaligned_row_fractions_are_geometric_means_over_the_aligned_rates(
     assert fit_alignment([row("dw", 16, 10.0), row("dw", 2, 40.0)]) == {
         "matmul_unaligned_2b": 1.0}
     assert fit_alignment([row("fwd", 16, 10.0)]) == {}
+
+
+def test_a_gpu_sample_queues_calls_for_the_time_one_call_takes():
+    from zrt_core.profile.device import MAX_QUEUED_CALLS, calls_per_sample
+
+    # a 20 ms GEMM and a 10 ms sample: one call (not a launch queue's worth)
+    assert calls_per_sample(0.020, 0.010) == 1
+    # 3 µs kernels: ceil(10 ms / 3 µs) = 3,334, capped below the launch queue's depth
+    assert calls_per_sample(3e-6, 0.010) == MAX_QUEUED_CALLS == 1000
+    # 40 µs: ceil(10 ms / 40 µs) = 250
+    assert calls_per_sample(40e-6, 0.010) == 250
+    # min_time 0 (a single timed call per sample), and an event that read zero
+    assert calls_per_sample(0.001, 0.0) == 1
+    assert calls_per_sample(0.0, 0.010) == MAX_QUEUED_CALLS

@@ -4,6 +4,7 @@ pack that ``--hw ./FILE.yaml`` reads (zrt_core.profile.calibrate)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
         ranks = torch.cuda.device_count() if args.device == "cuda" else 1
     result = calibrate(device, dtypes=dtypes, sizes=sizes, mem_mb=args.mem_mb,
-                       repeats=args.repeats, min_time_s=args.min_time_ms / 1e3, ranks=ranks)
+                       repeats=args.repeats, min_time_s=args.min_time_ms / 1e3, ranks=ranks,
+                       progress=_progress)
     pack = result.to_pack(args.hw_id)
     HardwareSpec.from_mapping(pack, source_file=args.output)  # what --hw will read
     out = Path(args.output)
@@ -98,3 +100,8 @@ def run(args: argparse.Namespace) -> int:
                   f"step (fit RMS {link.rms_rel_error:.1%})")
     con.print(f"wrote {out} (use --hw {out})")
     return 0
+
+
+def _progress(stage: str) -> None:
+    """One line on stderr as each stage ends (stdout stays the pack's JSON or table)."""
+    print(f"zrt calibrate: {stage}", file=sys.stderr, flush=True)

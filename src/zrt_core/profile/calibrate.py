@@ -45,7 +45,8 @@ import datetime as _dt
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
@@ -244,16 +245,25 @@ def _sig(x: float) -> float:
 
 def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
               sizes: Sequence[int] = DEFAULT_SIZES, mem_mb: float = 64.0, repeats: int = 5,
-              min_time_s: float = 0.02, ranks: int = 1) -> Calibration:
+              min_time_s: float = 0.02, ranks: int = 1,
+              progress: Callable[[str], None] | None = None) -> Calibration:
     """Time the GEMM grid, the copy, the launch and the vector op on ``device``.
 
     :param sizes: GEMM dimensions; each (m, n, k) with m = n from ``sizes`` and k from
         ``sizes`` (and the reverse) is timed, so the K-loop and the fixed cost separate.
     :param ranks: time all-reduce over this many ranks (GPUs; CPU processes) for the pack's
         link; 1: none.
+    :param progress: told each stage's name and the seconds since the start as it ends
+        (a GPU's calibration takes minutes).
     :raises DeviceError: a dtype the device lacks; more ranks than GPUs.
     """
     import torch
+
+    t0 = time.perf_counter()
+
+    def done(stage: str) -> None:
+        if progress is not None:
+            progress(f"{stage} ({time.perf_counter() - t0:.0f} s)")
 
     if "fp32" not in dtypes:
         dtypes = ("fp32", *dtypes)
@@ -270,6 +280,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
         for m, n, k in shapes:
             points.append(GemmPoint(dtype, m, n, k, _time_gemm(device, dtype, m, n, k,
                                                                repeats, min_time_s, mem_mb)))
+        done(f"{dtype} GEMMs")
     fits = tuple(fit_gemm(dtype, [p for p in points if p.dtype == dtype]) for dtype in dtypes)
 
     numel = int(mem_mb * 1e6 / 4)
@@ -278,21 +289,28 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     copy_s = time_call(device, lambda: dst.copy_(src), repeats=repeats,
                        min_time_s=min_time_s)[0]
     memory = 2 * numel * 4 / copy_s / 1e9
+    done("copy")
 
     launch_s = _launch_s(device, repeats, min_time_s)
+    done("launch")
 
     attention_dtype = "bf16" if device.kind == "cuda" and "bf16" in dtypes else "fp32"
     attention = _attention_fits(device, sizes, repeats, min_time_s, attention_dtype)
+    done("attention")
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
+    done("pointwise ops")
     # its steps take a millisecond or two: 50 at least, the best of them (a busy machine)
     eager_host = _eager_host(device, max(repeats, 50))
+    done("eager host")
     align_dtype = attention_dtype if attention_dtype in dtypes else "fp32"
     alignment_points = _alignment_points(device, align_dtype, max(sizes), repeats, min_time_s)
+    done("unaligned GEMMs")
     link = None
     if ranks > 1:
         from zrt_core.profile.collectives import measure_link
 
         link = measure_link(device.kind, ranks, repeats=repeats)
+        done("all-reduce")
     return Calibration(device=device, gemm=points, fits=fits, memory_gb_per_s=memory,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
                        vector_flops=vector, attention_dtype=attention_dtype,

@@ -9,6 +9,7 @@ time is not on the caller's clock: wall time (``perf_counter``) is used then.
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -174,44 +175,62 @@ def synchronize(device: Device) -> None:
         torch.cuda.synchronize()
 
 
+#: calls one GPU sample queues at most: enough for ``min_time_s`` of few-µs kernels, and
+#: short of the launch queue's depth (about a thousand), where the host would block
+MAX_QUEUED_CALLS = 1000
+
+
+def calls_per_sample(one_call_s: float, min_time_s: float) -> int:
+    """How many calls a GPU sample queues between its two events: enough to last
+    ``min_time_s`` at ``one_call_s`` each (one timed call), at least 1 and at most
+    :data:`MAX_QUEUED_CALLS`."""
+    if one_call_s <= 0:
+        return MAX_QUEUED_CALLS
+    return max(1, min(MAX_QUEUED_CALLS, math.ceil(min_time_s / one_call_s)))
+
+
 def time_call(device: Device, fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 5,
               min_time_s: float = 0.0) -> list[float]:
     """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeats`` timed ones
     (each repeated until it lasts ``min_time_s``, averaged), sorted ascending.
 
-    On a GPU each sample is the elapsed time between two CUDA events around the calls.
+    On a GPU each sample is the elapsed time between two CUDA events around a number of
+    calls fixed beforehand from one timed call (:func:`calls_per_sample`). A loop that ran
+    until the host's clock passed ``min_time_s`` measured the host queueing, not the GPU
+    running: the host queues a 20 ms GEMM in microseconds, so each sample ran a whole
+    launch queue of them (hundreds of calls, seconds) and a calibration on an H200 spent
+    145 s on nine GEMMs (docs/profile.md).
     """
     for _ in range(warmup):
         fn()
     synchronize(device)
     samples = []
-    for _ in range(repeats):
-        calls = 0
-        if device.kind == "cuda":
-            import torch
+    if device.kind == "cuda":
+        import torch
 
+        def events(calls: int) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
                 enable_timing=True)
             start.record()
-            t0 = time.perf_counter()
-            while True:
+            for _ in range(calls):
                 fn()
-                calls += 1
-                if time.perf_counter() - t0 >= min_time_s:
-                    break
             end.record()
             end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e-3 / calls)
-        else:
-            clock = cpu_clock(device)
-            t0 = clock()
-            while True:
-                fn()
-                calls += 1
-                elapsed = clock() - t0
-                if elapsed >= min_time_s:
-                    break
-            samples.append(elapsed / calls)
+            return start.elapsed_time(end) * 1e-3 / calls
+
+        calls = calls_per_sample(events(1), min_time_s)
+        return sorted(events(calls) for _ in range(repeats))
+    for _ in range(repeats):
+        calls = 0
+        clock = cpu_clock(device)
+        t0 = clock()
+        while True:
+            fn()
+            calls += 1
+            elapsed = clock() - t0
+            if elapsed >= min_time_s:
+                break
+        samples.append(elapsed / calls)
     return sorted(samples)
 
 
