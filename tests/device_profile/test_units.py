@@ -246,10 +246,19 @@ def test_a_gpu_sample_queues_calls_for_the_time_one_call_takes():
 
     # a 20 ms GEMM and a 10 ms sample: one call (not a launch queue's worth)
     assert calls_per_sample(0.020, 0.010) == 1
-    # 3 µs kernels: ceil(10 ms / 3 µs) = 3,334, capped below the launch queue's depth
-    assert calls_per_sample(3e-6, 0.010) == MAX_QUEUED_CALLS == 1000
-    # 40 µs: ceil(10 ms / 40 µs) = 250
-    assert calls_per_sample(40e-6, 0.010) == 250
+    # 3 µs kernels: ceil(10 ms / 3 µs) = 3,334, capped well below the launch queue's depth
+    assert calls_per_sample(3e-6, 0.010) == MAX_QUEUED_CALLS == 256
+    # 50 µs: ceil(10 ms / 50 µs) = 200
+    assert calls_per_sample(50e-6, 0.010) == 200
     # min_time 0 (a single timed call per sample), and an event that read zero
     assert calls_per_sample(0.001, 0.0) == 1
     assert calls_per_sample(0.0, 0.010) == MAX_QUEUED_CALLS
+
+
+def test_the_gpu_sleeps_past_the_host_queueing_a_sample():
+    from zrt_core.profile.device import sleep_cycles
+
+    # 256 calls queued in 5 ms at 1.98 GHz: 2 × 5 ms × 1.98e9 = 19.8M cycles
+    assert sleep_cycles(5e-3, 1.98e9) == 19_800_000
+    # a big GEMM's single call queued in 20 µs: the 1 ms floor, 1.98M cycles
+    assert sleep_cycles(20e-6, 1.98e9) == 1_980_000

@@ -320,19 +320,14 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
 
-#: one-element adds queued behind :func:`torch.cuda._sleep` (:func:`_launch_s`), and the
-#: sleep's cycles: 50M, 25 ms at 2 GHz, against the few ms a host takes to queue 256 adds
-LAUNCH_QUEUE = 256
-LAUNCH_SLEEP_CYCLES = 50_000_000
-
-
 def _launch_s(device: Device, repeats: int, min_time_s: float) -> float:
     """Seconds a kernel costs beyond its work: a one-element ``add``.
 
     On a CPU that is the call (dispatch and all), timed back to back. On a GPU a timed loop
     of adds measures the host instead (it issues one every ~12 µs on an H100 machine, while
-    the GPU runs one in a few): so the adds are queued while the GPU sleeps, and CUDA events
-    around them time what the device alone spends per kernel of an eager stream. The host's
+    the GPU runs one in a few): so :func:`time_call` queues the adds while the GPU sleeps,
+    and CUDA events around them time what the device alone spends per kernel of an eager
+    stream. The host's
     own cost per op is the pack's ``eager_host_*`` (:func:`_eager_host`); before this, both
     carried the host and ``zrt diff``'s ops of a decode step on an H100 came out 1.25× of
     the profiler's (docs/profile.md).
@@ -340,30 +335,8 @@ def _launch_s(device: Device, repeats: int, min_time_s: float) -> float:
     import torch
 
     one = torch.ones(1, device=device.torch_device)
-    if device.kind != "cuda":
-        return time_call(device, lambda: torch.add(one, one), repeats=repeats,
-                         min_time_s=min_time_s)[0]
-    return queued_s(lambda: torch.add(one, one), repeats)
-
-
-def queued_s(fn: Any, repeats: int) -> float:
-    """Device seconds per call of ``fn`` on a GPU, the host out of it: the best of
-    ``repeats`` batches of :data:`LAUNCH_QUEUE` calls queued while the GPU sleeps, timed
-    with CUDA events around the batch (one batch before them warms up)."""
-    import torch
-
-    samples = []
-    for _ in range(repeats + 1):
-        start, end = (torch.cuda.Event(enable_timing=True),
-                      torch.cuda.Event(enable_timing=True))
-        torch.cuda._sleep(LAUNCH_SLEEP_CYCLES)
-        start.record()
-        for _ in range(LAUNCH_QUEUE):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e-3 / LAUNCH_QUEUE)
-    return min(samples[1:])
+    return time_call(device, lambda: torch.add(one, one), repeats=repeats,
+                     min_time_s=min_time_s)[0]
 
 
 def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
@@ -555,9 +528,7 @@ def _vector_flops(device: Device, launch_s: float, repeats: int, min_time_s: flo
            "gelu": lambda: F.gelu(x), "exp": lambda: torch.exp(x), "pow2": lambda: x.pow(2)}
     logs = []
     for name in VECTOR_OPS:
-        # on a GPU, queued: a timed loop of these few-µs kernels measures the host issuing
-        t = (queued_s(ops[name], repeats) if device.kind == "cuda" else
-             time_call(device, ops[name], repeats=repeats, min_time_s=min_time_s)[0])
+        t = time_call(device, ops[name], repeats=repeats, min_time_s=min_time_s)[0]
         logs.append(math.log(x.numel() / max(t - launch_s, 0.05 * t)))
     return math.exp(sum(logs) / len(logs))
 

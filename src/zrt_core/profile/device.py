@@ -175,9 +175,13 @@ def synchronize(device: Device) -> None:
         torch.cuda.synchronize()
 
 
-#: calls one GPU sample queues at most: enough for ``min_time_s`` of few-µs kernels, and
-#: short of the launch queue's depth (about a thousand), where the host would block
-MAX_QUEUED_CALLS = 1000
+#: calls one GPU sample queues at most: 256 one-element adds queued behind a sleep read an
+#: H100's 2.15 µs launch three times out of three (docs/profile.md), well short of the
+#: launch queue's depth (about a thousand), where the host would block and the GPU wait
+MAX_QUEUED_CALLS = 256
+#: the GPU sleeps this many times the host's time to queue a sample, and at least this long
+SLEEP_MARGIN = 2.0
+MIN_SLEEP_S = 1e-3
 
 
 def calls_per_sample(one_call_s: float, min_time_s: float) -> int:
@@ -189,37 +193,33 @@ def calls_per_sample(one_call_s: float, min_time_s: float) -> int:
     return max(1, min(MAX_QUEUED_CALLS, math.ceil(min_time_s / one_call_s)))
 
 
+def sleep_cycles(issue_s: float, cycles_per_s: float) -> int:
+    """GPU clock cycles of ``torch.cuda._sleep`` that outlast the host queueing a sample it
+    took ``issue_s`` to queue once: :data:`SLEEP_MARGIN` times that, :data:`MIN_SLEEP_S`
+    at least."""
+    return max(1, round(max(MIN_SLEEP_S, SLEEP_MARGIN * issue_s) * cycles_per_s))
+
+
 def time_call(device: Device, fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 5,
               min_time_s: float = 0.0) -> list[float]:
     """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeats`` timed ones
     (each repeated until it lasts ``min_time_s``, averaged), sorted ascending.
 
-    On a GPU each sample is the elapsed time between two CUDA events around a number of
-    calls fixed beforehand from one timed call (:func:`calls_per_sample`). A loop that ran
-    until the host's clock passed ``min_time_s`` measured the host queueing, not the GPU
-    running: the host queues a 20 ms GEMM in microseconds, so each sample ran a whole
-    launch queue of them (hundreds of calls, seconds) and a calibration on an H200 spent
-    145 s on nine GEMMs (docs/profile.md).
+    On a GPU a sample is the time between two CUDA events around a number of calls fixed
+    beforehand from one timed call (:func:`calls_per_sample`), queued while the GPU sleeps
+    (:func:`sleep_cycles`), so that the events time the device alone. Two faults this
+    avoids (docs/profile.md): a loop that ran until the host's clock passed ``min_time_s``
+    queued a launch queue's worth of 20 ms GEMMs per sample (an H200's calibration spent
+    145 s on nine of them); and calls queued as the host issues them time the host
+    whenever a kernel is shorter than its issue (~10-20 µs from Python), as the launch and
+    the small GEMMs of the grid were before.
     """
     for _ in range(warmup):
         fn()
     synchronize(device)
-    samples = []
     if device.kind == "cuda":
-        import torch
-
-        def events(calls: int) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e-3 / calls
-
-        calls = calls_per_sample(events(1), min_time_s)
-        return sorted(events(calls) for _ in range(repeats))
+        return sorted(_gpu_samples(fn, repeats, min_time_s))
+    samples = []
     for _ in range(repeats):
         calls = 0
         clock = cpu_clock(device)
@@ -232,6 +232,51 @@ def time_call(device: Device, fn: Callable[[], Any], *, warmup: int = 2, repeats
                 break
         samples.append(elapsed / calls)
     return sorted(samples)
+
+
+def _gpu_samples(fn: Callable[[], Any], repeats: int, min_time_s: float) -> list[float]:
+    import torch
+
+    def batch(calls: int, cycles: int) -> tuple[float, float]:
+        """(device seconds per call, host seconds to queue them)"""
+        start, end = (torch.cuda.Event(enable_timing=True),
+                      torch.cuda.Event(enable_timing=True))
+        if cycles:
+            torch.cuda._sleep(cycles)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        issue = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3 / calls, issue
+
+    one, _ = batch(1, 0)
+    calls = calls_per_sample(one, min_time_s)
+    _, issue = batch(calls, 0)
+    cycles = sleep_cycles(issue, _sleep_cycles_per_s())
+    return [batch(calls, cycles)[0] for _ in range(repeats)]
+
+
+_SLEEP_RATE: list[float] = []
+
+
+def _sleep_cycles_per_s() -> float:
+    """The rate ``torch.cuda._sleep`` spins at on this GPU (its SM clock), timed once."""
+    if not _SLEEP_RATE:
+        import torch
+
+        cycles = 10_000_000
+        torch.cuda._sleep(cycles // 10)  # the clock ramps up
+        start, end = (torch.cuda.Event(enable_timing=True),
+                      torch.cuda.Event(enable_timing=True))
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _SLEEP_RATE.append(cycles / max(start.elapsed_time(end) * 1e-3, 1e-6))
+    return _SLEEP_RATE[0]
 
 
 def median(samples: list[float]) -> float:
