@@ -262,3 +262,22 @@ def test_the_gpu_sleeps_past_the_host_queueing_a_sample():
     assert sleep_cycles(5e-3, 1.98e9) == 19_800_000
     # a big GEMM's single call queued in 20 µs: the 1 ms floor, 1.98M cycles
     assert sleep_cycles(20e-6, 1.98e9) == 1_980_000
+
+
+def test_a_timed_decode_step_finds_its_cache_contiguous_after_the_crop():
+    from transformers import DynamicCache
+
+    from zrt_core.profile.measure import steady_cache
+
+    cache = DynamicCache()
+    # one layer, 6 cached tokens of batch 1, 2 KV heads, head size 4; then one decode step's
+    # cat and the crop zrt measure runs before each timed step: a strided view of 6 of 7
+    key = torch.randn(1, 2, 6, 4)
+    cache.update(key, key.clone(), 0)
+    cache.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), 0)
+    cache.crop(-1)
+    layer = cache.layers[0]
+    assert not layer.keys.is_contiguous() and layer.keys.stride() == (56, 28, 4, 1)
+    steady_cache(cache)
+    assert layer.keys.is_contiguous() and layer.values.is_contiguous()
+    assert cache.get_seq_length() == 6 and torch.equal(layer.keys, key)

@@ -204,6 +204,7 @@ def _step(model: Any, request: MeasureRequest, device: Device,
         extra = cache.get_seq_length() - s
         if extra > 0:  # transformers 5 crops by a negative count of tokens to drop
             cache.crop(-extra)
+        steady_cache(cache)
 
     def decode() -> Any:
         with torch.no_grad():
@@ -215,6 +216,31 @@ def _step(model: Any, request: MeasureRequest, device: Device,
         return decode().logits
 
     return decode, prepare_decode, logits
+
+
+def steady_cache(cache: Any) -> None:
+    """Make each layer's key and value tensors of a transformers cache contiguous, as a
+    generation loop's cache is after its first step (each step's ``torch.cat`` writes a
+    new, contiguous one). A cropped cache is a strided view, and the prefill's keys come
+    from a transpose: a ``cat`` of strided inputs runs CUDA's slow ``CatArrayBatchedCopy``
+    instead of the contiguous kernel (TensorRT-LLM PR #8044's profile), so every timed
+    decode step would pay a cost a real loop pays once. A cache without ``layers`` (before
+    transformers 4.56) keeps its lists ``key_cache`` / ``value_cache``."""
+    import torch
+
+    layers = getattr(cache, "layers", None)
+    if layers:
+        for layer in layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if isinstance(t, torch.Tensor) and not t.is_contiguous():
+                    setattr(layer, name, t.contiguous())
+        return
+    for name in ("key_cache", "value_cache"):
+        tensors = getattr(cache, name, None)
+        if isinstance(tensors, list):
+            tensors[:] = [t.contiguous() if isinstance(t, torch.Tensor) else t
+                          for t in tensors]
 
 
 def _time_steps(step: Callable[[], Any], prepare: Callable[[], None], device: Device,
