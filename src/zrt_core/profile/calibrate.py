@@ -357,11 +357,12 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
         torch_type = getattr(torch, TORCH_DTYPES[dtype])
         a = torch.randn(m, k, device=dev, dtype=torch_type)
         copies = max(1, math.ceil(mem_mb * 1e6 / (k * n * torch_type.itemsize)))
-        weights = [torch.randn(k, n, device=dev, dtype=torch_type) for _ in range(copies)]
+        # F.linear's layout, as a model's GEMMs run (and zrt profile's): x @ W.t(), W [n, k]
+        weights = [torch.randn(n, k, device=dev, dtype=torch_type) for _ in range(copies)]
         turn = iter(range(1 << 62))
 
         def call() -> Any:
-            return torch.mm(a, weights[next(turn) % copies])
+            return torch.mm(a, weights[next(turn) % copies].t())
 
         return time_call(device, call, repeats=repeats, min_time_s=min_time_s)[0]
     finally:
