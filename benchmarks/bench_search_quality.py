@@ -4,7 +4,13 @@ and precision, and report where the published layout falls in zrt's ranking and 
 zrt's best is predicted above it.
 
     python benchmarks/bench_search_quality.py [public.yaml] [--only SUBSTR[,SUBSTR...]]
-        [--max-gpus 64] [--dense-only | --moe-only] [--workers 1]
+        [--max-gpus 64] [--dense-only | --moe-only] [--workers 1] [--serving]
+
+``--serving`` does the same for the serving records of TensorRT-LLM's published
+configurations (perf-overview: offline max-throughput, one layout per model and GPU): the
+serving search over tp, ep and attention dp at the record's GPU count, input and output
+lengths and quantisation, the batch as trtllm-bench sizes it; records on one GPU, whose only
+layout is tp 1, are counted apart.
 
 The space around each record: tp ∈ {1, 2, 4, 8}, pp ∈ {1, 2, 4, 8}, cp ∈ {1, 2}, vp ∈
 {1, 2, 4}, micro-batch ∈ {1, 2} and, for MoE models, ep ∈ {1, 8} at the recipe's expert tp,
@@ -46,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     kind.add_argument("--dense-only", action="store_true")
     kind.add_argument("--moe-only", action="store_true")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--serving", action="store_true",
+                    help="TensorRT-LLM's published serving layouts instead of the training ones")
     args = ap.parse_args(argv)
+    if args.serving:
+        return _serving(args)
 
     from zrt_core.errors import ZrtError
     from zrt_core.estimate.training import case_from_record
@@ -125,6 +135,70 @@ def main(argv: list[str] | None = None) -> int:
                  "tokens/s/GPU for the published layout" if measured else "")
               + f" ({took:.0f} s)", flush=True)
     result("median percentile of the published layout in zrt's ranking",
+           statistics.median(percentiles) if percentiles else None, PERCENTILE_TARGET, "%")
+    return 0
+
+
+def _serving(args: argparse.Namespace) -> int:
+    from zrt_core.errors import ZrtError
+    from zrt_core.modelinfo import ModelDims
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.search import search
+    from zrt_core.search.space import ServeSpace
+    from zrt_core.validate.cases import inference_case
+    from zrt_core.validate.records import records_from_data
+
+    host = get_plugin_manager()
+    records = records_from_data(yaml.safe_load(args.file.read_text(encoding="utf-8")))
+    chosen = [r for r in records if r.raw.get("workload") == "infer"
+              and str(r.raw.get("source", "")).startswith("NVIDIA TensorRT-LLM")
+              and (args.only is None or any(o in r.id for o in args.only.split(",")))]
+    percentiles: list[float] = []
+    single = 0
+    for rec in chosen:
+        try:
+            case = inference_case(rec)
+        except ZrtError as exc:
+            print(f"{rec.id}: not read ({exc})")
+            continue
+        if case.num_gpus == 1:
+            single += 1  # one layout: tp 1
+            continue
+        dims = ModelDims.from_config(case.config)
+        if (args.dense_only and dims.is_moe) or (args.moe_only and not dims.is_moe):
+            continue
+        space = ServeSpace(gpus=(case.num_gpus,), input_len=case.infer.input_len,
+                           output_len=case.infer.output_len, quant=(case.infer.quant,),
+                           batch=(None,))
+        started = time.perf_counter()
+        try:
+            res = search(case.config, case.hardware, space, host=host, workers=args.workers,
+                         full_report=False)
+        except ZrtError as exc:
+            print(f"{rec.id}: search failed ({exc})")
+            continue
+        p = case.parallel
+        wanted = {"tp": p.tp, "ep": p.ep, "dp": p.dp}
+        ranked = [res.rows[i] for i in res.ranking]
+        hits = [k for k, r in enumerate(ranked) if all(r[f] == v for f, v in wanted.items())]
+        took = time.perf_counter() - started
+        if not hits:
+            print(f"{rec.id}: published layout {wanted} not ranked (does not fit or removed); "
+                  f"{len(ranked)} ranked, {took:.1f} s")
+            continue
+        k = hits[0]
+        pct = 100.0 * k / len(ranked)
+        percentiles.append(pct)
+        best, pub = ranked[0], ranked[k]
+        gap = best["output_tokens_per_s_per_gpu"] / pub["output_tokens_per_s_per_gpu"] - 1
+        measured = rec.raw["measured"].get("output_tokens_per_s_per_gpu")
+        print(f"{rec.id}: published tp{p.tp} ep{p.ep} dp{p.dp} ranked {k + 1} of "
+              f"{len(ranked)} ({pct:.0f}th percentile); zrt's best tp{best['tp']} "
+              f"ep{best['ep']} dp{best['dp']} predicted {gap:+.1%} above it; measured "
+              f"{measured:,.0f}, predicted {pub['output_tokens_per_s_per_gpu']:,.0f} output "
+              f"tokens/s/GPU for the published layout ({took:.1f} s)", flush=True)
+    print(f"{single} records on one GPU (one layout) not ranked")
+    result("median percentile of the published serving layout in zrt's ranking",
            statistics.median(percentiles) if percentiles else None, PERCENTILE_TARGET, "%")
     return 0
 
