@@ -36,6 +36,23 @@ def test_one_grouped_kernel_without_the_mark():
     assert cost.overhead_s == pytest.approx(3e-6, rel=1e-12)
 
 
+def test_a_grouped_gemm_pays_each_groups_row_overhead():
+    cost = RooflineBackend(make_toy(matmul_group_rows_overhead=32)).price(_grouped())
+    # as above, shape 0.6, and 128 rows per group over 128 + 32: 0.8 of the dense rate
+    # 6 · 16777216 / (1e15 · 0.8 · 0.6 · 0.8) = 2.62144e-7 s
+    assert cost.detail["group_rows_efficiency"] == pytest.approx(0.8, rel=1e-12)
+    assert cost.compute_s == pytest.approx(2.62144e-7, rel=1e-12)
+    # transformers' loop of one mm per group (zrt's capture for dtypes _grouped_mm lacks)
+    # is a grouped GEMM too: the same rows per group, the same price
+    loop = op_node("transformers.grouped_mm_fallback.default", "matmul",
+                   [tensor(6 * 128, 512), tensor(6, 512, 128, param="experts.w")],
+                   [tensor(6 * 128, 128)], flops=6 * PER_GEMM_FLOPS, bytes_read=0,
+                   bytes_written=0, phase="train_forward")
+    fallback = RooflineBackend(make_toy(matmul_group_rows_overhead=32)).price(loop)
+    assert fallback.rule == "grouped_gemm"
+    assert fallback.compute_s == pytest.approx(2.62144e-7, rel=1e-12)
+
+
 def test_te_loop_prices_rounds_of_four_gemms_each_with_its_own_waves():
     cost = RooflineBackend(make_toy(expert_kernel_us=5.0)).price(
         _grouped(expert_streams=4, expert_groups=6, expert_eager=True))

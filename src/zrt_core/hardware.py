@@ -205,6 +205,11 @@ class Efficiency:
         (``benchmarks/gpu_alignment.py``, docs/cost-model.md); 1: not modelled.
     :param matmul_unaligned_2b: the same for rows aligned to 2 bytes or less (an odd
         dimension in a 16-bit type).
+    :param matmul_group_rows_overhead: a grouped GEMM run as one GEMM per group (PyTorch's
+        CPU ``_grouped_mm``, transformers' expert loop) runs at ``m / (m + this)`` of the
+        dense rate of the same FLOPs, ``m`` its mean rows per group: each group's GEMM pays
+        a fixed cost worth this many rows; measured by ``zrt calibrate``
+        (docs/cost-model.md, "Grouped GEMMs"); 0: not modelled.
     :param matmul_overhead_us: a GEMM's fixed cost on top of ``launch_overhead_us``
         (pipeline fill and epilogue of a tensor-core kernel).
     :param parallel_units: output tiles a kernel computes at once (SMs on NVIDIA, cube
@@ -261,6 +266,7 @@ class Efficiency:
     matmul_unaligned_2b: float = 1.0
     parallel_units: int = 0
     matmul_tile_m: int = 128
+    matmul_group_rows_overhead: int = 0
     matmul_tile_n: int = 128
     matmul_k_overhead: int = 128
     attention_tile_q: int = 128

@@ -281,3 +281,16 @@ def test_a_timed_decode_step_finds_its_cache_contiguous_after_the_crop():
     steady_cache(cache)
     assert layer.keys.is_contiguous() and layer.values.is_contiguous()
     assert cache.get_seq_length() == 6 and torch.equal(layer.keys, key)
+
+
+def test_the_group_row_overhead_is_the_median_over_the_probes():
+    from zrt_core.profile.calibrate import fit_group_rows
+
+    # m0 = rows · (grouped / dense − 1): 32 · 0.5 = 16, 64 · 0.3 = 19.2, 128 · 0.1 = 12.8
+    points = [{"rows": 32, "grouped_us": 150.0, "dense_us": 100.0},
+              {"rows": 64, "grouped_us": 130.0, "dense_us": 100.0},
+              {"rows": 128, "grouped_us": 110.0, "dense_us": 100.0}]
+    assert fit_group_rows(points) == 16
+    # a grouped kernel as fast as the dense one: no overhead; nothing timed: None
+    assert fit_group_rows([{"rows": 64, "grouped_us": 90.0, "dense_us": 100.0}]) == 0
+    assert fit_group_rows([]) is None

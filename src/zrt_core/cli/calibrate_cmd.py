@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         con.print("GEMMs with unaligned rows, over the aligned rate: " + ", ".join(
             f"{key.removeprefix('matmul_unaligned_')} {value:.3g}"
             for key, value in result.alignment.items()))
+    if result.group_rows_overhead is not None:
+        con.print(f"grouped GEMMs: each group's GEMM costs {result.group_rows_overhead} rows "
+                  "beyond its own (matmul_group_rows_overhead)")
     if result.link is not None:
         link = result.link
         con.print(f"all-reduce over {link.ranks} ranks ({link.backend}): bus bandwidth "

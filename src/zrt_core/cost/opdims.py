@@ -20,7 +20,12 @@ _ACCUMULATE_FIRST = frozenset({"addmm", "baddbmm", "addbmm"})
 #: Ops whose batch dimension is a batch of independent matrices (not flattened into M).
 _BATCHED = frozenset({"bmm", "baddbmm"})
 #: Grouped GEMMs: the weight operand carries the group (expert) dimension.
-_GROUPED = GROUPED_GEMM_OPS = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
+GROUPED_GEMM_OPS = frozenset({"_grouped_mm", "_scaled_grouped_mm"})
+#: Every op that multiplies rows split among groups by a per-group weight: the kernels, and
+#: transformers' loop of one ``mm`` per group (its forward and its backward op, which zrt's
+#: capture records for dtypes ``_grouped_mm`` lacks: :func:`zrt_core.capture.moe.
+#: grouped_linear`)
+_GROUPED = GROUPED_GEMM_OPS | {"grouped_mm_fallback", "grouped_mm_fallback_backward"}
 #: Node attribute of a grouped GEMM run as one GEMM per group issued round-robin over this
 #: many streams (TransformerEngine's ``GroupedLinear`` in training:
 #: :mod:`zrt_core.transforms.training.experts`); absent: one grouped kernel.

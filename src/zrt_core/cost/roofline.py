@@ -193,6 +193,10 @@ class RooflineBackend:
             shape, parts = self.gemm_shape_efficiency(dims, peak / self._bf16_flops_per_s)
             detail.update(parts)
             rule = "grouped_gemm" if dims.grouped else "gemm"
+            if dims.grouped and self.eff.matmul_group_rows_overhead:
+                rows = self.group_rows_efficiency(dims)
+                detail["group_rows_efficiency"] = rows
+                shape *= rows
             aligned, align = self.row_alignment_efficiency(node, dims)
             if aligned != 1.0:
                 detail.update(row_alignment_bytes=align, row_alignment_efficiency=aligned)
@@ -236,6 +240,14 @@ class RooflineBackend:
         fixed_s = rounds * self.gemm_fixed_s + groups * per_kernel_s
         return self._finish("expert_gemm_loop", compute_s, nbytes / self.hbm_bytes_per_s,
                             fixed_s, detail)
+
+    def group_rows_efficiency(self, dims: GemmDims) -> float:
+        """A grouped GEMM's rate over a dense one's of the same FLOPs: ``m / (m + m0)``
+        with ``m`` its mean rows per group and ``m0`` the pack's
+        ``matmul_group_rows_overhead`` (each group's GEMM pays a fixed cost worth ``m0``
+        rows: docs/cost-model.md, "Grouped GEMMs")."""
+        m0 = self.eff.matmul_group_rows_overhead
+        return dims.m / (dims.m + m0) if m0 > 0 else 1.0
 
     def row_alignment_efficiency(self, node: OpNode, dims: GemmDims) -> tuple[float, int]:
         """The GEMM's rate over an aligned one's, by the bytes its rows are aligned to

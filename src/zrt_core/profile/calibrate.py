@@ -135,11 +135,19 @@ class Calibration:
     link: Any = None
     #: the unaligned-row GEMM timings (:func:`_alignment_points`)
     alignment_points: tuple[Mapping[str, Any], ...] = field(default=(), converter=tuple)
+    #: the grouped GEMMs against dense ones (:func:`_grouped_points`)
+    grouped_points: tuple[Mapping[str, Any], ...] = field(default=(), converter=tuple)
 
     @property
     def alignment(self) -> dict[str, float]:
         """The pack's unaligned-row GEMM fractions, fitted on :attr:`alignment_points`."""
         return fit_alignment(self.alignment_points)
+
+    @property
+    def group_rows_overhead(self) -> int | None:
+        """The pack's ``matmul_group_rows_overhead``, fitted on :attr:`grouped_points`
+        (None: not timed)."""
+        return fit_group_rows(self.grouped_points)
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
@@ -179,6 +187,8 @@ class Calibration:
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
             **self.eager_host.to_efficiency(),
             **{key: _sig(value) for key, value in self.alignment.items()},
+            **({"matmul_group_rows_overhead": self.group_rows_overhead}
+               if self.group_rows_overhead is not None else {}),
         }
         return {
             "id": hw_id or self.hardware_id(),
@@ -223,6 +233,8 @@ class Calibration:
                                    for b, t in self.link.points]},
                 "alignment": dict(self.alignment),
                 "alignment_points": [dict(p) for p in self.alignment_points],
+                "group_rows_overhead": self.group_rows_overhead,
+                "grouped_points": [dict(p) for p in self.grouped_points],
                 "memory_gb_per_s": self.memory_gb_per_s,
                 "launch_overhead_us": self.launch_overhead_us,
                 "vector_flops": self.vector_flops,
@@ -305,6 +317,8 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
     align_dtype = attention_dtype if attention_dtype in dtypes else "fp32"
     alignment_points = _alignment_points(device, align_dtype, max(sizes), repeats, min_time_s)
     done("unaligned GEMMs")
+    grouped_points = _grouped_points(device, align_dtype, max(sizes), repeats, min_time_s)
+    done("grouped GEMMs")
     link = None
     if ranks > 1:
         from zrt_core.profile.collectives import measure_link
@@ -315,7 +329,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                        launch_overhead_us=launch_s * 1e6, attention=attention,
                        vector_flops=vector, attention_dtype=attention_dtype,
                        eager_host=eager_host, link=link,
-                       alignment_points=alignment_points,
+                       alignment_points=alignment_points, grouped_points=grouped_points,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
@@ -426,6 +440,65 @@ def fit_alignment(points: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         logs[key].append(math.log(row["tflops"]) - sum(ref) / len(ref))
     return {key: min(1.0, round(math.exp(sum(v) / len(v)), 3))
             for key, v in logs.items() if v}
+
+
+#: groups of the grouped-GEMM probe, and its rows per group as fractions of the largest size
+GROUPED_PROBE_GROUPS = 8
+GROUPED_PROBE_ROWS = (1 / 32, 1 / 16, 1 / 8)
+
+
+def _grouped_points(device: Device, dtype: str, size: int, repeats: int,
+                    min_time_s: float) -> list[dict[str, Any]]:
+    """A training step's grouped GEMM (forward and backward of ``torch._grouped_mm``, as
+    transformers' experts run it: the weight ``[G, N, K]`` transposed) against the dense
+    GEMM of the same FLOPs, over :data:`GROUPED_PROBE_GROUPS` groups of
+    :data:`GROUPED_PROBE_ROWS` × ``size`` rows each, ``k = n = size / 2``: each a row as
+    :func:`fit_group_rows` reads it. None where this torch has no ``_grouped_mm`` for the
+    device and dtype (the pack then leaves the overhead at 0)."""
+    import torch
+
+    dev = device.torch_device
+    torch_type = getattr(torch, TORCH_DTYPES[dtype])
+    groups, k = GROUPED_PROBE_GROUPS, max(16, size // 2)
+    points = []
+    for share in GROUPED_PROBE_ROWS:
+        rows = max(8, round(size * share))
+        m = groups * rows
+        x = torch.randn(m, k, device=dev, dtype=torch_type, requires_grad=True)
+        w = torch.randn(groups, k, k, device=dev, dtype=torch_type).transpose(-2, -1)
+        w = w.detach().requires_grad_(True)
+        dense = torch.randn(k, k, device=dev, dtype=torch_type).t().detach()
+        dense.requires_grad_(True)
+        offs = torch.arange(rows, m + 1, rows, device=dev, dtype=torch.int32)
+        grad = torch.randn(m, k, device=dev, dtype=torch_type)
+
+        def grouped(x: Any = x, w: Any = w, offs: Any = offs, grad: Any = grad) -> None:
+            torch._grouped_mm(x, w, offs=offs).backward(grad)
+
+        def plain(x: Any = x, dense: Any = dense, grad: Any = grad) -> None:
+            (x @ dense).backward(grad)
+
+        try:
+            grouped_s = time_call(device, grouped, repeats=repeats, min_time_s=min_time_s)[0]
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return []  # no grouped kernel here for this dtype
+        dense_s = time_call(device, plain, repeats=repeats, min_time_s=min_time_s)[0]
+        points.append({"groups": groups, "rows": rows, "k": k, "n": k, "dtype": dtype,
+                       "grouped_us": grouped_s * 1e6, "dense_us": dense_s * 1e6})
+    return points
+
+
+def fit_group_rows(points: Sequence[Mapping[str, Any]]) -> int | None:
+    """``matmul_group_rows_overhead`` from timed grouped and dense GEMMs (``rows``,
+    ``grouped_us``, ``dense_us``): a grouped GEMM of ``m`` rows per group runs at
+    ``m / (m + m0)`` of the dense rate, so each point gives ``m0 = m · (grouped / dense −
+    1)``; the median of them (0 where the grouped runs as fast), None without points."""
+    if not points:
+        return None
+    m0 = sorted(max(0.0, p["rows"] * (p["grouped_us"] / p["dense_us"] - 1)) for p in points)
+    mid = len(m0) // 2
+    value = m0[mid] if len(m0) % 2 else (m0[mid - 1] + m0[mid]) / 2
+    return round(value)
 
 
 #: the small eager decoder :func:`_eager_host` times (its ops' own work is microseconds), at
