@@ -40,7 +40,7 @@ def test_a_grouped_gemm_pays_each_groups_row_overhead():
     cost = RooflineBackend(make_toy(matmul_group_rows_overhead=32)).price(_grouped())
     # as above, shape 0.6, and 128 rows per group over 128 + 32: 0.8 of the dense rate
     # 6 · 16777216 / (1e15 · 0.8 · 0.6 · 0.8) = 2.62144e-7 s
-    assert cost.detail["group_rows_efficiency"] == pytest.approx(0.8, rel=1e-12)
+    assert cost.detail["row_efficiency"] == pytest.approx(0.8, rel=1e-12)
     assert cost.compute_s == pytest.approx(2.62144e-7, rel=1e-12)
     # transformers' loop of one mm per group (zrt's capture for dtypes _grouped_mm lacks)
     # is a grouped GEMM too: the same rows per group, the same price

@@ -205,6 +205,11 @@ class Efficiency:
         (``benchmarks/gpu_alignment.py``, docs/cost-model.md); 1: not modelled.
     :param matmul_unaligned_2b: the same for rows aligned to 2 bytes or less (an odd
         dimension in a 16-bit type).
+    :param matmul_row_overhead: rows' worth of work a GEMM pays beyond its own rows: it
+        runs at ``m / (m + this)`` of the rate (a CPU BLAS packs the weight panel once per
+        call, work that grows with ``n × k`` as the rows' does); ``zrt calibrate``'s fit
+        picks it or a row tile, whichever describes the timings better (docs/cost-model.md,
+        "Row overhead"); 0: not modelled.
     :param matmul_group_rows_overhead: a grouped GEMM run as one GEMM per group (PyTorch's
         CPU ``_grouped_mm``, transformers' expert loop) runs at ``m / (m + this)`` of the
         dense rate of the same FLOPs, ``m`` its mean rows per group: each group's GEMM pays
@@ -266,6 +271,7 @@ class Efficiency:
     matmul_unaligned_2b: float = 1.0
     parallel_units: int = 0
     matmul_tile_m: int = 128
+    matmul_row_overhead: int = 0
     matmul_group_rows_overhead: int = 0
     matmul_tile_n: int = 128
     matmul_k_overhead: int = 128

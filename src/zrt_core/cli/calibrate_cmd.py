@@ -79,9 +79,10 @@ def run(args: argparse.Namespace) -> int:
         print_json({"file": str(out), "pack": pack, "calibration": result.to_json()})
         return 0
     con = console()
-    con.print(table(f"{pack['name']}", ("dtype", "rate TFLOP/s", "k0", "tile_m", "fixed µs",
-                                            "fit RMS"),
+    con.print(table(f"{pack['name']}", ("dtype", "rate TFLOP/s", "k0", "tile_m", "row overhead",
+                                            "fixed µs", "fit RMS"),
                     [(f.dtype, f"{f.rate_flops / 1e12:.4g}", f"{f.k0:.0f}", f.tile_m,
+                      f.row_overhead,
                       f"{f.fixed_s * 1e6:.1f}", f"{f.rms_rel_error:.1%}")
                      for f in result.fits]))
     fwd, bwd = result.attention

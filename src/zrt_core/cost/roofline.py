@@ -193,10 +193,6 @@ class RooflineBackend:
             shape, parts = self.gemm_shape_efficiency(dims, peak / self._bf16_flops_per_s)
             detail.update(parts)
             rule = "grouped_gemm" if dims.grouped else "gemm"
-            if dims.grouped and self.eff.matmul_group_rows_overhead:
-                rows = self.group_rows_efficiency(dims)
-                detail["group_rows_efficiency"] = rows
-                shape *= rows
             aligned, align = self.row_alignment_efficiency(node, dims)
             if aligned != 1.0:
                 detail.update(row_alignment_bytes=align, row_alignment_efficiency=aligned)
@@ -241,13 +237,15 @@ class RooflineBackend:
         return self._finish("expert_gemm_loop", compute_s, nbytes / self.hbm_bytes_per_s,
                             fixed_s, detail)
 
-    def group_rows_efficiency(self, dims: GemmDims) -> float:
-        """A grouped GEMM's rate over a dense one's of the same FLOPs: ``m / (m + m0)``
-        with ``m`` its mean rows per group and ``m0`` the pack's
-        ``matmul_group_rows_overhead`` (each group's GEMM pays a fixed cost worth ``m0``
-        rows: docs/cost-model.md, "Grouped GEMMs")."""
-        m0 = self.eff.matmul_group_rows_overhead
-        return dims.m / (dims.m + m0) if m0 > 0 else 1.0
+    def row_overhead(self, dims: GemmDims) -> int:
+        """Rows' worth of work each GEMM (each group's, in a grouped one) pays beyond its
+        own rows: the pack's ``matmul_group_rows_overhead`` for a grouped GEMM where it is
+        set (measured against the dense GEMM of the same FLOPs), else its
+        ``matmul_row_overhead`` (docs/cost-model.md, "Row overhead", "Grouped GEMMs")."""
+        eff = self.eff
+        if dims.grouped and eff.matmul_group_rows_overhead:
+            return eff.matmul_group_rows_overhead
+        return eff.matmul_row_overhead
 
     def row_alignment_efficiency(self, node: OpNode, dims: GemmDims) -> tuple[float, int]:
         """The GEMM's rate over an aligned one's, by the bytes its rows are aligned to
@@ -286,11 +284,16 @@ class RooflineBackend:
         k_slice = dims.k / split
         k_loop = k_slice / (k_slice + k0)
         shape = wave * padding * k_loop
-        return shape, {"m": dims.m, "n": dims.n, "k": dims.k, "batch": dims.batch,
-                       "tiles": tiles, "split_k": split, "waves": waves,
-                       "wave_efficiency": wave, "padding_efficiency": padding,
-                       "k_overhead": k0, "k_loop_efficiency": k_loop,
-                       "shape_efficiency": shape}
+        parts = {"m": dims.m, "n": dims.n, "k": dims.k, "batch": dims.batch,
+                 "tiles": tiles, "split_k": split, "waves": waves,
+                 "wave_efficiency": wave, "padding_efficiency": padding,
+                 "k_overhead": k0, "k_loop_efficiency": k_loop}
+        m0 = self.row_overhead(dims)
+        if m0:
+            parts.update(row_overhead=m0, row_efficiency=dims.m / (dims.m + m0))
+            shape *= parts["row_efficiency"]
+        parts["shape_efficiency"] = shape
+        return shape, parts
 
     def attention(self, node: OpNode) -> NodeCost:
         dims = attention_dims(node)

@@ -57,6 +57,9 @@ from zrt_core.profile.device import TORCH_DTYPES, Device, time_call
 DEFAULT_SIZES = (64, 128, 256, 512, 1024)
 #: row-tile sizes the GEMM fit tries (a CPU micro-kernel's rows, a GPU tile's)
 TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
+#: rows' worth of per-call work the GEMM fit tries, each with no row tile (a CPU BLAS packs
+#: the weight panel once per call: work that grows with n × k, as each row's does)
+ROW_OVERHEAD_CANDIDATES = (2, 4, 8, 12, 16, 20, 24, 32)
 #: skinny GEMM rows timed at the largest n = k
 SKINNY_ROWS = (1, 2, 4, 8, 16, 32)
 DEFAULT_DTYPES = ("fp32",)
@@ -89,6 +92,8 @@ class GemmFit:
     fixed_s: float
     rms_rel_error: float
     tile_m: int = 1
+    #: rows' worth of work per GEMM beyond its own (with ``tile_m`` 1): :func:`fit_gemm`
+    row_overhead: int = 0
 
 
 @frozen
@@ -181,14 +186,16 @@ class Calibration:
             # a GEMM's fixed cost beyond the dispatch every op pays
             "matmul_overhead_us": _sig(max(0.0, fp32.fixed_s * 1e6 - launch)),
             "matmul_k_overhead": max(1, round(fp32.k0)),
-            # the fitted row tile; columns are never the skinny side of a model's GEMM
+            # the fitted row tile or row overhead; columns are never the skinny side of a
+            # model's GEMM
             "matmul_tile_m": fp32.tile_m,
+            **({"matmul_row_overhead": fp32.row_overhead} if fp32.row_overhead else {}),
             "matmul_tile_n": 1,
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
             **self.eager_host.to_efficiency(),
             **{key: _sig(value) for key, value in self.alignment.items()},
             **({"matmul_group_rows_overhead": self.group_rows_overhead}
-               if self.group_rows_overhead is not None else {}),
+               if self.group_rows_overhead else {}),
         }
         return {
             "id": hw_id or self.hardware_id(),
@@ -243,7 +250,7 @@ class Calibration:
                               for p, f in zip(("forward", "backward"), self.attention,
                                               strict=True)],
                 "fits": [{"dtype": f.dtype, "rate_tflops": f.rate_flops / 1e12, "k0": f.k0,
-                          "tile_m": f.tile_m,
+                          "tile_m": f.tile_m, "row_overhead": f.row_overhead,
                           "fixed_us": f.fixed_s * 1e6, "rms_rel_error": f.rms_rel_error}
                          for f in self.fits],
                 "gemm": [{"dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k,
@@ -645,9 +652,12 @@ def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time
 
 
 def fit_gemm(dtype: str, points: Sequence[GemmPoint],
-             tiles: Sequence[int] = TILE_CANDIDATES) -> GemmFit:
+             tiles: Sequence[int] = TILE_CANDIDATES,
+             row_overheads: Sequence[int] = ROW_OVERHEAD_CANDIDATES) -> GemmFit:
     """Least squares of ``t = c + F'·u + F'/k·v`` on relative error (rows divided by t),
-    ``F' = F/padding(m, tile)``, for each tile; the tile of the least error is kept.
+    for each way of counting a GEMM's rows: ``F' = F/padding(m, tile)`` for each row
+    tile (a GPU's output tiles), and ``F' = F·(m + r)/m`` for each row overhead ``r``
+    (a CPU BLAS's per-call packing of the weight); the one of the least error is kept.
     rate = 1/u, k0 = v/u. A fit that gives no positive rate is an error, not a number.
     """
     import numpy as np
@@ -657,8 +667,9 @@ def fit_gemm(dtype: str, points: Sequence[GemmPoint],
                             "give --sizes at least two values")
     t = np.array([p.time_s for p in points])
     best: GemmFit | None = None
-    for tile in tiles:
-        pad = [p.m / (math.ceil(p.m / tile) * tile) for p in points]
+    counts = [(tile, 0) for tile in tiles] + [(1, r) for r in row_overheads]
+    for tile, extra in counts:
+        pad = [p.m / (math.ceil(p.m / tile) * tile + extra) for p in points]
         design = np.array([[1.0, p.flops / f, p.flops / f / p.k]
                            for p, f in zip(points, pad, strict=True)]) / t[:, None]
         coef = _nnls(design, np.ones_like(t))
@@ -668,7 +679,7 @@ def fit_gemm(dtype: str, points: Sequence[GemmPoint],
         rms = float(math.sqrt(float(np.mean((design @ coef - 1.0) ** 2))))
         if best is None or rms < best.rms_rel_error:
             best = GemmFit(dtype=dtype, rate_flops=1.0 / u, k0=v / u, fixed_s=c,
-                           rms_rel_error=rms, tile_m=tile)
+                           rms_rel_error=rms, tile_m=tile, row_overhead=extra)
     if best is None:
         raise InternalError(f"calibrate: the {dtype} GEMM fit has no throughput term",
                             "the timings are dominated by noise; rerun with larger --sizes")
