@@ -3,6 +3,7 @@ calibration writes (the attention efficiency over its own dtype's GEMM rate)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from zrt_core.profile.calibrate import Calibration, GemmFit
@@ -294,3 +295,24 @@ def test_the_group_row_overhead_is_the_median_over_the_probes():
     # a grouped kernel as fast as the dense one: no overhead; nothing timed: None
     assert fit_group_rows([{"rows": 64, "grouped_us": 90.0, "dense_us": 100.0}]) == 0
     assert fit_group_rows([]) is None
+
+
+def test_the_gemm_fit_tells_a_row_overhead_from_a_row_tile():
+    from zrt_core.profile.calibrate import GemmPoint, fit_gemm
+
+    # calibrate's grid: s × s × k over the sizes, and skinny rows at the largest n = k (the
+    # weight's size varies, so a per-row overhead is not a fixed cost in disguise)
+    sizes = (64, 128, 256, 512)
+    shapes = [(s, s, k) for s in sizes for k in sizes] + [(m, 512, 512) for m in (1, 2, 4, 8)]
+    # timings made as m + 12 rows at 100 GFLOP/s plus 5 µs: 2·(m + 12)·n·k / 1e11 + 5e-6
+    rows = [GemmPoint("fp32", m, n, k, 2 * (m + 12) * n * k / 1e11 + 5e-6)
+            for m, n, k in shapes]
+    fit = fit_gemm("fp32", rows)
+    assert (fit.row_overhead, fit.tile_m) == (12, 1)
+    assert fit.rate_flops == pytest.approx(1e11, rel=1e-6)
+    assert fit.fixed_s == pytest.approx(5e-6, rel=1e-6)
+    # and as 16-row tiles: ceil(m / 16)·16 rows
+    tiled = [GemmPoint("fp32", m, n, k, 2 * -(-m // 16) * 16 * n * k / 1e11 + 5e-6)
+             for m, n, k in shapes]
+    fit = fit_gemm("fp32", tiled)
+    assert (fit.row_overhead, fit.tile_m) == (0, 16)
