@@ -52,7 +52,7 @@ from typing import Any
 from attrs import field, frozen
 
 from zrt_core.errors import InternalError
-from zrt_core.profile.device import TORCH_DTYPES, Device, time_call
+from zrt_core.profile.device import TORCH_DTYPES, Device, best_interleaved, time_call
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024)
 #: row-tile sizes the GEMM fit tries (a CPU micro-kernel's rows, a GPU tile's)
@@ -296,9 +296,9 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                     | {(m, big, big) for m in SKINNY_ROWS if m < big})
     points = []
     for dtype in dtypes:
-        for m, n, k in shapes:
-            points.append(GemmPoint(dtype, m, n, k, _time_gemm(device, dtype, m, n, k,
-                                                               repeats, min_time_s, mem_mb)))
+        times = _time_gemms(device, dtype, shapes, repeats, min_time_s, mem_mb)
+        points.extend(GemmPoint(dtype, m, n, k, t)
+                      for (m, n, k), t in zip(shapes, times, strict=True))
         done(f"{dtype} GEMMs")
     fits = tuple(fit_gemm(dtype, [p for p in points if p.dtype == dtype]) for dtype in dtypes)
 
@@ -360,8 +360,11 @@ def _launch_s(device: Device, repeats: int, min_time_s: float) -> float:
                      min_time_s=min_time_s)[0]
 
 
-def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
-               min_time_s: float, mem_mb: float) -> float:
+def _gemm_call(device: Device, dtype: str, m: int, n: int, k: int, mem_mb: float
+               ) -> Callable[[], Any]:
+    """One GEMM of the grid, ready to time: in F.linear's layout (``x @ W.t()``, W
+    ``[n, k]``, as a model's GEMMs and ``zrt profile``'s run), the weight cycled through
+    ``mem_mb`` of copies (beyond the caches); fp8 by ``torch._scaled_mm``."""
     import torch
 
     dev = device.torch_device
@@ -369,23 +372,26 @@ def _time_gemm(device: Device, dtype: str, m: int, n: int, k: int, repeats: int,
         a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()
         scale = torch.ones((), device=dev)
-        return time_call(device, lambda: torch._scaled_mm(a, b, scale, scale,
-                                                          out_dtype=torch.bfloat16),
-                         repeats=repeats, min_time_s=min_time_s)[0]
+        return lambda: torch._scaled_mm(a, b, scale, scale, out_dtype=torch.bfloat16)
+    torch_type = getattr(torch, TORCH_DTYPES[dtype])
+    x = torch.randn(m, k, device=dev, dtype=torch_type)
+    copies = max(1, math.ceil(mem_mb * 1e6 / (k * n * torch_type.itemsize)))
+    weights = [torch.randn(n, k, device=dev, dtype=torch_type) for _ in range(copies)]
+    turn = iter(range(1 << 62))
+    return lambda: torch.mm(x, weights[next(turn) % copies].t())
+
+
+def _time_gemms(device: Device, dtype: str, shapes: Sequence[tuple[int, int, int]],
+                repeats: int, min_time_s: float, mem_mb: float) -> list[float]:
+    """Seconds per GEMM of each shape in ``dtype``: the best of ``repeats`` samples, taken
+    in turn over the shapes (:func:`~zrt_core.profile.device.best_interleaved`)."""
+    import torch
+
     if dtype == "tf32":
         torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        torch_type = getattr(torch, TORCH_DTYPES[dtype])
-        a = torch.randn(m, k, device=dev, dtype=torch_type)
-        copies = max(1, math.ceil(mem_mb * 1e6 / (k * n * torch_type.itemsize)))
-        # F.linear's layout, as a model's GEMMs run (and zrt profile's): x @ W.t(), W [n, k]
-        weights = [torch.randn(n, k, device=dev, dtype=torch_type) for _ in range(copies)]
-        turn = iter(range(1 << 62))
-
-        def call() -> Any:
-            return torch.mm(a, weights[next(turn) % copies].t())
-
-        return time_call(device, call, repeats=repeats, min_time_s=min_time_s)[0]
+        calls = [_gemm_call(device, dtype, m, n, k, mem_mb) for m, n, k in shapes]
+        return best_interleaved(device, calls, repeats=repeats, min_time_s=min_time_s)
     finally:
         if dtype == "tf32":
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -628,27 +634,34 @@ def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time
     b, h, d = (2, 32, 128) if device.kind == "cuda" else (1, 4, 64)
     forward, backward = [], []
     # the GEMM sizes and twice the largest: three lengths at least for a three-number fit
-    for s in sorted({*sizes, 2 * max(sizes)}):
-        dims = AttentionDims(b=b, h=h, h_kv=h, s_q=s, s_kv=s, d=d, causal=True)
+    lengths = sorted({*sizes, 2 * max(sizes)})
+    calls = []
+    for s in lengths:
         q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch_type, requires_grad=True)
                    for _ in range(3))
-        with torch.no_grad():
-            fwd_s = time_call(device, lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
-                q, k, v, is_causal=True), repeats=repeats, min_time_s=min_time_s)[0]
         grad = torch.randn(b, h, s, d, device=dev, dtype=torch_type)
+
+        def fwd(q: Any = q, k: Any = k, v: Any = v) -> None:
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         def both(q: Any = q, k: Any = k, v: Any = v, grad: Any = grad) -> None:
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
-        both_s = time_call(device, both, repeats=repeats, min_time_s=min_time_s)[0]
+        calls += [fwd, both]
+    times = best_interleaved(device, calls, repeats=repeats, min_time_s=min_time_s)
+    for i, s in enumerate(lengths):
+        fwd_s, both_s = times[2 * i], times[2 * i + 1]
+        dims = AttentionDims(b=b, h=h, h_kv=h, s_q=s, s_kv=s, d=d, causal=True)
         visible = round(dims.visible_keys)
         # a GemmPoint's flops are 2mnk: m·n·k carries the attention FLOPs over 2
         forward.append(GemmPoint(dtype, 1, dims.forward_flops // (2 * visible), visible,
                                  fwd_s))
         backward.append(GemmPoint(dtype, 1, dims.backward_flops // (2 * visible), visible,
                                   max(both_s - fwd_s, both_s * 0.05)))
-    return (fit_gemm("attention_fwd", forward, tiles=(1,)),
-            fit_gemm("attention_bwd", backward, tiles=(1,)))
+    # one "row" per point: neither a row tile nor a row overhead means anything here
+    return (fit_gemm("attention_fwd", forward, tiles=(1,), row_overheads=()),
+            fit_gemm("attention_bwd", backward, tiles=(1,), row_overheads=()))
 
 
 def fit_gemm(dtype: str, points: Sequence[GemmPoint],

@@ -13,7 +13,7 @@ import math
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from attrs import frozen
@@ -232,6 +232,27 @@ def time_call(device: Device, fn: Callable[[], Any], *, warmup: int = 2, repeats
                 break
         samples.append(elapsed / calls)
     return sorted(samples)
+
+
+def best_interleaved(device: Device, calls: Sequence[Callable[[], Any]], *, repeats: int,
+                     min_time_s: float = 0.0) -> list[float]:
+    """Seconds per call of each of ``calls``: the best of ``repeats`` samples, each a
+    :func:`time_call` sample, taken in turn over the calls (every call warmed up first). A
+    slow spell of a shared machine (other tenants' memory traffic, seconds long) then
+    falls on every call's samples alike instead of on the few calls timed during it, which
+    a fit over them (``zrt calibrate``'s GEMM grid) would read as a shape effect. A GPU is
+    the session's own: its calls are timed one after the other."""
+    if device.kind == "cuda":
+        return [time_call(device, fn, repeats=repeats, min_time_s=min_time_s)[0]
+                for fn in calls]
+    for fn in calls:
+        time_call(device, fn, warmup=2, repeats=0)
+    best = [math.inf] * len(calls)
+    for _ in range(repeats):
+        for i, fn in enumerate(calls):
+            best[i] = min(best[i], time_call(device, fn, warmup=0, repeats=1,
+                                             min_time_s=min_time_s)[0])
+    return best
 
 
 def _gpu_samples(fn: Callable[[], Any], repeats: int, min_time_s: float) -> list[float]:
