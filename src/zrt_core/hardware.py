@@ -205,6 +205,10 @@ class Efficiency:
         (``benchmarks/gpu_alignment.py``, docs/cost-model.md); 1: not modelled.
     :param matmul_unaligned_2b: the same for rows aligned to 2 bytes or less (an odd
         dimension in a 16-bit type).
+    :param matmul_memory: the fraction of the memory bandwidth a GEMM's operands stream at
+        (None: ``memory``): a CPU BLAS packs a skinny GEMM's weight panel at well under
+        copy speed; fitted by ``zrt calibrate`` on its skinny GEMMs (docs/cost-model.md,
+        "Row overhead").
     :param matmul_row_overhead: rows' worth of work a GEMM pays beyond its own rows: it
         runs at ``m / (m + this)`` of the rate (a CPU BLAS packs the weight panel once per
         call, work that grows with ``n × k`` as the rows' does); ``zrt calibrate``'s fit
@@ -258,6 +262,7 @@ class Efficiency:
 
     matmul: float = 0.75
     matmul_fp8: float | None = None
+    matmul_memory: float | None = None
     matmul_fp4: float | None = None
     attention: float = 0.55
     attention_backward: float | None = None

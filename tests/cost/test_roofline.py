@@ -37,6 +37,16 @@ def test_large_gemm_is_compute_bound_with_k_loop_loss(roofline):
     assert cost.detail["k_loop_efficiency"] == pytest.approx(4096 / 4224)
 
 
+def test_a_skinny_gemm_streams_its_operands_at_the_packs_gemm_rate():
+    cost = RooflineBackend(make_toy(matmul_memory=0.25, matmul_row_overhead=12)).price(
+        mm_node(4, 4096, 4096))
+    # bytes (4·4096 + 4096² + 4·4096)·2 = 33619968 at 2000 GB/s · 0.25 (not memory's 0.5)
+    assert cost.memory_s == pytest.approx(33619968 / 5e11, rel=1e-12)
+    assert cost.bound == "memory"
+    # 4 rows and 12 of overhead: the row efficiency 4/16, beside the 128-row tile's 4/128
+    assert cost.detail["row_efficiency"] == pytest.approx(0.25, rel=1e-12)
+
+
 def test_wave_quantisation_of_a_last_partial_wave(roofline):
     cost = roofline.price(mm_node(640, 4096, 128))
     # 5 tiles on 4 units: 2 waves, 5/8 busy; k_loop 4096/4224 = 32/33; shape 20/33

@@ -316,3 +316,21 @@ def test_the_gemm_fit_tells_a_row_overhead_from_a_row_tile():
              for m, n, k in shapes]
     fit = fit_gemm("fp32", tiled)
     assert (fit.row_overhead, fit.tile_m) == (0, 16)
+
+
+def test_a_gemm_streams_its_weight_at_the_fastest_skinny_rate_over_the_copy():
+    from zrt_core.profile.calibrate import Calibration, GemmFit, GemmPoint
+
+    fit = GemmFit(dtype="fp32", rate_flops=1e11, k0=0.0, fixed_s=5e-6, rms_rel_error=0.1)
+    # a 1024 × 1024 fp32 weight is 4,194,304 bytes: at 2 rows in 490 µs it streams at
+    # 8.56 GB/s, at 4 in 512 µs 8.19, at 8 in 614 µs 6.83; one row (a GEMV) and 16 rows
+    # are left out; over the copy's 25 GB/s: 4194304 / 490e-6 / 25e9 = 0.3424
+    gemm = [GemmPoint("fp32", m, 1024, 1024, t * 1e-6)
+            for m, t in ((1, 280), (2, 490), (4, 512), (8, 614), (16, 725))]
+    gemm.append(GemmPoint("fp32", 512, 512, 512, 3e-3))
+    cal = Calibration(device=Device(kind="cpu", name="toy", threads=1), gemm=gemm,
+                      fits=(fit,), attention=(fit, fit), memory_gb_per_s=25.0,
+                      launch_overhead_us=2.0, vector_flops=1e9, capacity_gb=16.0,
+                      date="2026-11-27")
+    assert cal.gemm_stream_fraction() == pytest.approx(4194304 / 490e-6 / 25e9, rel=1e-12)
+    assert cal.to_pack()["efficiency"]["matmul_memory"] == 0.3424

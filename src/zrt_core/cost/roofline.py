@@ -112,6 +112,9 @@ class RooflineBackend:
         eff = hardware.efficiency
         self.eff = eff
         self.hbm_bytes_per_s = hardware.memory.bandwidth_gb_per_s * 1e9 * eff.memory
+        #: a GEMM's operand traffic (efficiency.matmul_memory; else as any kernel's)
+        self.gemm_bytes_per_s = (hardware.memory.bandwidth_gb_per_s * 1e9 * eff.matmul_memory
+                                 if eff.matmul_memory else self.hbm_bytes_per_s)
         self.vector_flops_per_s = hardware.compute.fp32_tflops * 1e12 * eff.vector
         self.launch_s = eff.launch_overhead_us * 1e-6
         self.gemm_fixed_s = self.launch_s + eff.matmul_overhead_us * 1e-6
@@ -181,7 +184,7 @@ class RooflineBackend:
         nbytes, bytes_from = _node_bytes(node)
         detail: dict[str, Any] = {"dtype": dtype, "compute": key, "peak_tflops": peak / 1e12,
                                   "efficiency": efficiency, "flops": flops, "bytes": nbytes,
-                                  "hbm_efficiency": self.eff.memory}
+                                  "hbm_efficiency": self.eff.matmul_memory or self.eff.memory}
         if bytes_from != "node":
             detail["bytes_from"] = bytes_from
         streams = node.attrs.get(EXPERT_STREAMS_ATTR)
@@ -203,7 +206,7 @@ class RooflineBackend:
         if sustained != 1.0:
             detail["sustained"] = sustained
         compute_s = flops / (peak * efficiency * shape * sustained) if flops else 0.0
-        return self._finish(rule, compute_s, nbytes / self.hbm_bytes_per_s, self.gemm_fixed_s,
+        return self._finish(rule, compute_s, nbytes / self.gemm_bytes_per_s, self.gemm_fixed_s,
                             detail)
 
     def _expert_loop(self, dims: GemmDims, streams: int, flops: float, peak: float,
@@ -234,7 +237,7 @@ class RooflineBackend:
         if sustained != 1.0:
             detail["sustained"] = sustained
         fixed_s = rounds * self.gemm_fixed_s + groups * per_kernel_s
-        return self._finish("expert_gemm_loop", compute_s, nbytes / self.hbm_bytes_per_s,
+        return self._finish("expert_gemm_loop", compute_s, nbytes / self.gemm_bytes_per_s,
                             fixed_s, detail)
 
     def row_overhead(self, dims: GemmDims) -> int:

@@ -60,6 +60,8 @@ TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: rows' worth of per-call work the GEMM fit tries, each with no row tile (a CPU BLAS packs
 #: the weight panel once per call: work that grows with n × k, as each row's does)
 ROW_OVERHEAD_CANDIDATES = (2, 4, 8, 12, 16, 20, 24, 32)
+#: the skinny rows whose weight streaming gives ``matmul_memory``
+SKINNY_STREAM_ROWS = (2, 8)
 #: skinny GEMM rows timed at the largest n = k
 SKINNY_ROWS = (1, 2, 4, 8, 16, 32)
 DEFAULT_DTYPES = ("fp32",)
@@ -154,6 +156,18 @@ class Calibration:
         (None: not timed)."""
         return fit_group_rows(self.grouped_points)
 
+    def gemm_stream_fraction(self) -> float | None:
+        """The pack's ``matmul_memory``: the fastest an fp32 GEMM of 2–8 rows (the skinny
+        rows of the grid, at the largest n = k) streamed its weight, over the copy's
+        bandwidth, at most 1; None without such rows. One row is left out: BLAS runs it as
+        a GEMV, which streams near copy speed; past 8 rows compute shares the time."""
+        rates = [p.n * p.k * 4 / p.time_s for p in self.gemm
+                 if p.dtype == "fp32" and SKINNY_STREAM_ROWS[0] <= p.m <= SKINNY_STREAM_ROWS[1]
+                 and p.n == p.k == max(q.n for q in self.gemm)]
+        if not rates or self.memory_gb_per_s <= 0:
+            return None
+        return min(1.0, max(rates) / (self.memory_gb_per_s * 1e9))
+
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
 
@@ -190,6 +204,8 @@ class Calibration:
             # model's GEMM
             "matmul_tile_m": fp32.tile_m,
             **({"matmul_row_overhead": fp32.row_overhead} if fp32.row_overhead else {}),
+            **({"matmul_memory": _sig(stream)}
+               if (stream := self.gemm_stream_fraction()) is not None else {}),
             "matmul_tile_n": 1,
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
             **self.eager_host.to_efficiency(),
