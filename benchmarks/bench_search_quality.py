@@ -39,6 +39,13 @@ from _bench import VALIDATION, result
 PERCENTILE_TARGET = 20.0
 
 
+def _placed(ranked: list[dict], k: int, key: str) -> tuple[int, float, dict, dict, float]:
+    """The published layout at rank ``k`` of ``ranked``: (k, its percentile, zrt's best
+    row, the published row, how far the best is predicted above it by ``key``)."""
+    best, pub = ranked[0], ranked[k]
+    return k, 100.0 * k / len(ranked), best, pub, best[key] / pub[key] - 1
+
+
 def _with(values: tuple[int, ...], extra: int) -> tuple[int, ...]:
     return tuple(sorted({*values, extra}))
 
@@ -121,11 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rec['id']}: published layout {wanted} {why}; {len(ranked)} ranked, "
                   f"{took:.0f} s")
             continue
-        k = hits[0]
-        pct = 100.0 * k / len(ranked)
+        k, pct, best, pub, gap = _placed(ranked, hits[0], "tokens_per_s_per_gpu")
         percentiles.append(pct)
-        best, pub = ranked[0], ranked[k]
-        gap = best["tokens_per_s_per_gpu"] / pub["tokens_per_s_per_gpu"] - 1
         measured = rec["measured"].get("tokens_per_s_per_gpu")
         print(f"{rec['id']}: published layout ranked {k + 1} of {len(ranked)} "
               f"({pct:.0f}th percentile); zrt's best tp{best['tp']} pp{best['pp']} "
@@ -186,11 +190,8 @@ def _serving(args: argparse.Namespace) -> int:
             print(f"{rec.id}: published layout {wanted} not ranked (does not fit or removed); "
                   f"{len(ranked)} ranked, {took:.1f} s")
             continue
-        k = hits[0]
-        pct = 100.0 * k / len(ranked)
+        k, pct, best, pub, gap = _placed(ranked, hits[0], "output_tokens_per_s_per_gpu")
         percentiles.append(pct)
-        best, pub = ranked[0], ranked[k]
-        gap = best["output_tokens_per_s_per_gpu"] / pub["output_tokens_per_s_per_gpu"] - 1
         measured = rec.raw["measured"].get("output_tokens_per_s_per_gpu")
         print(f"{rec.id}: published tp{p.tp} ep{p.ep} dp{p.dp} ranked {k + 1} of "
               f"{len(ranked)} ({pct:.0f}th percentile); zrt's best tp{best['tp']} "
