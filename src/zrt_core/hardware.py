@@ -209,6 +209,9 @@ class Efficiency:
         (None: ``memory``): a CPU BLAS packs a skinny GEMM's weight panel at well under
         copy speed; fitted by ``zrt calibrate`` on its skinny GEMMs (docs/cost-model.md,
         "Row overhead").
+    :param attention_decode_memory: the fraction of the memory bandwidth a decode
+        attention (a few queries over a KV cache) streams its cache at (None: ``memory``);
+        fitted by ``zrt calibrate`` on PyTorch's SDPA of one query (docs/cost-model.md).
     :param matmul_row_overhead: rows' worth of work a GEMM pays beyond its own rows: it
         runs at ``m / (m + this)`` of the rate (a CPU BLAS packs the weight panel once per
         call, work that grows with ``n × k`` as the rows' does); ``zrt calibrate``'s fit
@@ -263,6 +266,7 @@ class Efficiency:
     matmul: float = 0.75
     matmul_fp8: float | None = None
     matmul_memory: float | None = None
+    attention_decode_memory: float | None = None
     matmul_fp4: float | None = None
     attention: float = 0.55
     attention_backward: float | None = None

@@ -278,3 +278,19 @@ def test_unaligned_rows_run_at_the_packs_fractions():
     assert "row_alignment_efficiency" not in aligned.detail
     # without the fractions (every pack but the Hopper ones) nothing changes
     assert "row_alignment_efficiency" not in plain.price(mm_node(4096, 4096, 4097)).detail
+
+
+def test_decode_attention_streams_its_cache_at_the_packs_decode_rate(node):
+    q, kv = tensor(4, 8, 1, 128), tensor(4, 8, 4096, 128)
+    decode = node("aten._scaled_dot_product_efficient_attention.default", "attention",
+                  [q, kv, kv], [q], flops=4 * 4 * 8 * 4096 * 128)
+    cost = RooflineBackend(make_toy(attention_decode_memory=0.25)).price(decode)
+    # the same 67125248 bytes at 2000 GB/s · 0.25 (not memory's 0.5): 1.34250496e-4 s
+    assert cost.memory_s == pytest.approx(1.34250496e-4, rel=1e-12)
+    assert cost.detail["hbm_efficiency"] == 0.25
+    # a prefill's attention keeps the FlashAttention rule and its bytes at memory's rate
+    s = tensor(4, 8, 1024, 128)
+    prefill = RooflineBackend(make_toy(attention_decode_memory=0.25)).price(
+        node("aten._scaled_dot_product_efficient_attention.default", "attention", [s, s, s],
+             [s], flops=4 * 4 * 8 * 1024 * 1024 * 128))
+    assert prefill.memory_s == pytest.approx(4 * 8388608 / 1e12, rel=1e-12)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attrs import evolve
 
 from zrt_core.profile.calibrate import Calibration, GemmFit
 from zrt_core.profile.device import Device
@@ -334,3 +335,8 @@ def test_a_gemm_streams_its_weight_at_the_fastest_skinny_rate_over_the_copy():
                       date="2026-11-27")
     assert cal.gemm_stream_fraction() == pytest.approx(4194304 / 490e-6 / 25e9, rel=1e-12)
     assert cal.to_pack()["efficiency"]["matmul_memory"] == 0.3424
+    # no decode attention timed: the pack says nothing of it; 12.5 GB/s of KV cache
+    # streamed over the 25 GB/s copy: 0.5
+    assert "attention_decode_memory" not in cal.to_pack()["efficiency"]
+    timed = evolve(cal, decode_attention_bytes_per_s=12.5e9)
+    assert timed.to_pack()["efficiency"]["attention_decode_memory"] == 0.5

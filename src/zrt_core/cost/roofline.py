@@ -334,8 +334,12 @@ class RooflineBackend:
             detail.update(exps=exps, exp_tera_per_s=self.exp_per_s / 1e12,
                           tensor_s=compute_s, exp_s=exp_s, exp_bound=exp_s > compute_s)
             compute_s = max(compute_s, exp_s)
-        return self._finish(rule, compute_s, nbytes / self.hbm_bytes_per_s, self.launch_s,
-                            detail)
+        stream = self.hbm_bytes_per_s
+        if rule == "decode_attention" and self.eff.attention_decode_memory:
+            stream = self.hardware.memory.bandwidth_gb_per_s * 1e9 * \
+                self.eff.attention_decode_memory
+            detail["hbm_efficiency"] = self.eff.attention_decode_memory
+        return self._finish(rule, compute_s, nbytes / stream, self.launch_s, detail)
 
     def attention_shape_efficiency(self, dims: AttentionDims, backward: bool
                                    ) -> tuple[float, dict[str, Any]]:

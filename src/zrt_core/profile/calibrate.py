@@ -144,6 +144,8 @@ class Calibration:
     alignment_points: tuple[Mapping[str, Any], ...] = field(default=(), converter=tuple)
     #: the grouped GEMMs against dense ones (:func:`_grouped_points`)
     grouped_points: tuple[Mapping[str, Any], ...] = field(default=(), converter=tuple)
+    #: a decode attention's KV cache streamed per second (:func:`_decode_attention_rate`)
+    decode_attention_bytes_per_s: float | None = None
 
     @property
     def alignment(self) -> dict[str, float]:
@@ -206,6 +208,9 @@ class Calibration:
             **({"matmul_row_overhead": fp32.row_overhead} if fp32.row_overhead else {}),
             **({"matmul_memory": _sig(stream)}
                if (stream := self.gemm_stream_fraction()) is not None else {}),
+            **({"attention_decode_memory": _sig(min(
+                1.0, self.decode_attention_bytes_per_s / (self.memory_gb_per_s * 1e9)))}
+               if self.decode_attention_bytes_per_s else {}),
             "matmul_tile_n": 1,
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
             **self.eager_host.to_efficiency(),
@@ -257,6 +262,8 @@ class Calibration:
                 "alignment": dict(self.alignment),
                 "alignment_points": [dict(p) for p in self.alignment_points],
                 "group_rows_overhead": self.group_rows_overhead,
+                "decode_attention_gb_per_s": None if not self.decode_attention_bytes_per_s
+                else self.decode_attention_bytes_per_s / 1e9,
                 "grouped_points": [dict(p) for p in self.grouped_points],
                 "memory_gb_per_s": self.memory_gb_per_s,
                 "launch_overhead_us": self.launch_overhead_us,
@@ -331,6 +338,8 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
 
     attention_dtype = "bf16" if device.kind == "cuda" and "bf16" in dtypes else "fp32"
     attention = _attention_fits(device, sizes, repeats, min_time_s, attention_dtype)
+    decode_attention = _decode_attention_rate(device, attention_dtype, repeats, min_time_s,
+                                              mem_mb)
     done("attention")
     vector = _vector_flops(device, launch_s, repeats, min_time_s)
     done("pointwise ops")
@@ -353,6 +362,7 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
                        vector_flops=vector, attention_dtype=attention_dtype,
                        eager_host=eager_host, link=link,
                        alignment_points=alignment_points, grouped_points=grouped_points,
+                       decode_attention_bytes_per_s=decode_attention,
                        capacity_gb=_capacity_gb(device),
                        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"))
 
@@ -678,6 +688,37 @@ def _attention_fits(device: Device, sizes: Sequence[int], repeats: int, min_time
     # one "row" per point: neither a row tile nor a row overhead means anything here
     return (fit_gemm("attention_fwd", forward, tiles=(1,), row_overheads=()),
             fit_gemm("attention_bwd", backward, tiles=(1,), row_overheads=()))
+
+
+#: the decode-attention probe: (batch, KV heads = heads, head dim, cached tokens), one query
+DECODE_PROBE = {"cpu": (4, 8, 64, 512), "cuda": (16, 8, 128, 4096)}
+
+
+def _decode_attention_rate(device: Device, dtype: str, repeats: int, min_time_s: float,
+                           mem_mb: float) -> float:
+    """Bytes of KV cache per second that PyTorch's SDPA streams for one query per sequence
+    (:data:`DECODE_PROBE`), the caches cycled through ``mem_mb`` of copies as a decode
+    step's layers read theirs from memory, the launch included: the pack's
+    ``attention_decode_memory`` is this over the copy's bandwidth."""
+    import torch
+    import torch.nn.functional as F
+
+    b, h, d, kv = DECODE_PROBE["cuda" if device.kind == "cuda" else "cpu"]
+    dev = device.torch_device
+    torch_type = getattr(torch, TORCH_DTYPES[dtype])
+    cache_bytes = 2 * b * h * kv * d * torch_type.itemsize
+    copies = max(1, math.ceil(mem_mb * 1e6 / cache_bytes))
+    caches = [(torch.randn(b, h, kv, d, device=dev, dtype=torch_type),
+               torch.randn(b, h, kv, d, device=dev, dtype=torch_type)) for _ in range(copies)]
+    q = torch.randn(b, h, 1, d, device=dev, dtype=torch_type)
+    turn = iter(range(1 << 62))
+
+    def step() -> None:
+        k, v = caches[next(turn) % copies]
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v)
+
+    return cache_bytes / time_call(device, step, repeats=repeats, min_time_s=min_time_s)[0]
 
 
 def fit_gemm(dtype: str, points: Sequence[GemmPoint],
