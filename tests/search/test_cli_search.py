@@ -303,3 +303,29 @@ def test_emit_to_an_unknown_framework_is_one_line(model_dir: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     err = _error(capsys, "search", str(model_dir), "--hw", "h100", *TRAIN, "--emit", "nemo1")
     assert "nemo1" in err
+
+
+TINY_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128,
+            "moe_intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4,
+            "num_experts_per_tok": 2, "vocab_size": 128}
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_an_moe_serving_winner_with_attention_dp_says_its_gain_is_an_upper_bound(
+        model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zrt_core.search.run import ATTENTION_DP_MOE_NOTE
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MOE))
+    serve = [a for a in SERVE if a != "--batch" and a != "1,4"]
+    # only attention dp 2 on 2 GPUs: the winner is attention-DP, so the note comes with it
+    d = _json(capsys, "search", str(tmp_path), "--hw", "h100", *serve, "--tp", "1",
+              "--dp", "2", "--json")
+    assert d["winner"]["dp"] == 2 and d["notes"] == [ATTENTION_DP_MOE_NOTE]
+    # tensor-parallel attention: no note; nor for a dense model with attention dp
+    d = _json(capsys, "search", str(tmp_path), "--hw", "h100", *serve, "--tp", "2",
+              "--dp", "1", "--json")
+    assert "notes" not in d
+    d = _json(capsys, "search", str(model_dir), "--hw", "h100", *serve, "--tp", "1",
+              "--dp", "2", "--json")
+    assert "notes" not in d

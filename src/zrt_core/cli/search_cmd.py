@@ -380,6 +380,8 @@ def print_search(result: Any) -> None:
                   + (f"; {result.extra['disaggregated_over_aggregated']:.2f}× the best "
                      "aggregated layout" if "disaggregated_over_aggregated" in result.extra
                      else ""))
+    for note in result.extra.get("notes", ()):
+        con.print(f"note: {note}")
     report = result.winner_report_object
     if report is not None:
         con.print("the winner's report:")

@@ -74,6 +74,14 @@ class SearchResult:
         }
 
 
+#: why an attention-DP winner of an MoE serving search is an upper bound: docs/search.md,
+#: "Serving: TensorRT-LLM's published layouts"
+ATTENTION_DP_MOE_NOTE = (
+    "the best layout runs attention data-parallel for an MoE model: zrt predicts "
+    "TensorRT-LLM's published MoE runs read that way 43-77% faster than they measured "
+    "(docs/search.md), so its gain over tensor-parallel attention is an upper bound")
+
+
 def _nvlink(hw: Any) -> int | None:
     return hw.interconnect[0].devices if hw.interconnect else None
 
@@ -193,6 +201,8 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
                 split["output_tokens_per_s_per_gpu"]
                 / kept[ranking[0]]["output_tokens_per_s_per_gpu"])
         gpus_front = []
+        if dims.is_moe and ranking and kept[ranking[0]]["dp"] > 1:
+            extra["notes"] = [ATTENTION_DP_MOE_NOTE]
         latency = sum(1 for r in kept if r["fits"] and not r["meets_targets"])
         if latency:
             rejected["latency_targets"] = latency
