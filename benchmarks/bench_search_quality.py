@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from _bench import VALIDATION, result
@@ -37,6 +38,18 @@ from _bench import VALIDATION, result
 #: The published layout should rank in the best fifth of zrt's ranking (median over the
 #: records); an aim, not a fitted number.
 PERCENTILE_TARGET = 20.0
+
+
+def _read(read: Any, rec: Any, rec_id: str) -> Any:
+    """The record's estimator inputs, or None (one line saying why) when they cannot be
+    read."""
+    from zrt_core.errors import ZrtError
+
+    try:
+        return read(rec)
+    except ZrtError as exc:
+        print(f"{rec_id}: not read ({exc})")
+        return None
 
 
 def _placed(ranked: list[dict], k: int, key: str) -> tuple[int, float, dict, dict, float]:
@@ -80,10 +93,8 @@ def main(argv: list[str] | None = None) -> int:
               and (args.only is None or any(o in r["id"] for o in args.only.split(",")))]
     percentiles: list[float] = []
     for rec in chosen:
-        try:
-            case = case_from_record(rec)
-        except ZrtError as exc:
-            print(f"{rec['id']}: not read ({exc})")
+        case = _read(case_from_record, rec, rec["id"])
+        if case is None:
             continue
         if case.layout_search:
             continue
@@ -160,10 +171,8 @@ def _serving(args: argparse.Namespace) -> int:
     percentiles: list[float] = []
     single = 0
     for rec in chosen:
-        try:
-            case = inference_case(rec)
-        except ZrtError as exc:
-            print(f"{rec.id}: not read ({exc})")
+        case = _read(inference_case, rec, rec.id)
+        if case is None:
             continue
         if case.num_gpus == 1:
             single += 1  # one layout: tp 1

@@ -115,6 +115,10 @@ class RooflineBackend:
         #: a GEMM's operand traffic (efficiency.matmul_memory; else as any kernel's)
         self.gemm_bytes_per_s = (hardware.memory.bandwidth_gb_per_s * 1e9 * eff.matmul_memory
                                  if eff.matmul_memory else self.hbm_bytes_per_s)
+        #: a decode attention's KV cache (efficiency.attention_decode_memory; else as above)
+        self.decode_kv_bytes_per_s = (
+            hardware.memory.bandwidth_gb_per_s * 1e9 * eff.attention_decode_memory
+            if eff.attention_decode_memory else self.hbm_bytes_per_s)
         self.vector_flops_per_s = hardware.compute.fp32_tflops * 1e12 * eff.vector
         self.launch_s = eff.launch_overhead_us * 1e-6
         self.gemm_fixed_s = self.launch_s + eff.matmul_overhead_us * 1e-6
@@ -336,8 +340,7 @@ class RooflineBackend:
             compute_s = max(compute_s, exp_s)
         stream = self.hbm_bytes_per_s
         if rule == "decode_attention" and self.eff.attention_decode_memory:
-            stream = self.hardware.memory.bandwidth_gb_per_s * 1e9 * \
-                self.eff.attention_decode_memory
+            stream = self.decode_kv_bytes_per_s
             detail["hbm_efficiency"] = self.eff.attention_decode_memory
         return self._finish(rule, compute_s, nbytes / stream, self.launch_s, detail)
 

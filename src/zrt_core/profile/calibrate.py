@@ -60,6 +60,7 @@ TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: rows' worth of per-call work the GEMM fit tries, each with no row tile (a CPU BLAS packs
 #: the weight panel once per call: work that grows with n × k, as each row's does)
 ROW_OVERHEAD_CANDIDATES = (2, 4, 8, 12, 16, 20, 24, 32)
+FP32_BYTES = 4
 #: the skinny rows whose weight streaming gives ``matmul_memory``
 SKINNY_STREAM_ROWS = (2, 8)
 #: skinny GEMM rows timed at the largest n = k
@@ -163,9 +164,10 @@ class Calibration:
         rows of the grid, at the largest n = k) streamed its weight, over the copy's
         bandwidth, at most 1; None without such rows. One row is left out: BLAS runs it as
         a GEMV, which streams near copy speed; past 8 rows compute shares the time."""
-        rates = [p.n * p.k * 4 / p.time_s for p in self.gemm
-                 if p.dtype == "fp32" and SKINNY_STREAM_ROWS[0] <= p.m <= SKINNY_STREAM_ROWS[1]
-                 and p.n == p.k == max(q.n for q in self.gemm)]
+        big = max((p.n for p in self.gemm), default=0)
+        lo, hi = SKINNY_STREAM_ROWS
+        rates = [p.n * p.k * FP32_BYTES / p.time_s for p in self.gemm
+                 if p.dtype == "fp32" and lo <= p.m <= hi and p.n == p.k == big]
         if not rates or self.memory_gb_per_s <= 0:
             return None
         return min(1.0, max(rates) / (self.memory_gb_per_s * 1e9))
@@ -215,8 +217,8 @@ class Calibration:
             "attention_kv_overhead": max(1, round(self.attention[0].k0)),
             **self.eager_host.to_efficiency(),
             **{key: _sig(value) for key, value in self.alignment.items()},
-            **({"matmul_group_rows_overhead": self.group_rows_overhead}
-               if self.group_rows_overhead else {}),
+            **({"matmul_group_rows_overhead": group_rows}
+               if (group_rows := self.group_rows_overhead) else {}),
         }
         return {
             "id": hw_id or self.hardware_id(),
@@ -492,8 +494,8 @@ def _grouped_points(device: Device, dtype: str, size: int, repeats: int,
     transformers' experts run it: the weight ``[G, N, K]`` transposed) against the dense
     GEMM of the same FLOPs, over :data:`GROUPED_PROBE_GROUPS` groups of
     :data:`GROUPED_PROBE_ROWS` × ``size`` rows each, ``k = n = size / 2``: each a row as
-    :func:`fit_group_rows` reads it. None where this torch has no ``_grouped_mm`` for the
-    device and dtype (the pack then leaves the overhead at 0)."""
+    :func:`fit_group_rows` reads it. No points where this torch has no ``_grouped_mm``
+    for the device and dtype (the pack then leaves the overhead at 0)."""
     import torch
 
     dev = device.torch_device
@@ -520,7 +522,9 @@ def _grouped_points(device: Device, dtype: str, size: int, repeats: int,
         try:
             grouped_s = time_call(device, grouped, repeats=repeats, min_time_s=min_time_s)[0]
         except (RuntimeError, NotImplementedError, AttributeError):
-            return []  # no grouped kernel here for this dtype
+            # AttributeError: a torch without _grouped_mm; the others: no kernel for this
+            # device, dtype or layout
+            return []
         dense_s = time_call(device, plain, repeats=repeats, min_time_s=min_time_s)[0]
         points.append({"groups": groups, "rows": rows, "k": k, "n": k, "dtype": dtype,
                        "grouped_us": grouped_s * 1e6, "dense_us": dense_s * 1e6})

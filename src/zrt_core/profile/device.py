@@ -245,8 +245,9 @@ def best_interleaved(device: Device, calls: Sequence[Callable[[], Any]], *, repe
     if device.kind == "cuda":
         return [time_call(device, fn, repeats=repeats, min_time_s=min_time_s)[0]
                 for fn in calls]
-    for fn in calls:
-        time_call(device, fn, warmup=2, repeats=0)
+    for fn in calls:  # two untimed calls each, as time_call warms up
+        fn()
+        fn()
     best = [math.inf] * len(calls)
     for _ in range(repeats):
         for i, fn in enumerate(calls):
