@@ -37,9 +37,14 @@ def test_attention_efficiency_is_over_the_gemm_rate_of_its_dtype():
     # 600 / 800 and 560 / 800 TFLOP/s: bf16 attention over the bf16 GEMM rate
     assert eff["attention"] == 0.75
     assert eff["attention_backward"] == 0.7
-    # the fp32 fit sets the GEMM rule: K overhead 64, row tile 32, fixed 10 - 6.5 = 3.5 us
+    # the dtype models run in (bf16, attention's) sets the GEMM rule: K overhead 128, row
+    # tile 64, fixed 8 - 6.5 = 1.5 us
     assert (eff["matmul_k_overhead"], eff["matmul_tile_m"], eff["matmul_overhead_us"]) == (
-        64, 32, 3.5)
+        128, 64, 1.5)
+    # timed in fp32 (a CPU's calibration), the fp32 fit sets it: 64, 32, 10 - 6.5 = 3.5 us
+    eff32 = _calibration("fp32").to_pack()["efficiency"]
+    assert (eff32["matmul_k_overhead"], eff32["matmul_tile_m"],
+            eff32["matmul_overhead_us"]) == (64, 32, 3.5)
     # vector: 8e12 / 50e12 (the fp32 rate)
     assert eff["vector"] == 0.16
     # over the fp32 rate (50 TFLOP/s) the same kernel is more than the peak: capped at 1
@@ -335,6 +340,14 @@ def test_a_gemm_streams_its_weight_at_the_fastest_skinny_rate_over_the_copy():
                       date="2026-11-27")
     assert cal.gemm_stream_fraction() == pytest.approx(4194304 / 490e-6 / 25e9, rel=1e-12)
     assert cal.to_pack()["efficiency"]["matmul_memory"] == 0.3424
+    # on a GPU models run in bf16 (attention's dtype): its skinny rows, 2 bytes an element,
+    # set the rate. A 1024 × 1024 bf16 weight is 2,097,152 bytes; at 2 rows in 200 µs:
+    # 10.49 GB/s, over 25 GB/s: 0.4194 (the fp32 rows at 490 µs would say 0.3424)
+    bf16 = evolve(fit, dtype="bf16")
+    gpu = evolve(cal, fits=(fit, bf16), attention_dtype="bf16",
+                 gemm=[*gemm, *(GemmPoint("bf16", m, 1024, 1024, t * 1e-6)
+                               for m, t in ((2, 200), (4, 230), (8, 260)))])
+    assert gpu.to_pack()["efficiency"]["matmul_memory"] == 0.4194
     # no decode attention timed: the pack says nothing of it; 12.5 GB/s of KV cache
     # streamed over the 25 GB/s copy: 0.5
     assert "attention_decode_memory" not in cal.to_pack()["efficiency"]

@@ -40,17 +40,22 @@ def register(sub: Any) -> None:
                    help="time all-reduce over this many ranks with torch.distributed (NCCL "
                         "between GPUs, gloo between CPU processes) and write the link they "
                         "measure (default: every GPU of the machine; 1 on a CPU)")
+    p.add_argument("--from", dest="source", default=None, metavar="CAL.json",
+                   help="no device: re-derive the pack from a saved run's measurements (the "
+                        "JSON zrt calibrate --json printed, say on a lent GPU) with this "
+                        "version's fits")
     add_json_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
 
-    from zrt_core.hardware import HardwareSpec
     from zrt_core.profile.calibrate import calibrate
     from zrt_core.profile.device import DeviceError, open_device
 
+    if args.source is not None:
+        result = _saved(Path(args.source))
+        return _write(args, result)
     if args.dtypes is None:
         args.dtypes = "fp32" if args.device == "cpu" else "fp32,tf32,bf16,fp16"
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
@@ -70,10 +75,42 @@ def run(args: argparse.Namespace) -> int:
     result = calibrate(device, dtypes=dtypes, sizes=sizes, mem_mb=args.mem_mb,
                        repeats=args.repeats, min_time_s=args.min_time_ms / 1e3, ranks=ranks,
                        progress=_progress)
+    return _write(args, result)
+
+
+def _saved(path: Path) -> Any:
+    """The calibration saved in ``path`` (``zrt calibrate --json``'s output, or its
+    ``calibration`` alone), re-fitted."""
+    import json
+
+    from zrt_core.errors import SpecError
+    from zrt_core.profile.calibrate import Calibration
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"--from {path}: {exc.strerror or exc}",
+                        "give the JSON file zrt calibrate --json wrote") from None
+    except ValueError as exc:
+        raise SpecError(f"--from {path} is not JSON: {exc}",
+                        "give the JSON file zrt calibrate --json wrote") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"--from {path} holds no calibration",
+                        "give the JSON file zrt calibrate --json wrote")
+    memory = (data.get("pack") or {}).get("memory") or {}
+    return Calibration.from_json(data.get("calibration", data), memory.get("capacity_gb"))
+
+
+def _write(args: argparse.Namespace, result: Any) -> int:
+    import yaml
+
+    from zrt_core.hardware import HardwareSpec
+
     pack = result.to_pack(args.hw_id)
     HardwareSpec.from_mapping(pack, source_file=args.output)  # what --hw will read
     out = Path(args.output)
-    out.write_text(f"# written by zrt calibrate --device {args.device}\n"
+    how = f"--from {args.source}" if args.source else f"--device {args.device}"
+    out.write_text(f"# written by zrt calibrate {how}\n"
                    + yaml.safe_dump(pack, sort_keys=False), encoding="utf-8")
     if args.json:
         print_json({"file": str(out), "pack": pack, "calibration": result.to_json()})

@@ -60,7 +60,8 @@ TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 #: rows' worth of per-call work the GEMM fit tries, each with no row tile (a CPU BLAS packs
 #: the weight panel once per call: work that grows with n × k, as each row's does)
 ROW_OVERHEAD_CANDIDATES = (2, 4, 8, 12, 16, 20, 24, 32)
-FP32_BYTES = 4
+#: bytes per element of each timed dtype (tf32 is stored as fp32)
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: the skinny rows whose weight streaming gives ``matmul_memory``
 SKINNY_STREAM_ROWS = (2, 8)
 #: skinny GEMM rows timed at the largest n = k
@@ -159,15 +160,28 @@ class Calibration:
         (None: not timed)."""
         return fit_group_rows(self.grouped_points)
 
+    @property
+    def model_dtype(self) -> str:
+        """The dtype models run in on this device (bf16 on a GPU, fp32 on a CPU: the one
+        attention was timed in), whose GEMM fit gives the pack's shape terms (row tile, row
+        and k overheads, fixed cost, weight streaming); fp32 where it was not fitted."""
+        fitted = {f.dtype for f in self.fits}
+        return self.attention_dtype if self.attention_dtype in fitted else "fp32"
+
     def gemm_stream_fraction(self) -> float | None:
-        """The pack's ``matmul_memory``: the fastest an fp32 GEMM of 2–8 rows (the skinny
-        rows of the grid, at the largest n = k) streamed its weight, over the copy's
-        bandwidth, at most 1; None without such rows. One row is left out: BLAS runs it as
-        a GEMV, which streams near copy speed; past 8 rows compute shares the time."""
+        """The pack's ``matmul_memory``: the fastest a GEMM of 2–8 rows in
+        :attr:`model_dtype` (the skinny rows of the grid, at the largest n = k) streamed its
+        weight, over the copy's bandwidth, at most 1; None without such rows. One row is
+        left out: a CPU BLAS runs it as a GEMV, which streams near copy speed; past 8 rows
+        compute shares the time. On an H200 (docs/profile.md, "Fifth run") fp32's skinny
+        GEMMs stream at 0.47 of the copy and bf16's at 0.91: the pack prices the dtype
+        the models run in."""
         big = max((p.n for p in self.gemm), default=0)
         lo, hi = SKINNY_STREAM_ROWS
-        rates = [p.n * p.k * FP32_BYTES / p.time_s for p in self.gemm
-                 if p.dtype == "fp32" and lo <= p.m <= hi and p.n == p.k == big]
+        dtype = self.model_dtype
+        size = DTYPE_BYTES[dtype]
+        rates = [p.n * p.k * size / p.time_s for p in self.gemm
+                 if p.dtype == dtype and lo <= p.m <= hi and p.n == p.k == big]
         if not rates or self.memory_gb_per_s <= 0:
             return None
         return min(1.0, max(rates) / (self.memory_gb_per_s * 1e9))
@@ -182,6 +196,7 @@ class Calibration:
     def to_pack(self, hw_id: str | None = None) -> dict[str, Any]:
         """The hardware-pack mapping (``HardwareSpec.from_mapping`` reads it)."""
         fp32 = self.fit("fp32")
+        shape = self.fit(self.model_dtype)
         compute: dict[str, float | None] = {}
         for f in self.fits:
             compute[f.dtype] = _sig(f.rate_flops / 1e12)
@@ -202,12 +217,12 @@ class Calibration:
             "vector": _sig(min(1.0, self.vector_flops / fp32.rate_flops)),
             "launch_overhead_us": _sig(launch),
             # a GEMM's fixed cost beyond the dispatch every op pays
-            "matmul_overhead_us": _sig(max(0.0, fp32.fixed_s * 1e6 - launch)),
-            "matmul_k_overhead": max(1, round(fp32.k0)),
+            "matmul_overhead_us": _sig(max(0.0, shape.fixed_s * 1e6 - launch)),
+            "matmul_k_overhead": max(1, round(shape.k0)),
             # the fitted row tile or row overhead; columns are never the skinny side of a
             # model's GEMM
-            "matmul_tile_m": fp32.tile_m,
-            **({"matmul_row_overhead": fp32.row_overhead} if fp32.row_overhead else {}),
+            "matmul_tile_m": shape.tile_m,
+            **({"matmul_row_overhead": shape.row_overhead} if shape.row_overhead else {}),
             **({"matmul_memory": _sig(stream)}
                if (stream := self.gemm_stream_fraction()) is not None else {}),
             **({"attention_decode_memory": _sig(min(
@@ -252,7 +267,7 @@ class Calibration:
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device.to_json(), "date": self.date,
-                "attention_dtype": self.attention_dtype,
+                "attention_dtype": self.attention_dtype, "capacity_gb": self.capacity_gb,
                 "eager_host": self.eager_host.to_json(),
                 "link": None if self.link is None else {
                     "ranks": self.link.ranks, "backend": self.link.backend,
@@ -280,6 +295,69 @@ class Calibration:
                          for f in self.fits],
                 "gemm": [{"dtype": p.dtype, "m": p.m, "n": p.n, "k": p.k,
                           "time_us": p.time_s * 1e6} for p in self.gemm]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], capacity_gb: float | None = None
+                  ) -> Calibration:
+        """A calibration re-read from :meth:`to_json` (the ``calibration`` of
+        ``zrt calibrate --json``), its GEMM grid and all-reduce points re-fitted by this
+        version's :func:`fit_gemm` and :func:`~zrt_core.profile.collectives.fit_ring`: a
+        pack re-derived from a device's measurements without the device
+        (``zrt calibrate --from``). Attention keeps its fits (its points are not saved).
+
+        :param capacity_gb: the device's memory where ``data`` does not say (files written
+            before it did; the pack beside it in ``--json`` output has it).
+        :raises SpecError: a key missing or of the wrong kind.
+        """
+        from zrt_core.errors import SpecError
+        from zrt_core.profile.diff import HOST_PASSES
+
+        try:
+            dev = data["device"]
+            device = Device(kind=str(dev["kind"]), name=str(dev["name"]),
+                            threads=int(dev["threads"]), libraries=str(dev.get("libraries", "")),
+                            torch_version=str(dev.get("torch") or ""))
+            gemm = tuple(GemmPoint(str(g["dtype"]), int(g["m"]), int(g["n"]), int(g["k"]),
+                                   float(g["time_us"]) / 1e6) for g in data["gemm"])
+            dtypes = tuple(dict.fromkeys(p.dtype for p in gemm))
+            fits = tuple(fit_gemm(d, [p for p in gemm if p.dtype == d]) for d in dtypes)
+            attention = tuple(
+                GemmFit(name, float(a["rate_tflops"]) * 1e12, float(a["kv0"]),
+                        float(a["fixed_us"]) / 1e6, float(a["rms_rel_error"]))
+                for name, a in zip(("attention_fwd", "attention_bwd"), data["attention"],
+                                   strict=True))
+            host = data.get("eager_host") or {}
+            eager_host = EagerHost(
+                per_node_us=tuple(float(host.get("per_node_us", {}).get(p, 0.0))
+                                  for p in HOST_PASSES),
+                fixed_us=tuple(float(host.get("fixed_us", {}).get(p, 0.0))
+                               for p in HOST_PASSES))
+            link = None
+            if data.get("link"):
+                from zrt_core.profile.collectives import fit_ring
+
+                raw = data["link"]
+                link = fit_ring([(int(q["bytes"]), float(q["time_us"]) / 1e6)
+                                 for q in raw["all_reduce"]], int(raw["ranks"]),
+                                str(raw.get("backend", "")))
+            decode = data.get("decode_attention_gb_per_s")
+            capacity = data.get("capacity_gb", capacity_gb)
+            if capacity is None:
+                raise KeyError("capacity_gb")
+            return cls(device=device, gemm=gemm, fits=fits, attention=attention,
+                       memory_gb_per_s=float(data["memory_gb_per_s"]),
+                       launch_overhead_us=float(data["launch_overhead_us"]),
+                       vector_flops=float(data["vector_flops"]),
+                       capacity_gb=float(capacity), date=str(data["date"]),
+                       attention_dtype=str(data.get("attention_dtype", "fp32")),
+                       eager_host=eager_host, link=link,
+                       alignment_points=tuple(data.get("alignment_points") or ()),
+                       grouped_points=tuple(data.get("grouped_points") or ()),
+                       decode_attention_bytes_per_s=None if not decode
+                       else float(decode) * 1e9)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SpecError(f"not a saved calibration: {type(exc).__name__} {exc}",
+                            "give the JSON that zrt calibrate --json printed") from None
 
 
 def _sig(x: float) -> float:

@@ -45,6 +45,8 @@ class Device:
     #: what the timings depend on beyond torch (a GPU's driver, CUDA, cuBLAS, cuDNN): the
     #: provenance tables and packs carry
     libraries: str = ""
+    #: the torch that timed (a saved calibration re-read elsewhere); "": this process's
+    torch_version: str = ""
 
     @property
     def torch_device(self) -> str:
@@ -73,7 +75,7 @@ class Device:
         import torch
 
         return {"kind": self.kind, "name": self.name, "threads": self.threads,
-                "torch": torch.__version__,
+                "torch": self.torch_version or torch.__version__,
                 "cuda": torch.version.cuda if self.kind == "cuda" else None,
                 "libraries": self.libraries}
 
@@ -99,7 +101,7 @@ class Device:
             where = f"{self.threads} thread{'s' * (self.threads > 1)}"
         else:
             where = self.libraries or f"CUDA {torch.version.cuda}"
-        return f"{self.name} ({self.kind}, {where}), torch {torch.__version__}"
+        return f"{self.name} ({self.kind}, {where}), torch {self.torch_version or torch.__version__}"
 
 
 def open_device(kind: str, *, threads: int = 1) -> Device:
