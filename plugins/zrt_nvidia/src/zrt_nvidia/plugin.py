@@ -32,7 +32,7 @@ MEASURED_TABLES = (
 OPT_IN_TABLES = (
     ("nvidia_h200", "zrt_profile",
      "bf16 GEMM, attention and pointwise times of eager PyTorch measured by zrt profile on an "
-     "H200 (2026-11-26; Llama-3.1-8B and Qwen3-30B-A3B shapes; docs/profile.md)"),
+     "H200 (2026-11-27; Llama-3.1-8B, Qwen3-30B-A3B and GPT-2 shapes; docs/profile.md)"),
     ("nvidia_h100_sxm", "zrt_profile",
      "bf16 GEMM, attention and pointwise times of eager PyTorch measured by zrt profile on an "
      "H100 SXM (2026-11-27; Llama-3.1-8B and Qwen3-30B-A3B shapes; docs/profile.md)"),
