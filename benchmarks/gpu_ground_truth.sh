@@ -12,7 +12,8 @@
 # OUTDIR (tar it to carry it off the machine; TAR_TO=FILE.tar.gz re-tars it after each step).
 # Every measurement runs before any profile, so a run cut short keeps the diffs' inputs.
 # CAL_SIZES and PROFILE_FLAGS (say --no-grid) shorten a run that has few device minutes;
-# PROFILES=0 skips the profiles (a machine whose table already ships).
+# PROFILES=0 skips the profiles (a machine whose table already ships). PIN_CORE (default 3)
+# is the core every step of a GPU run is pinned to.
 set -u
 OUT_DIR=${1:?usage: gpu_ground_truth.sh OUTDIR [cuda|cpu]}
 DEV=${2:-cuda}
@@ -24,7 +25,9 @@ step() {  # step NAME LIMIT_S command...: run, keep stdout in NAME.json|.out and
     local name=$1 limit=$2
     shift 2
     local t0=$SECONDS
-    timeout "$limit" "$@" > "$name.out" 2> "$name.log"
+    # on a GPU every step runs on one core (PIN_CORE): unpinned, an eager decode step's
+    # host moved between processes by more than the host model's error (docs/profile.md)
+    timeout "$limit" ${PIN[@]+"${PIN[@]}"} "$@" > "$name.out" 2> "$name.log"
     local rc=$?
     echo "$(date -u +%H:%M:%S) $name rc=$rc $((SECONDS - t0))s" | tee -a steps.txt
     [ -s "$name.out" ] && head -c1 "$name.out" | grep -q '{' && mv "$name.out" "$name.json"
@@ -37,6 +40,8 @@ print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda
 'cudnn', torch.backends.cudnn.version()); print('transformers', transformers.__version__)"; } \
     > env.txt 2>&1
 
+PIN=()
+if [ "$DEV" = cuda ] && command -v taskset > /dev/null; then PIN=(taskset -c "${PIN_CORE:-3}"); fi
 if [ "$DEV" = cuda ]; then
     HW=$(python3 -c "import torch; n = torch.cuda.get_device_name(0); \
 print('nvidia_h200' if 'H200' in n else 'nvidia_h100_sxm' if 'H100' in n else 'nvidia_b200')")
