@@ -254,10 +254,13 @@ class Efficiency:
         (a GPU) or before each op (a CPU); 0: not modelled.
     :param eager_host_backward_us: the same per op of the backward (the C++ autograd engine).
     :param eager_host_infer_us: the same per op of a forward without autograd
-        (``torch.no_grad``: prefill and decode); 0: ``eager_host_us``.
+        (``torch.no_grad``: prefill); 0: ``eager_host_us``.
+    :param eager_host_decode_us: the same per op of a decode step (one token over a KV
+        cache, without autograd); 0: ``eager_host_infer_us``.
     :param eager_host_fixed_us: host time once per training forward that no op stands for
-        (model-level Python: masks, outputs); ``eager_host_backward_fixed_us`` and
-        ``eager_host_infer_fixed_us`` the same for the backward and an inference forward.
+        (model-level Python: masks, outputs); ``eager_host_backward_fixed_us``,
+        ``eager_host_infer_fixed_us`` and ``eager_host_decode_fixed_us`` the same for the
+        backward, an inference forward and a decode step.
         ``zrt calibrate`` fits the per-op and fixed costs on four depths of its probe.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
@@ -293,9 +296,11 @@ class Efficiency:
     eager_host_us: float = 0.0
     eager_host_backward_us: float = 0.0
     eager_host_infer_us: float = 0.0
+    eager_host_decode_us: float = 0.0
     eager_host_fixed_us: float = 0.0
     eager_host_backward_fixed_us: float = 0.0
     eager_host_infer_fixed_us: float = 0.0
+    eager_host_decode_fixed_us: float = 0.0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

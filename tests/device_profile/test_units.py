@@ -118,7 +118,7 @@ def test_a_pass_pays_its_fixed_host_cost_once_and_its_own_cost_per_op():
 
     us = 1e-6
     assert [host_pass(p) for p in ("train_forward", "train_backward", "prefill", "decode")] \
-        == ["forward", "backward", "infer", "infer"]
+        == ["forward", "backward", "infer", "decode"]
     per_node = {"forward": 10 * us, "backward": 2 * us, "infer": 4 * us}
     fixed = {"forward": 50 * us, "backward": 0.0, "infer": 30 * us}
     # CPU: an inference pass starts with its 30 us, then 4 us of host before each op:
@@ -151,10 +151,34 @@ def test_the_host_line_splits_a_probe_into_per_op_and_fixed_costs():
     # the deeper probe no slower (noise): its average, 1,900 / 455 us per node, no fixed
     per_node, fixed = host_line([2000e-6, 1900e-6], [175, 455])
     assert (round(per_node, 9), fixed) == (round(1900 / 455, 9), 0.0)
-    keys = EagerHost((5.0, 2.0, 4.0), (1125.0, 0.0, 60.0)).to_efficiency()
+    keys = EagerHost((5.0, 2.0, 4.0, 3.0), (1125.0, 0.0, 60.0, 50.0)).to_efficiency()
     assert keys == {"eager_host_us": 5.0, "eager_host_backward_us": 2.0,
-                    "eager_host_infer_us": 4.0, "eager_host_fixed_us": 1125.0,
-                    "eager_host_backward_fixed_us": 0.0, "eager_host_infer_fixed_us": 60.0}
+                    "eager_host_infer_us": 4.0, "eager_host_decode_us": 3.0,
+                    "eager_host_fixed_us": 1125.0, "eager_host_backward_fixed_us": 0.0,
+                    "eager_host_infer_fixed_us": 60.0, "eager_host_decode_fixed_us": 50.0}
+    # a calibration saved before the decode probe (0 per node) writes no decode keys
+    assert "eager_host_decode_us" not in EagerHost((5.0, 2.0, 4.0, 0.0),
+                                                   (1125.0, 0.0, 60.0, 0.0)).to_efficiency()
+
+
+def test_a_decode_step_pays_the_decode_probes_host_cost_else_the_inference_passes():
+    from zrt_core.hardware import HardwareSpec
+    from zrt_core.profile.diff import host_clock
+
+    base = _calibration("bf16").to_pack()
+    eff = {**base["efficiency"], "eager_host_us": 10.0, "eager_host_infer_us": 8.0,
+           "eager_host_infer_fixed_us": 40.0}
+    gpu = {"device": {"kind": "cuda"}}
+    # no decode probe in the pack (written before it): a decode step pays the inference
+    # forward's 8 us per node and 40 us per pass
+    old = host_clock(gpu, HardwareSpec.from_mapping({**base, "efficiency": eff}))
+    assert (round(old.per_node["decode"] * 1e6, 9), round(old.fixed["decode"] * 1e6, 9)) == (
+        8.0, 40.0)
+    # with it, its own: 6 us and 30 us
+    new = host_clock(gpu, HardwareSpec.from_mapping({**base, "efficiency": {
+        **eff, "eager_host_decode_us": 6.0, "eager_host_decode_fixed_us": 30.0}}))
+    assert (round(new.per_node["decode"] * 1e6, 9), round(new.fixed["decode"] * 1e6, 9)) == (
+        6.0, 30.0)
 
 
 def test_the_ring_fit_recovers_the_link_that_made_the_times():

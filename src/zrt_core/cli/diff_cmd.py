@@ -51,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
         h = result["host_model"]
         where = "before each op (CPU)" if h["serial"] else "beside the device (GPU)"
         con.print(f"eager host: {h['forward_us']:.1f} / {h['backward_us']:.1f} / "
-                  f"{h['infer_us']:.1f} µs per op and {h['forward_fixed_us']:.0f} / "
-                  f"{h['backward_fixed_us']:.0f} / {h['infer_fixed_us']:.0f} µs per pass "
-                  f"(training forward / backward / inference), {where}")
+                  f"{h['infer_us']:.1f} / {h['decode_us']:.1f} µs per op and "
+                  f"{h['forward_fixed_us']:.0f} / {h['backward_fixed_us']:.0f} / "
+                  f"{h['infer_fixed_us']:.0f} / {h['decode_fixed_us']:.0f} µs per pass "
+                  f"(training forward / backward / inference / decode), {where}")
     if result["op_ratio"] is not None:
         con.print(f"the ops' own time: predicted {result['predicted_op_s'] * 1e3:.3f} ms, "
                   f"measured (profiler) {result['measured_op_s'] * 1e3:.3f} ms, ratio "

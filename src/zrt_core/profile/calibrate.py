@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from zrt_core.errors import InternalError
 from zrt_core.profile.device import TORCH_DTYPES, Device, best_interleaved, time_call
@@ -103,18 +103,23 @@ class GemmFit:
 @frozen
 class EagerHost:
     """The eager host's cost (:func:`_eager_host`), µs: per node and once per pass, for a
-    training forward, its backward and an inference forward (``zrt_core.profile.diff``'s
-    ``HOST_PASSES``)."""
+    training forward, its backward, an inference forward and a decode step
+    (``zrt_core.profile.diff``'s ``HOST_PASSES``)."""
 
-    per_node_us: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    fixed_us: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    per_node_us: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    fixed_us: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
 
     def to_efficiency(self) -> dict[str, float]:
-        """The pack's ``efficiency`` keys."""
-        names = ("eager_host", "eager_host_backward", "eager_host_infer")
-        return {**{f"{n}_us": _sig(v) for n, v in zip(names, self.per_node_us, strict=True)},
-                **{f"{n}_fixed_us": _sig(v) for n, v in zip(names, self.fixed_us,
-                                                               strict=True)}}
+        """The pack's ``efficiency`` keys; a pass not timed (0 per node: a calibration
+        saved before the decode probe) is left out, so the pack falls back as documented
+        in ``hardware.py``."""
+        names = ("eager_host", "eager_host_backward", "eager_host_infer", "eager_host_decode")
+        out: dict[str, float] = {}
+        for name, node, fixed in zip(names, self.per_node_us, self.fixed_us, strict=True):
+            if node > 0 or name == "eager_host":
+                out[f"{name}_us"] = _sig(node)
+                out[f"{name}_fixed_us"] = _sig(fixed)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         from zrt_core.profile.diff import HOST_PASSES
@@ -649,8 +654,8 @@ def host_line(times_s: Sequence[float], nodes: Sequence[int]) -> tuple[float, fl
 
 def _eager_host(device: Device, repeats: int) -> EagerHost:
     """The host's µs per node and per pass of an eager training forward (with the loss), of
-    its backward, and of a forward under ``torch.no_grad`` (as ``zrt measure`` runs prefill
-    and decode): the best wall time (CPU time with one CPU thread) of each at each of
+    its backward, of a forward under ``torch.no_grad`` (as ``zrt measure`` runs prefill) and
+    of a decode step over a KV cache (as ``zrt measure`` runs it): the best wall time (CPU time with one CPU thread) of each at each of
     :data:`HOST_PROBE_DEPTHS`, the depths taken in turn within each repeat (a slow spell of
     a shared machine falls on all of them alike), against the nodes zrt's capture of the
     same pass counts (views included: each is a dispatch), fitted by :func:`host_line`."""
@@ -661,30 +666,41 @@ def _eager_host(device: Device, repeats: int) -> EagerHost:
     from zrt_core.capture.api import capture
     from zrt_core.plugins import get_plugin_manager
     from zrt_core.profile.device import cpu_clock, synchronize
-    from zrt_core.profile.measure import MeasureRequest, build_model
+    from zrt_core.profile.measure import MeasureRequest, build_model, step_calls
 
     host = get_plugin_manager()
     batch, seq = HOST_PROBE_TOKENS
     clock = time.perf_counter if device.kind == "cuda" else cpu_clock(device)
-    phases = ("train_forward", "train_backward", "prefill")
+    phases = ("train_forward", "train_backward", "prefill", "decode")
     models = []
+    decodes = []
     nodes: list[tuple[int, ...]] = []
     for depth in HOST_PROBE_DEPTHS:
         config = dict(HOST_PROBE, num_hidden_layers=depth)
         request = MeasureRequest(model=dict(config), mode="train", batch=batch, seq_len=seq)
-        models.append(build_model(request, device, host)[2])
+        model = build_model(request, device, host)[2]
+        models.append(model)
+        # zrt measure's decode step on the same model: one token over a cache of ``seq``,
+        # the cache cropped back and made contiguous before each call (untimed)
+        step, prepare, _ = step_calls(model, evolve(request, mode="decode"), device, config)
+        decodes.append((step, prepare))
         captured = capture(config, phases, batch=batch, seq_len=seq, host=host,
                            full_depth=True, dtype="float32", last_token_logits=True)
         graphs = [captured.graph(p) for p in phases]
         nodes.append(tuple(sum(g.multiplicity(n) for n in g.nodes) for g in graphs))
     ids = torch.randint(0, HOST_PROBE["vocab_size"], (batch, seq), device=device.torch_device)
 
-    def once(model: Any, mode: str) -> float:
+    def once(d: int, mode: str) -> float:
+        model = models[d]
         for p in model.parameters():
             p.grad = None
+        if mode == "decode":
+            decodes[d][1]()
         synchronize(device)
         t0 = clock()
-        if mode == "infer":
+        if mode == "decode":
+            decodes[d][0]()
+        elif mode == "infer":
             with torch.no_grad():  # as zrt measure's prefill
                 model(input_ids=ids, logits_to_keep=1)
         else:
@@ -694,15 +710,17 @@ def _eager_host(device: Device, repeats: int) -> EagerHost:
         synchronize(device)
         return clock() - t0
 
-    best = {(d, m): float("inf") for d in range(len(models)) for m in ("train", "both", "infer")}
+    modes = ("train", "both", "infer", "decode")
+    best = {(d, m): float("inf") for d in range(len(models)) for m in modes}
     for i in range(repeats + 2):  # two warm-ups
         for (d, mode) in best:
-            seconds = once(models[d], mode)
+            seconds = once(d, mode)
             if i >= 2:
                 best[d, mode] = min(best[d, mode], seconds)
-    times = [(best[d, "train"], max(0.0, best[d, "both"] - best[d, "train"]), best[d, "infer"])
-             for d in range(len(models))]
-    lines = [host_line([t[i] for t in times], [n[i] for n in nodes]) for i in range(3)]
+    times = [(best[d, "train"], max(0.0, best[d, "both"] - best[d, "train"]), best[d, "infer"],
+              best[d, "decode"]) for d in range(len(models))]
+    lines = [host_line([t[i] for t in times], [n[i] for n in nodes])
+             for i in range(len(modes))]
     return EagerHost(per_node_us=tuple(line[0] for line in lines),  # type: ignore[arg-type]
                      fixed_us=tuple(line[1] for line in lines))  # type: ignore[arg-type]
 

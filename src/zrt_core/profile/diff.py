@@ -77,15 +77,15 @@ def predict(measurement: Mapping[str, Any], hardware: Any, host: Any,
 
 
 #: the host's passes: a training forward (autograd records), its backward (the C++ autograd
-#: engine issues), an inference forward (``torch.no_grad``: prefill and decode)
-HOST_PASSES = ("forward", "backward", "infer")
+#: engine issues), an inference forward (``torch.no_grad``: prefill) and a decode step (one
+#: token over a KV cache: the cache's update is Python of its own)
+HOST_PASSES = ("forward", "backward", "infer", "decode")
 
 
 def host_pass(phase: str) -> str:
     """The host pass (:data:`HOST_PASSES`) a captured phase runs as."""
-    if phase == "train_backward":
-        return "backward"
-    return "forward" if phase == "train_forward" else "infer"
+    return {"train_forward": "forward", "train_backward": "backward",
+            "decode": "decode"}.get(phase, "infer")
 
 
 class HostClock:
@@ -139,18 +139,21 @@ class HostClock:
 def host_clock(measurement: Mapping[str, Any], hardware: Any) -> HostClock | None:
     """The host model for ``measurement`` on ``hardware``; None without an eager host cost.
     A pack without a cost of its own for the inference pass (written before it was
-    measured) uses the training forward's."""
+    measured) uses the training forward's; one without a decode pass, the inference
+    pass's."""
     eff = getattr(hardware, "efficiency", None)
     if eff is None or not eff.eager_host_us:
         return None
     serial = (measurement.get("device") or {}).get("kind", "cuda") == "cpu"
     infer = eff.eager_host_infer_us or eff.eager_host_us
+    infer_fixed = (eff.eager_host_infer_fixed_us if eff.eager_host_infer_us
+                   else eff.eager_host_fixed_us)
     per_node = {"forward": eff.eager_host_us, "backward": eff.eager_host_backward_us,
-                "infer": infer}
+                "infer": infer, "decode": eff.eager_host_decode_us or infer}
     fixed = {"forward": eff.eager_host_fixed_us,
-             "backward": eff.eager_host_backward_fixed_us,
-             "infer": eff.eager_host_infer_fixed_us if eff.eager_host_infer_us
-             else eff.eager_host_fixed_us}
+             "backward": eff.eager_host_backward_fixed_us, "infer": infer_fixed,
+             "decode": eff.eager_host_decode_fixed_us if eff.eager_host_decode_us
+             else infer_fixed}
     return HostClock({k: v * 1e-6 for k, v in per_node.items()}, serial=serial,
                      dispatch_s=eff.launch_overhead_us * 1e-6,
                      fixed={k: v * 1e-6 for k, v in fixed.items()})

@@ -62,7 +62,7 @@ def measure(request: MeasureRequest, device: Device, host: Any = None) -> dict[s
     name, config_map, model = build_model(request, device, host)
     layers = _decoder_layers(model, config_map)
     torch.manual_seed(request.seed + 1)
-    step, prepare, outputs = _step(model, request, device, config_map)
+    step, prepare, outputs = step_calls(model, request, device, config_map)
     eager_out = None
     if request.compile:
         prepare()
@@ -70,7 +70,7 @@ def measure(request: MeasureRequest, device: Device, host: Any = None) -> dict[s
             eager_out = outputs()
         model.forward = torch.compile(model.forward)
         torch.manual_seed(request.seed + 1)  # the same inputs as the eager step's
-        step, prepare, outputs = _step(model, request, device, config_map)
+        step, prepare, outputs = step_calls(model, request, device, config_map)
 
     samples = _time_steps(step, prepare, device, request.warmup, request.repeats)
     timeline, per_layer, per_module = _time_layers(model, layers, step, prepare, device,
@@ -167,9 +167,9 @@ def _decoder_layers(model: Any, config_map: Mapping[str, Any]) -> list[Any]:
     return list(max(found, key=len))
 
 
-def _step(model: Any, request: MeasureRequest, device: Device,
-          config_map: Mapping[str, Any]) -> tuple[Callable[[], Any], Callable[[], None],
-                                                  Callable[[], Any]]:
+def step_calls(model: Any, request: MeasureRequest, device: Device,
+               config_map: Mapping[str, Any]) -> tuple[Callable[[], Any], Callable[[], None],
+                                                       Callable[[], Any]]:
     """(one timed step, its untimed preparation, the step's logits for a numerics check)."""
     import torch
 
