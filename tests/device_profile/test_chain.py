@@ -71,6 +71,11 @@ def test_calibrated_pack_is_accepted_by_hw(chain, capsys):
     # fp32 rows one and two elements longer than aligned are 4 and 8 bytes: one class timed
     assert 0 < spec.efficiency.matmul_unaligned_8b <= 1
     assert spec.efficiency.matmul_unaligned_2b == 1.0
+    # the host probe's four passes, each timed on this CPU: training forward, backward,
+    # no-grad prefill and a decode step over a KV cache
+    eff = spec.efficiency
+    assert min(eff.eager_host_us, eff.eager_host_backward_us, eff.eager_host_infer_us,
+               eff.eager_host_decode_us) > 0
     data = _json(capsys, ["hw", "show", str(chain["hw"]), "--json"])
     assert data["id"] == spec.id and data["distribution"] == f"file {chain['hw']}"
 
