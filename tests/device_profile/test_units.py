@@ -140,7 +140,7 @@ def test_a_pass_pays_its_fixed_host_cost_once_and_its_own_cost_per_op():
 
 
 def test_the_host_line_splits_a_probe_into_per_op_and_fixed_costs():
-    from zrt_core.profile.calibrate import EagerHost, host_line
+    from zrt_core.profile.host_probe import EagerHost, host_line
 
     # 2 layers: 175 nodes in 2,000 us; 6 layers: 455 nodes in 3,400 us: (3,400 - 2,000) /
     # (455 - 175) = 5 us per node, and 2,000 - 175 x 5 = 1,125 us once per pass

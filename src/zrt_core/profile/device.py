@@ -26,6 +26,11 @@ TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16"
                 "fp8": "float8_e4m3fn", "int8": "int8"}
 
 
+def significant(x: float) -> float:
+    """Four significant digits: a pack is read by people."""
+    return float(f"{x:.4g}")
+
+
 class DeviceError(ZrtError):
     """The device named is not present, or lacks what was asked of it."""
 
