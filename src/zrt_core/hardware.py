@@ -209,6 +209,12 @@ class Efficiency:
         (None: ``memory``): a CPU BLAS packs a skinny GEMM's weight panel at well under
         copy speed; fitted by ``zrt calibrate`` on its skinny GEMMs (docs/cost-model.md,
         "Row overhead").
+    :param matmul_memory_k_overhead: elements' worth of streaming each weight row (of k
+        elements) pays beyond its own: a GEMM's memory time counts ``n · k0`` more weight
+        elements (per group of a grouped one); 0: none. Fitted by ``zrt calibrate`` with
+        ``matmul_memory`` over skinny GEMMs of several weights (docs/cost-model.md,
+        "Weight streaming"); a CPU BLAS's 4-row GEMM streams rows of 512 elements at 0.72
+        of the rate of rows of 2,048.
     :param attention_decode_memory: the fraction of the memory bandwidth a decode
         attention (a few queries over a KV cache) streams its cache at (None: ``memory``);
         fitted by ``zrt calibrate`` on PyTorch's SDPA of one query (docs/cost-model.md).
@@ -285,6 +291,7 @@ class Efficiency:
     matmul_tile_m: int = 128
     matmul_row_overhead: int = 0
     matmul_group_rows_overhead: int = 0
+    matmul_memory_k_overhead: int = 0
     matmul_tile_n: int = 128
     matmul_k_overhead: int = 128
     attention_tile_q: int = 128

@@ -47,6 +47,22 @@ def test_a_skinny_gemm_streams_its_operands_at_the_packs_gemm_rate():
     assert cost.detail["row_efficiency"] == pytest.approx(0.25, rel=1e-12)
 
 
+def test_each_weight_row_streams_k0_more_elements():
+    plain = RooflineBackend(make_toy(matmul_memory=0.25)).price(mm_node(4, 512, 4096))
+    cost = RooflineBackend(make_toy(matmul_memory=0.25, matmul_memory_k_overhead=200)).price(
+        mm_node(4, 512, 4096))
+    # [4, 512] @ [512, 4096] in bf16: (4·512 + 512·4096 + 4·4096)·2 = 4231168 bytes; each of
+    # the weight's 4096 rows of 512 streams as 512 + 200: 4096·200·2 = 1638400 bytes more,
+    # both at 2000 GB/s · 0.25
+    assert plain.memory_s == pytest.approx(4231168 / 5e11, rel=1e-12)
+    assert cost.detail["weight_row_extra_bytes"] == 1638400
+    assert cost.memory_s == pytest.approx((4231168 + 1638400) / 5e11, rel=1e-12)
+    # a compute-bound GEMM pays the same bytes but its time is the compute's
+    big = RooflineBackend(make_toy(matmul_memory_k_overhead=200)).price(
+        mm_node(8192, 4096, 4096))
+    assert big.bound == "compute"
+
+
 def test_wave_quantisation_of_a_last_partial_wave(roofline):
     cost = roofline.price(mm_node(640, 4096, 128))
     # 5 tiles on 4 units: 2 waves, 5/8 busy; k_loop 4096/4224 = 32/33; shape 20/33

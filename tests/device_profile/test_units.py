@@ -362,8 +362,12 @@ def test_a_gemm_streams_its_weight_at_the_fastest_skinny_rate_over_the_copy():
                       fits=(fit,), attention=(fit, fit), memory_gb_per_s=25.0,
                       launch_overhead_us=2.0, vector_flops=1e9, capacity_gb=16.0,
                       date="2026-11-27")
-    assert cal.gemm_stream_fraction() == pytest.approx(4194304 / 490e-6 / 25e9, rel=1e-12)
+    # one weight only (a calibration saved before the stream probes): the fastest rate at
+    # it, no per-row term
+    fraction, k0 = cal.gemm_stream()
+    assert (fraction, k0) == (pytest.approx(4194304 / 490e-6 / 25e9, rel=1e-12), 0)
     assert cal.to_pack()["efficiency"]["matmul_memory"] == 0.3424
+    assert "matmul_memory_k_overhead" not in cal.to_pack()["efficiency"]
     # on a GPU models run in bf16 (attention's dtype): its skinny rows, 2 bytes an element,
     # set the rate. A 1024 × 1024 bf16 weight is 2,097,152 bytes; at 2 rows in 200 µs:
     # 10.49 GB/s, over 25 GB/s: 0.4194 (the fp32 rows at 490 µs would say 0.3424)
@@ -377,3 +381,27 @@ def test_a_gemm_streams_its_weight_at_the_fastest_skinny_rate_over_the_copy():
     assert "attention_decode_memory" not in cal.to_pack()["efficiency"]
     timed = evolve(cal, decode_attention_bytes_per_s=12.5e9)
     assert timed.to_pack()["efficiency"]["attention_decode_memory"] == 0.5
+
+
+def test_the_weight_stream_fit_recovers_the_rate_and_each_rows_overhead():
+    from zrt_core.profile.gemm_fit import GemmPoint, fit_weight_stream, grid_points
+
+    # fp32 weights n = k streamed as t = 5 us + n·(k + 200)·4 / 12 GB/s; the 8-row times are
+    # slower (compute shares them) and one row faster (a GEMV): both left out of the fit
+    def t(n: int, k: int) -> float:
+        return 5e-6 + n * (k + 200) * 4 / 12e9
+
+    points = [GemmPoint("fp32", m, s, s, t(s, s) * (1.3 if m == 8 else 1.0))
+              for s in (256, 512, 1024, 2048) for m in (2, 4, 8)]
+    points.append(GemmPoint("fp32", 1, 2048, 2048, t(2048, 2048) / 2))
+    fraction, k0 = fit_weight_stream(points, 4, 24e9)
+    # 12 GB/s over the copy's 24: 0.5; k0 200
+    assert (fraction, k0) == (pytest.approx(0.5, rel=1e-9), 200)
+    # the compute fit's grid keeps square m = n GEMMs and the largest weight's skinny rows,
+    # not the probes over smaller weights
+    grid = [GemmPoint("fp32", s, s, k, 1e-3) for s in (256, 2048) for k in (256, 2048)]
+    kept = grid_points(grid + points, "fp32")
+    assert sorted((p.m, p.n, p.k) for p in kept) == sorted(
+        [(p.m, p.n, p.k) for p in grid]
+        + [(m, 2048, 2048) for m in (1, 2, 4, 8)])
+

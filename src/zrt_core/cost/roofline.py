@@ -87,7 +87,7 @@ from zrt_core.cost.opdims import (
     op_base,
 )
 from zrt_core.hardware import _DTYPE_TO_COMPUTE
-from zrt_core.ir.graph import Category, OpNode
+from zrt_core.ir.graph import Category, OpNode, dtype_bytes
 
 if TYPE_CHECKING:
     from zrt_core.hardware import HardwareSpec
@@ -193,7 +193,7 @@ class RooflineBackend:
             detail["bytes_from"] = bytes_from
         streams = node.attrs.get(EXPERT_STREAMS_ATTR)
         if dims is not None and dims.grouped and streams:
-            return self._expert_loop(dims, int(streams), flops, peak, efficiency,
+            return self._expert_loop(node, dims, int(streams), flops, peak, efficiency,
                                      nbytes, detail,
                                      eager=bool(node.attrs.get(EXPERT_EAGER_ATTR, True)))
         if dims is not None:
@@ -210,11 +210,28 @@ class RooflineBackend:
         if sustained != 1.0:
             detail["sustained"] = sustained
         compute_s = flops / (peak * efficiency * shape * sustained) if flops else 0.0
+        nbytes += self.weight_row_extra_bytes(node, dims, detail)
         return self._finish(rule, compute_s, nbytes / self.gemm_bytes_per_s, self.gemm_fixed_s,
                             detail)
 
-    def _expert_loop(self, dims: GemmDims, streams: int, flops: float, peak: float,
-                     efficiency: float, nbytes: float, detail: dict[str, Any], *,
+    def weight_row_extra_bytes(self, node: OpNode, dims: GemmDims | None,
+                               detail: dict[str, Any]) -> float:
+        """The weight streaming's per-row work (``efficiency.matmul_memory_k_overhead``
+        k0) as bytes: ``n · k0`` more weight elements for each of the GEMM's ``batch``
+        products (groups), at the weight's element size (the right operand's; the compute
+        dtype's without one). 0 without k0 or dims (docs/cost-model.md, "Weight
+        streaming")."""
+        k0 = self.eff.matmul_memory_k_overhead
+        if not k0 or dims is None:
+            return 0.0
+        weight = node.inputs[1] if len(node.inputs) > 1 else None
+        elem = dtype_bytes(weight.dtype if weight is not None else gemm_compute_dtype(node))
+        extra = dims.batch * dims.n * k0 * elem
+        detail["weight_row_extra_bytes"] = extra
+        return extra
+
+    def _expert_loop(self, node: OpNode, dims: GemmDims, streams: int, flops: float,
+                     peak: float, efficiency: float, nbytes: float, detail: dict[str, Any], *,
                      eager: bool = True) -> NodeCost:
         """A grouped GEMM run as one GEMM per group over ``streams`` streams (module
         docstring): ⌈G/S⌉ rounds, each priced with the shape factor of its own GEMMs."""
@@ -241,8 +258,9 @@ class RooflineBackend:
         if sustained != 1.0:
             detail["sustained"] = sustained
         fixed_s = rounds * self.gemm_fixed_s + groups * per_kernel_s
-        return self._finish("expert_gemm_loop", compute_s, nbytes / self.gemm_bytes_per_s,
-                            fixed_s, detail)
+        return self._finish("expert_gemm_loop", compute_s,
+                            (nbytes + self.weight_row_extra_bytes(node, dims, detail))
+                            / self.gemm_bytes_per_s, fixed_s, detail)
 
     def row_overhead(self, dims: GemmDims) -> int:
         """Rows' worth of work each GEMM (each group's, in a grouped one) pays beyond its

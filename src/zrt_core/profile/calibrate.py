@@ -51,56 +51,28 @@ from typing import Any
 
 from attrs import field, frozen
 
-from zrt_core.errors import InternalError
 from zrt_core.profile.device import TORCH_DTYPES, Device, best_interleaved, time_call
 from zrt_core.profile.device import significant as _sig
+from zrt_core.profile.gemm_fit import (
+    GemmFit,
+    GemmPoint,
+    fit_gemm,
+    fit_weight_stream,
+    grid_points,
+)
 from zrt_core.profile.host_probe import EagerHost
 from zrt_core.profile.host_probe import eager_host as eager_host_probe
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024)
-#: row-tile sizes the GEMM fit tries (a CPU micro-kernel's rows, a GPU tile's)
-TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
-#: rows' worth of per-call work the GEMM fit tries, each with no row tile (a CPU BLAS packs
-#: the weight panel once per call: work that grows with n × k, as each row's does)
-ROW_OVERHEAD_CANDIDATES = (2, 4, 8, 12, 16, 20, 24, 32)
 #: bytes per element of each timed dtype (tf32 is stored as fp32)
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-#: the skinny rows whose weight streaming gives ``matmul_memory``
-SKINNY_STREAM_ROWS = (2, 8)
 #: skinny GEMM rows timed at the largest n = k
 SKINNY_ROWS = (1, 2, 4, 8, 16, 32)
+#: rows timed over each smaller square weight for :func:`fit_weight_stream` only
+STREAM_PROBE_ROWS = (2, 4, 8)
 DEFAULT_DTYPES = ("fp32",)
 #: pointwise ops of decoder layers (norms, RoPE, activations, residuals) timed for ``vector``
 VECTOR_OPS = ("mul", "add", "neg", "rsqrt", "silu", "gelu", "exp", "pow2")
-
-
-@frozen
-class GemmPoint:
-    """One timed GEMM."""
-
-    dtype: str
-    m: int
-    n: int
-    k: int
-    time_s: float
-
-    @property
-    def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
-
-
-@frozen
-class GemmFit:
-    """``t = fixed_s + F/rate + F·k0/(rate·k)`` for one dtype."""
-
-    dtype: str
-    rate_flops: float
-    k0: float
-    fixed_s: float
-    rms_rel_error: float
-    tile_m: int = 1
-    #: rows' worth of work per GEMM beyond its own (with ``tile_m`` 1): :func:`fit_gemm`
-    row_overhead: int = 0
 
 
 @frozen
@@ -148,23 +120,17 @@ class Calibration:
         fitted = {f.dtype for f in self.fits}
         return self.attention_dtype if self.attention_dtype in fitted else "fp32"
 
-    def gemm_stream_fraction(self) -> float | None:
-        """The pack's ``matmul_memory``: the fastest a GEMM of 2–8 rows in
-        :attr:`model_dtype` (the skinny rows of the grid, at the largest n = k) streamed its
-        weight, over the copy's bandwidth, at most 1; None without such rows. One row is
-        left out: a CPU BLAS runs it as a GEMV, which streams near copy speed; past 8 rows
-        compute shares the time. On an H200 (docs/profile.md, "Fifth run") fp32's skinny
-        GEMMs stream at 0.47 of the copy and bf16's at 0.91: the pack prices the dtype
-        the models run in."""
-        big = max((p.n for p in self.gemm), default=0)
-        lo, hi = SKINNY_STREAM_ROWS
-        dtype = self.model_dtype
-        size = DTYPE_BYTES[dtype]
-        rates = [p.n * p.k * size / p.time_s for p in self.gemm
-                 if p.dtype == dtype and lo <= p.m <= hi and p.n == p.k == big]
-        if not rates or self.memory_gb_per_s <= 0:
+    def gemm_stream(self) -> tuple[float, int] | None:
+        """The pack's ``matmul_memory`` and ``matmul_memory_k_overhead``: how a GEMM of a
+        few rows in :attr:`model_dtype` streams its weight (:func:`fit_weight_stream` over
+        the grid's skinny rows); None without such rows. On an H200 (docs/profile.md,
+        "Fifth run") fp32's skinny GEMMs stream at 0.47 of the copy and bf16's at 0.91:
+        the pack prices the dtype the models run in."""
+        if self.memory_gb_per_s <= 0:
             return None
-        return min(1.0, max(rates) / (self.memory_gb_per_s * 1e9))
+        dtype = self.model_dtype
+        return fit_weight_stream([p for p in self.gemm if p.dtype == dtype],
+                                 DTYPE_BYTES[dtype], self.memory_gb_per_s * 1e9)
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)
@@ -203,8 +169,9 @@ class Calibration:
             # model's GEMM
             "matmul_tile_m": shape.tile_m,
             **({"matmul_row_overhead": shape.row_overhead} if shape.row_overhead else {}),
-            **({"matmul_memory": _sig(stream)}
-               if (stream := self.gemm_stream_fraction()) is not None else {}),
+            **({"matmul_memory": _sig(stream[0])}
+               if (stream := self.gemm_stream()) is not None else {}),
+            **({"matmul_memory_k_overhead": stream[1]} if stream and stream[1] else {}),
             **({"attention_decode_memory": _sig(min(
                 1.0, self.decode_attention_bytes_per_s / (self.memory_gb_per_s * 1e9)))}
                if self.decode_attention_bytes_per_s else {}),
@@ -300,7 +267,7 @@ class Calibration:
             gemm = tuple(GemmPoint(str(g["dtype"]), int(g["m"]), int(g["n"]), int(g["k"]),
                                    float(g["time_us"]) / 1e6) for g in data["gemm"])
             dtypes = tuple(dict.fromkeys(p.dtype for p in gemm))
-            fits = tuple(fit_gemm(d, [p for p in gemm if p.dtype == d]) for d in dtypes)
+            fits = tuple(fit_gemm(d, grid_points(gemm, d)) for d in dtypes)
             attention = tuple(
                 GemmFit(name, float(a["rate_tflops"]) * 1e12, float(a["kv0"]),
                         float(a["fixed_us"]) / 1e6, float(a["rms_rel_error"]))
@@ -370,15 +337,18 @@ def calibrate(device: Device, *, dtypes: Sequence[str] = DEFAULT_DTYPES,
         torch.backends.cuda.matmul.allow_tf32 = False
     dev = device.torch_device
     big = max(sizes)
+    # the grid, and the weight-stream probes: a few rows over each smaller square weight
+    # (the grid's own skinny rows cover the largest), timed in turn with the grid
     shapes = sorted({(s, s, k) for s in sizes for k in sizes}
-                    | {(m, big, big) for m in SKINNY_ROWS if m < big})
+                    | {(m, big, big) for m in SKINNY_ROWS if m < big}
+                    | {(m, s, s) for m in STREAM_PROBE_ROWS for s in sizes if m < s < big})
     points = []
     for dtype in dtypes:
         times = _time_gemms(device, dtype, shapes, repeats, min_time_s, mem_mb)
         points.extend(GemmPoint(dtype, m, n, k, t)
                       for (m, n, k), t in zip(shapes, times, strict=True))
         done(f"{dtype} GEMMs")
-    fits = tuple(fit_gemm(dtype, [p for p in points if p.dtype == dtype]) for dtype in dtypes)
+    fits = tuple(fit_gemm(dtype, grid_points(points, dtype)) for dtype in dtypes)
 
     numel = int(mem_mb * 1e6 / 4)
     src = torch.ones(numel, device=dev)
@@ -691,65 +661,6 @@ def _decode_attention_rate(device: Device, dtype: str, repeats: int, min_time_s:
             F.scaled_dot_product_attention(q, k, v)
 
     return cache_bytes / time_call(device, step, repeats=repeats, min_time_s=min_time_s)[0]
-
-
-def fit_gemm(dtype: str, points: Sequence[GemmPoint],
-             tiles: Sequence[int] = TILE_CANDIDATES,
-             row_overheads: Sequence[int] = ROW_OVERHEAD_CANDIDATES) -> GemmFit:
-    """Least squares of ``t = c + F'·u + F'/k·v`` on relative error (rows divided by t),
-    for each way of counting a GEMM's rows: ``F' = F/padding(m, tile)`` for each row
-    tile (a GPU's output tiles), and ``F' = F·(m + r)/m`` for each row overhead ``r``
-    (a CPU BLAS's per-call packing of the weight); the one of the least error is kept.
-    rate = 1/u, k0 = v/u. A fit that gives no positive rate is an error, not a number.
-    """
-    import numpy as np
-
-    if len(points) < 3:
-        raise InternalError(f"calibrate: {len(points)} {dtype} GEMMs cannot fit 3 numbers",
-                            "give --sizes at least two values")
-    t = np.array([p.time_s for p in points])
-    best: GemmFit | None = None
-    counts = [(tile, 0) for tile in tiles] + [(1, r) for r in row_overheads]
-    for tile, extra in counts:
-        pad = [p.m / (math.ceil(p.m / tile) * tile + extra) for p in points]
-        design = np.array([[1.0, p.flops / f, p.flops / f / p.k]
-                           for p, f in zip(points, pad, strict=True)]) / t[:, None]
-        coef = _nnls(design, np.ones_like(t))
-        c, u, v = (float(x) for x in coef)
-        if u <= 0:
-            continue
-        rms = float(math.sqrt(float(np.mean((design @ coef - 1.0) ** 2))))
-        if best is None or rms < best.rms_rel_error:
-            best = GemmFit(dtype=dtype, rate_flops=1.0 / u, k0=v / u, fixed_s=c,
-                           rms_rel_error=rms, tile_m=tile, row_overhead=extra)
-    if best is None:
-        raise InternalError(f"calibrate: the {dtype} GEMM fit has no throughput term",
-                            "the timings are dominated by noise; rerun with larger --sizes")
-    return best
-
-
-def _nnls(a: Any, b: Any) -> Any:
-    """Non-negative least squares over the subsets of the three unknowns that keep the
-    throughput term (column 1): exhaustive, so the best non-negative fit with a rate."""
-    import itertools
-
-    import numpy as np
-
-    best, best_err = np.zeros(a.shape[1]), float("inf")
-    cols = range(a.shape[1])
-    for r in range(1, a.shape[1] + 1):
-        for subset in itertools.combinations(cols, r):
-            if 1 not in subset:
-                continue
-            sol, *_ = np.linalg.lstsq(a[:, subset], b, rcond=None)
-            if (sol < 0).any():
-                continue
-            full = np.zeros(a.shape[1])
-            full[list(subset)] = sol
-            err = float(np.sum((a @ full - b) ** 2))
-            if err < best_err:
-                best, best_err = full, err
-    return best
 
 
 def _capacity_gb(device: Device) -> float:
