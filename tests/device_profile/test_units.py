@@ -405,3 +405,25 @@ def test_the_weight_stream_fit_recovers_the_rate_and_each_rows_overhead():
         [(p.m, p.n, p.k) for p in grid]
         + [(m, 2048, 2048) for m in (1, 2, 4, 8)])
 
+
+
+def test_coverage_names_a_dtype_the_tables_do_not_hold():
+    from zrt_core.cli.coverage_view import dtype_hint
+
+    def cov(measured: float, *dtypes: str) -> dict:
+        return {"ops": {"measured": measured, "interpolated": 0.0, "roofline": 1 - measured},
+                "time": {"measured": measured, "interpolated": 0.0,
+                         "roofline": 1 - measured},
+                "misses": [{"dtype": d} for d in dtypes]}
+
+    held = frozenset({"float32"})
+    # a float32 profile beside a bf16 estimate: nothing priced from it, one line says why
+    # (integer ops, an embedding's ids, are not named)
+    assert dtype_hint(cov(0.0, "bfloat16", "int64"), held) == (
+        "the tables' rows are float32; this estimate's missed ops are bfloat16 (profile with "
+        "--dtype bfloat16, or run in the tables' precision)")
+    # a miss in a dtype the tables hold (a shape they lack), or half the time from them:
+    # no line
+    assert dtype_hint(cov(0.0, "bfloat16", "float32"), held) is None
+    assert dtype_hint(cov(0.6, "bfloat16"), held) is None
+    assert dtype_hint(cov(0.0, "bfloat16"), None) is None

@@ -239,10 +239,12 @@ def run_infer(args: argparse.Namespace) -> int:
         if args.tables:
             from zrt_core.cli._output import console
             from zrt_core.cli.coverage_view import print_coverage
+            from zrt_core.profile.tables import table_dtypes
 
+            held = table_dtypes(args.tables, hw.id, host)
             for phase in (report.prefill, report.decode):
                 console().print(f"{phase.phase}:")
-                print_coverage(console(), dict(phase.price_coverage))
+                print_coverage(console(), dict(phase.price_coverage), held)
     return 0
 
 

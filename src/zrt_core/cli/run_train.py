@@ -235,9 +235,11 @@ def run_train(args: argparse.Namespace) -> int:
         render(report, con)
         if getattr(args, "tables", None):
             from zrt_core.cli.coverage_view import print_coverage
+            from zrt_core.profile.tables import table_dtypes
 
             con.print("forward and backward (one micro-batch):")
-            print_coverage(con, dict(report.price_coverage))
+            print_coverage(con, dict(report.price_coverage),
+                           table_dtypes(args.tables, hw.id, host))
         if gains:
             run_compile.print_gains(gains)
         for path in written:

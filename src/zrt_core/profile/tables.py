@@ -71,6 +71,12 @@ def _hardware_ids(path: Path) -> set[str]:
     return {row["hardware_id"].strip() for row in csv.DictReader(lines)}
 
 
+def table_dtypes(directory: str | Path, hardware_id: str, host: Any = None
+                 ) -> frozenset[str]:
+    """The dtypes the rows of ``--tables`` for ``hardware_id`` hold."""
+    return frozenset(r.dtype for r in load_table_rows(directory, hardware_id, host))
+
+
 def backends_with_tables(hardware: Any, host: Any, directory: str | Path | None
                          ) -> list[Any] | None:
     """The hardware's backends with a :class:`MeasuredBackend` over the user's tables first;
