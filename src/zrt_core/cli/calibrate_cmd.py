@@ -49,7 +49,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     from zrt_core.profile.calibrate import calibrate
     from zrt_core.profile.device import DeviceError, open_device
 
