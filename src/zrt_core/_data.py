@@ -6,6 +6,7 @@ bandwidth_gb_per_s must be > 0"), so a vendor fixing a pack never has to guess.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +14,20 @@ from typing import Any
 
 import yaml
 
-from zrt_core.errors import SpecError
+from zrt_core.errors import SpecError, ZrtError
+
+
+def read_json_file(path: str | Path, hint: str, error: type[ZrtError] = SpecError) -> Any:
+    """A JSON file's value; a file that cannot be read, is not UTF-8 text or is not JSON is
+    one ``error`` line ending in ``hint``."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"cannot read {path} ({exc.strerror or exc})", hint) from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path} is not UTF-8 text (byte {exc.start})", hint) from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{path} is not JSON ({exc.msg}, line {exc.lineno})", hint) from None
 
 
 class _DuplicateKey(yaml.MarkedYAMLError):

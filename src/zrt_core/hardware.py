@@ -208,7 +208,7 @@ class Efficiency:
     :param matmul_memory: the fraction of the memory bandwidth a GEMM's operands stream at
         (None: ``memory``): a CPU BLAS packs a skinny GEMM's weight panel at well under
         copy speed; fitted by ``zrt calibrate`` on its skinny GEMMs (docs/cost-model.md,
-        "Row overhead").
+        "Weight streaming").
     :param matmul_memory_k_overhead: elements' worth of streaming each weight row (of k
         elements) pays beyond its own: a GEMM's memory time counts ``n · k0`` more weight
         elements (per group of a grouped one); 0: none. Fitted by ``zrt calibrate`` with

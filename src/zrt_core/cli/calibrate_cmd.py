@@ -80,19 +80,11 @@ def run(args: argparse.Namespace) -> int:
 def _saved(path: Path) -> Any:
     """The calibration saved in ``path`` (``zrt calibrate --json``'s output, or its
     ``calibration`` alone), re-fitted."""
-    import json
-
+    from zrt_core._data import read_json_file
     from zrt_core.errors import SpecError
     from zrt_core.profile.calibrate import Calibration
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"--from {path}: {exc.strerror or exc}",
-                        "give the JSON file zrt calibrate --json wrote") from None
-    except ValueError as exc:
-        raise SpecError(f"--from {path} is not JSON: {exc}",
-                        "give the JSON file zrt calibrate --json wrote") from None
+    data = read_json_file(path, "give the JSON file zrt calibrate --json wrote")
     if not isinstance(data, dict):
         raise SpecError(f"--from {path} holds no calibration",
                         "give the JSON file zrt calibrate --json wrote")

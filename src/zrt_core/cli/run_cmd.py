@@ -191,10 +191,11 @@ def run_infer(args: argparse.Namespace) -> int:
     host = get_plugin_manager()
     use_fusion_rules(host, args)
     hw = host.hardware_spec(args.hw)
+    held: frozenset[str] = frozenset()  # the dtypes the --tables rows hold
     if args.tables:
         from zrt_core.profile.tables import register_tables
 
-        register_tables(host, args.tables, hw)
+        held = register_tables(host, args.tables, hw)
     kv = args.kv_dtype
     if kv is None and args.quant in ("fp8", "fp4"):
         kv = "fp8"
@@ -239,9 +240,7 @@ def run_infer(args: argparse.Namespace) -> int:
         if args.tables:
             from zrt_core.cli._output import console
             from zrt_core.cli.coverage_view import print_coverage
-            from zrt_core.profile.tables import table_dtypes
 
-            held = table_dtypes(args.tables, hw.id, host)
             for phase in (report.prefill, report.decode):
                 console().print(f"{phase.phase}:")
                 print_coverage(console(), dict(phase.price_coverage), held)

@@ -141,10 +141,11 @@ def run_train(args: argparse.Namespace) -> int:
     host = get_plugin_manager()
     use_fusion_rules(host, args)
     hw = host.hardware_spec(args.hw)
+    held: frozenset[str] = frozenset()  # the dtypes the --tables rows hold
     if getattr(args, "tables", None):
         from zrt_core.profile.tables import register_tables
 
-        register_tables(host, args.tables, hw)
+        held = register_tables(host, args.tables, hw)
     parallel = parallel_from_args(args)
     global_batch = args.global_batch or args.micro_batch * parallel.dp
     fields: dict[str, Any] = {
@@ -235,11 +236,9 @@ def run_train(args: argparse.Namespace) -> int:
         render(report, con)
         if getattr(args, "tables", None):
             from zrt_core.cli.coverage_view import print_coverage
-            from zrt_core.profile.tables import table_dtypes
 
             con.print("forward and backward (one micro-batch):")
-            print_coverage(con, dict(report.price_coverage),
-                           table_dtypes(args.tables, hw.id, host))
+            print_coverage(con, dict(report.price_coverage), held)
         if gains:
             run_compile.print_gains(gains)
         for path in written:

@@ -51,6 +51,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from zrt_core.ir.graph import dtype_bytes
 from zrt_core.profile.device import TORCH_DTYPES, Device, best_interleaved, time_call
 from zrt_core.profile.device import significant as _sig
 from zrt_core.profile.gemm_fit import (
@@ -64,8 +65,6 @@ from zrt_core.profile.host_probe import EagerHost
 from zrt_core.profile.host_probe import eager_host as eager_host_probe
 
 DEFAULT_SIZES = (64, 128, 256, 512, 1024)
-#: bytes per element of each timed dtype (tf32 is stored as fp32)
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 #: skinny GEMM rows timed at the largest n = k
 SKINNY_ROWS = (1, 2, 4, 8, 16, 32)
 #: rows timed over each smaller square weight for :func:`fit_weight_stream` only
@@ -130,7 +129,8 @@ class Calibration:
             return None
         dtype = self.model_dtype
         return fit_weight_stream([p for p in self.gemm if p.dtype == dtype],
-                                 DTYPE_BYTES[dtype], self.memory_gb_per_s * 1e9)
+                                 dtype_bytes(TORCH_DTYPES[dtype]),
+                                 self.memory_gb_per_s * 1e9)
 
     def fit(self, dtype: str) -> GemmFit:
         return next(f for f in self.fits if f.dtype == dtype)

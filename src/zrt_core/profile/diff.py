@@ -17,13 +17,13 @@ the pack's for the pass: a training forward, its backward, or a forward without 
 from __future__ import annotations
 
 import html
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zrt_core._data import read_json_file
 from zrt_core.errors import ZrtError
 from zrt_core.profile.measure import SCHEMA
 
@@ -41,14 +41,7 @@ class MeasurementError(ZrtError):
 
 def load_measurement(path: str | Path) -> dict[str, Any]:
     """A ``zrt measure --json`` file, checked for the fields the diff needs."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MeasurementError(f"cannot read {path} ({exc.strerror or exc})",
-                               "give the file zrt measure --json wrote") from None
-    except json.JSONDecodeError as exc:
-        raise MeasurementError(f"{path} is not JSON ({exc.msg}, line {exc.lineno})",
-                               "give the file zrt measure --json wrote") from None
+    data = read_json_file(path, "give the file zrt measure --json wrote", MeasurementError)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise MeasurementError(f"{path} is not a zrt measure result (schema {SCHEMA})",
                                "write it with zrt measure MODEL --json > FILE")

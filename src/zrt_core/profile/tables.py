@@ -71,12 +71,6 @@ def _hardware_ids(path: Path) -> set[str]:
     return {row["hardware_id"].strip() for row in csv.DictReader(lines)}
 
 
-def table_dtypes(directory: str | Path, hardware_id: str, host: Any = None
-                 ) -> frozenset[str]:
-    """The dtypes the rows of ``--tables`` for ``hardware_id`` hold."""
-    return frozenset(r.dtype for r in load_table_rows(directory, hardware_id, host))
-
-
 def backends_with_tables(hardware: Any, host: Any, directory: str | Path | None
                          ) -> list[Any] | None:
     """The hardware's backends with a :class:`MeasuredBackend` over the user's tables first;
@@ -90,16 +84,17 @@ def backends_with_tables(hardware: Any, host: Any, directory: str | Path | None
     return [MeasuredBackend(hardware, rows), *build_backends(hardware, host)]
 
 
-def register_tables(host: Any, directory: str | Path, hardware: Any) -> None:
+def register_tables(host: Any, directory: str | Path, hardware: Any) -> frozenset[str]:
     """Put the CSVs of ``directory`` that measure ``hardware`` into ``host`` as measured
     tables (plugin ``user-tables``), so every estimate prices from them first.
 
+    :returns: the dtypes their rows hold (a coverage report names a run's others).
     :raises SpecError: as :func:`load_table_rows`.
     """
     from zrt_core import hookimpl
     from zrt_core.cost.measured import MeasuredTable
 
-    load_table_rows(directory, hardware.id, host)
+    rows = load_table_rows(directory, hardware.id, host)
     tables = [MeasuredTable(name=f"user/{f.name}", hardware_id=hardware.id, path=str(f),
                             description=f"--tables {directory}")
               for f in table_files(directory, host) if hardware.id in _hardware_ids(f)]
@@ -109,3 +104,4 @@ def register_tables(host: Any, directory: str | Path, hardware: Any) -> None:
 
     host.register(SimpleNamespace(zrt_measured_tables=zrt_measured_tables), "user-tables",
                   distribution="--tables")
+    return frozenset(r.dtype for r in rows)
