@@ -149,6 +149,25 @@ def test_inference_defaults() -> None:
     assert (fp8.infer.quant, fp8.infer.kv_dtype, fp8.infer.batch) == ("fp8", "fp8", 4)
 
 
+def test_trtllm_moe_record_without_ep_spreads_experts_over_the_tp_group() -> None:
+    moe = {**TINY_LLAMA, "model_type": "qwen3_moe", "num_experts": 8,
+           "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    raw = {**INFER, "model": {"name": "tiny moe", "hf_config": moe}}
+    # TensorRT-LLM, tp 2, ep null: 8 experts divide over the 2 ranks → ep 2, expert TP 1
+    case = inference_case(_record(raw))
+    assert (case.parallel.tp, case.parallel.ep, case.parallel.dp) == (2, 2, 1)
+    assert any(a.startswith("ep=2 ") for a in case.assumptions)
+    # stated EP, 7 experts (no even split), vLLM or a dense model: left as given / 1
+    stated = inference_case(_record({**raw, "parallel": {"tp": 2, "ep": 1}}))
+    odd = inference_case(_record({**raw, "model": {"name": "odd", "hf_config": {
+        **moe, "num_experts": 7}}}))
+    vllm = inference_case(_record({**raw, "source": "vLLM benchmark"}))
+    dense = inference_case(_record(INFER))
+    assert [c.parallel.ep for c in (stated, odd, vllm, dense)] == [1, 1, 1, 1]
+    assert not any(a.startswith("ep=") for c in (stated, odd, vllm, dense)
+                   for a in c.assumptions)
+
+
 def test_layer_case_runs_one_micro_batch_per_replica() -> None:
     raw = {**TRAIN, "micro_batch": 4, "layers_measured": 1,
            "measured": {"fwd_ms_per_layer": 1.0}}

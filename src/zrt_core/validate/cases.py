@@ -67,12 +67,28 @@ def layer_case(record: Record) -> Any:
                                      "replica: the record times one layer)"))
 
 
+def _trtllm_moe_ep(config: Mapping[str, Any], tp: int) -> int:
+    """The expert parallelism a TensorRT-LLM MoE record that leaves ``ep`` null ran with:
+    the TP group (``tp``) where the experts divide over it, else 1. TensorRT-LLM's
+    perf-overview runs MoE models as ``trtllm-bench --tp $tp_size --ep $ep_size`` without
+    printing the size (TensorRT-LLM@00f3768, docs/source/performance/perf-overview.md); its
+    ``Mapping`` then takes ``moe_tp_size = tp_size // moe_ep_size``. Read as ``ep = tp``,
+    zrt predicts the page's Qwen3-235B columns closer on every machine, the two it was not
+    tuned on included (docs/inference-model.md, "Expert parallelism of the published MoE
+    runs")."""
+    from zrt_core.modelinfo import ModelDims
+
+    dims = ModelDims.from_config(config)
+    return tp if dims.is_moe and dims.experts % tp == 0 else 1
+
+
 def inference_case(record: Record) -> InferenceCase:
     """Serving inputs from an ``infer`` record, with these defaults for null fields:
 
     * every parallel degree 1 (``dp`` = GPUs / (tp × pp × cp) when null), sequence
       parallelism off, expert TP = tp × dp / ep (the engines' layout:
-      :func:`zrt_core.strategy.serving_expert_tp`);
+      :func:`zrt_core.strategy.serving_expert_tp`); a TensorRT-LLM MoE record with ``ep``
+      and ``etp`` null and one TP group takes ``ep = tp`` (:func:`_trtllm_moe_ep`);
     * precision → :data:`SERVING_PRECISION` (bf16 when null);
     * ``concurrency`` (or ``max_batch``) is the batch; null means offline max-throughput,
       the mode ``trtllm-bench`` and vLLM's throughput benchmark run;
@@ -105,6 +121,14 @@ def inference_case(record: Record) -> InferenceCase:
     else:
         dp = degree("dp")
     etp = par.get("etp")
+    source = str(raw.get("source") or "")
+    engine = "vllm" if "vllm" in source.lower() else "trtllm"
+    config = dict(raw["model"]["hf_config"])
+    if par.get("ep") is None and etp is None and engine == "trtllm" and tp > 1 and dp == 1:
+        ep = _trtllm_moe_ep(config, tp)
+        if ep > 1:
+            assumptions.append(f"ep={ep} (TensorRT-LLM's published MoE runs pass --ep with "
+                               "its size unprinted: the experts spread over the TP group)")
     parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
                         dp=dp, sp=par.get("sp"))
     precision = raw.get("precision")
@@ -122,13 +146,10 @@ def inference_case(record: Record) -> InferenceCase:
     batch = raw.get("concurrency") or raw.get("max_batch")
     if batch is None:
         assumptions.append("batch: offline max-throughput (trtllm-bench)")
-    source = str(raw.get("source") or "")
-    engine = "vllm" if "vllm" in source.lower() else "trtllm"
     dtype = "float16" if precision == "fp16" else "bfloat16"
     infer = InferSpec(input_len=input_len, output_len=output_len,
                       batch=int(batch) if batch else None, quant=quant, kv_dtype=kv,
                       dtype=dtype)
-    config = dict(raw["model"]["hf_config"])
     return InferenceCase(config=config, hardware=record.hardware, parallel=parallel,
                          infer=infer, engine=engine, num_gpus=num_gpus,
                          assumptions=tuple(assumptions))
