@@ -156,7 +156,8 @@ def test_trtllm_moe_record_without_ep_spreads_experts_over_the_tp_group() -> Non
     # TensorRT-LLM, tp 2, ep null: 8 experts divide over the 2 ranks → ep 2, expert TP 1
     case = inference_case(_record(raw))
     assert (case.parallel.tp, case.parallel.ep, case.parallel.dp) == (2, 2, 1)
-    assert any(a.startswith("ep=2 ") for a in case.assumptions)
+    assert case.parallel.expert_tp == 1  # moe_tp_size = tp_size // moe_ep_size
+    assert any(a.startswith("ep=2, etp=1 ") for a in case.assumptions)
     # stated EP, 7 experts (no even split), vLLM or a dense model: left as given / 1
     stated = inference_case(_record({**raw, "parallel": {"tp": 2, "ep": 1}}))
     odd = inference_case(_record({**raw, "model": {"name": "odd", "hf_config": {

@@ -127,8 +127,10 @@ def inference_case(record: Record) -> InferenceCase:
     if par.get("ep") is None and etp is None and engine == "trtllm" and tp > 1 and dp == 1:
         ep = _trtllm_moe_ep(config, tp)
         if ep > 1:
-            assumptions.append(f"ep={ep} (TensorRT-LLM's published MoE runs pass --ep with "
-                               "its size unprinted: the experts spread over the TP group)")
+            etp = tp // ep  # TensorRT-LLM's Mapping: moe_tp_size = tp_size // moe_ep_size
+            assumptions.append(f"ep={ep}, etp={etp} (TensorRT-LLM's published MoE runs pass "
+                               "--ep with its size unprinted: the experts spread over the "
+                               "TP group)")
     parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
                         dp=dp, sp=par.get("sp"))
     precision = raw.get("precision")
