@@ -25,3 +25,21 @@ def test_shipped_public_suite_equals_the_shared_file() -> None:
     assert shipped.read_bytes() == shared.read_bytes(), (
         f"{shipped} differs from {shared}: copy the shared file into the package "
         f"(cp {shared} {shipped})")
+
+
+def test_held_out_serving_records_are_valid_and_not_in_the_public_suite() -> None:
+    from zrt_core.validate import check_record, load_records
+
+    held = load_records(ROOT / "benchmarks" / "data" / "perf_overview_heldout.yaml")
+    seen: set[str] = set()
+    for record in held:  # each passes the file checks zrt validate applies
+        check_record(record, seen)
+        seen.add(record.id)
+    # 14 columns of the perf-overview page, 10 shapes each, 10 cells left empty there
+    assert len(held) == 130
+    public = load_records(suite_path("public"))
+    key = [(r.raw["model"]["hf_config"].get("model_type"), r.hardware, r.num_gpus,
+            r.raw["input_len"], r.raw["output_len"]) for r in public if r.workload == "infer"]
+    # held out: no cell repeats a public record's model, machine, GPUs and shape
+    assert not {(r.raw["model"]["hf_config"].get("model_type"), r.hardware, r.num_gpus,
+                 r.raw["input_len"], r.raw["output_len"]) for r in held} & set(key)
