@@ -22,16 +22,19 @@ DEFAULT = Path(__file__).resolve().parent / "data" / "perf_overview_heldout.yaml
 #: issue 9's serving target (output tokens/s MAPE)
 MAPE_TARGET = 0.06
 QUANTITY = "output_tokens_per_s"
-DENSE = ("llama",)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zrt_core.validate import validate
+    from zrt_core.modelinfo import ModelDims
+    from zrt_core.validate import Validator, load_records
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", nargs="?", type=Path, default=DEFAULT)
     args = ap.parse_args(argv)
-    run = validate(args.file)
+    records = load_records(args.file)
+    moe = {r.id for r in records
+           if ModelDims.from_config(dict(r.raw["model"]["hf_config"])).is_moe}
+    run = Validator().run(records, path=str(args.file))
     groups: dict[str, list[float]] = {}
     kinds: dict[str, list[float]] = {"dense": [], "moe": []}
     failed = 0
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         # heldout-<model>-<machine>-tp<n>-<precision>-isl<i>-osl<o>
         key = "-".join(r.id.split("-")[1:-2])
         groups.setdefault(key, []).append(err)
-        kinds["dense" if r.model_type in DENSE else "moe"].append(err)
+        kinds["moe" if r.id in moe else "dense"].append(err)
 
     def line(name: str, errs: list[float]) -> str:
         mape = sum(abs(e) for e in errs) / len(errs)

@@ -37,9 +37,9 @@ def test_held_out_serving_records_are_valid_and_not_in_the_public_suite() -> Non
         seen.add(record.id)
     # 14 columns of the perf-overview page, 10 shapes each, 10 cells left empty there
     assert len(held) == 130
-    public = load_records(suite_path("public"))
-    key = [(r.raw["model"]["hf_config"].get("model_type"), r.hardware, r.num_gpus,
-            r.raw["input_len"], r.raw["output_len"]) for r in public if r.workload == "infer"]
+    def cell(r):  # model type, machine, GPUs and shape
+        return (r.model_type, r.hardware, r.num_gpus, r.raw["input_len"], r.raw["output_len"])
+
+    public = {cell(r) for r in load_records(suite_path("public")) if r.workload == "infer"}
     # held out: no cell repeats a public record's model, machine, GPUs and shape
-    assert not {(r.raw["model"]["hf_config"].get("model_type"), r.hardware, r.num_gpus,
-                 r.raw["input_len"], r.raw["output_len"]) for r in held} & set(key)
+    assert not {cell(r) for r in held} & public
