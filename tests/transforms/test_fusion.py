@@ -893,3 +893,32 @@ def test_full_depth_matches_each_layer_kind_once_with_the_templated_totals(captu
             every_layer.apply_rule(captured_pack, rule)
     assert out == every_layer.result(["test"])
     assert out.totals() == fuse(templated, [captured_pack]).totals()
+
+
+def test_fusing_leaves_no_reference_cycles(tmp_path):
+    # a search runs with rare garbage collections (zrt_core.search.collector): the fusion
+    # engine's garbage must go with reference counting alone. Both matchers run: the
+    # sequence (rope) and the connected one with its trailing views (RMSNorm's detach)
+    import gc
+
+    b = Builder()
+    rms_norm_graph(b, 0)
+    packs = [pack(RMS_NORM_PACK, tmp_path), pack(ROPE_PACK, tmp_path, "rope.yaml")]
+    graphs = [b.graph(), rope_graph().graph()]
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for g in graphs:
+            out = fuse(g, packs)
+            assert any(n.attrs.get("fusion_rule") for n in out.nodes)
+            del out
+        gc.collect()
+        assert not [o for o in gc.garbage if type(o).__module__.startswith("zrt_core")
+                    or type(o).__name__ in ("cell", "function")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()

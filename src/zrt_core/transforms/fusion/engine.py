@@ -289,30 +289,28 @@ class _Engine:
             else:
                 self.match_connected(pack, rule, path, cls, units, scope_set)
 
-    def _sequence_candidates(self, tokens: tuple[OpToken, ...], units: list[_Unit],
-                             start: int) -> Iterator[list[int]]:
-        """Unit indices matching ``tokens`` from ``start``, greedy alternatives first."""
+    def _sequence_candidates(self, tokens: tuple[OpToken, ...], units: list[_Unit], ui: int,
+                             ti: int = 0, acc: tuple[int, ...] = ()) -> Iterator[list[int]]:
+        """Unit indices matching ``tokens`` from ``ui``, greedy alternatives first (a method
+        calling itself: a closure doing so is a cycle only the cyclic collector frees)."""
+        if ti == len(tokens):
+            yield list(acc)
+            return
         n = len(units)
-
-        def walk(ti: int, ui: int, acc: list[int]) -> Iterator[list[int]]:
-            if ti == len(tokens):
-                yield acc
-                return
-            tok = tokens[ti]
-            if tok.quantifier in ("", "?"):
-                if ui < n and self.token_matches(tok, units[ui]):
-                    yield from walk(ti + 1, ui + 1, [*acc, ui])
-                if tok.quantifier == "?":
-                    yield from walk(ti + 1, ui, acc)
-                return
-            k = ui
-            while k < n and self.token_matches(tok, units[k]):
-                k += 1
-            least = ui + (1 if tok.quantifier == "+" else 0)
-            for end in range(k, least - 1, -1):
-                yield from walk(ti + 1, end, [*acc, *range(ui, end)])
-
-        yield from walk(0, start, [])
+        tok = tokens[ti]
+        if tok.quantifier in ("", "?"):
+            if ui < n and self.token_matches(tok, units[ui]):
+                yield from self._sequence_candidates(tokens, units, ui + 1, ti + 1, (*acc, ui))
+            if tok.quantifier == "?":
+                yield from self._sequence_candidates(tokens, units, ui, ti + 1, acc)
+            return
+        k = ui
+        while k < n and self.token_matches(tok, units[k]):
+            k += 1
+        least = ui + (1 if tok.quantifier == "+" else 0)
+        for end in range(k, least - 1, -1):
+            yield from self._sequence_candidates(tokens, units, end, ti + 1,
+                                                 (*acc, *range(ui, end)))
 
     def match_sequence(self, pack: FusionRulePack, rule: FusionRule, path: str, cls: str,
                        units: list[_Unit], scope_set: set[int]) -> None:
@@ -446,20 +444,10 @@ class _Engine:
                     taken.append(p)
                     changed = True
         trailing: dict[int, bool] = {}
-
-        def hangs(p: int) -> bool:
-            """``p`` and everything below it are free views read by nothing outside."""
-            hit = trailing.get(p)
-            if hit is None:
-                trailing[p] = False  # guards a cycle (none in a DAG)
-                hit = p in free and all(hangs(s) for s in succ[p])
-                trailing[p] = hit
-            return hit
-
         for p in sorted(free):
             if p in members or not pred[p] or not all(q in members for q in pred[p]):
                 continue
-            if hangs(p):
+            if _hangs(p, free, succ, trailing):
                 stack = [p]
                 while stack:
                     q = stack.pop()
@@ -798,3 +786,13 @@ def _max_id(nodes: Sequence[OpNode]) -> int:
             best = node.id
         stack.extend(node.fused_from)
     return best
+
+
+def _hangs(p: int, free: set[int], succ: list[list[int]], trailing: dict[int, bool]) -> bool:
+    """``p`` and everything below it are free views read by nothing outside (memoised)."""
+    hit = trailing.get(p)
+    if hit is None:
+        trailing[p] = False  # guards a cycle (none in a DAG)
+        hit = p in free and all(_hangs(s, free, succ, trailing) for s in succ[p])
+        trailing[p] = hit
+    return hit
