@@ -12,6 +12,7 @@ from typing import Any
 from attrs import field, frozen
 
 from zrt_core.errors import SpecError
+from zrt_core.search.collector import rare_collections
 from zrt_core.search.pareto import pareto_front
 from zrt_core.search.space import (
     SERVE_RULES,
@@ -362,7 +363,8 @@ def _init_worker(args: tuple[Any, ...]) -> None:
 
 
 def _rows_of(chunk: Sequence[tuple[int, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    return [(i, _EVALUATOR.row(c)) for i, c in chunk]
+    with rare_collections():
+        return [(i, _EVALUATOR.row(c)) for i, c in chunk]
 
 
 def _report(args: tuple[Any, ...], host: Any, cand: Any) -> Any:
@@ -388,10 +390,11 @@ def _evaluate(args: tuple[Any, ...], cands: Sequence[Any], workers: int,
         evaluator = _make_evaluator(args, host)
         rows: list[tuple[int, dict[str, Any]]] = []
         try:
-            for i, c in visit:
-                rows.append((i, evaluator.row(c)))
-                if progress:
-                    progress(len(rows), total)
+            with rare_collections():
+                for i, c in visit:
+                    rows.append((i, evaluator.row(c)))
+                    if progress:
+                        progress(len(rows), total)
         except KeyboardInterrupt:
             return sorted(rows, key=lambda r: r[0]), True
         return sorted(rows, key=lambda r: r[0]), False

@@ -128,9 +128,12 @@ def two_tier(evaluator: Any, cands: Sequence[Any], *, top_k: int,
             progress(len(exact), total)
         return row, report
 
+    from zrt_core.search.collector import rare_collections
+
     try:
-        rounds, margins = _run(cands, by_anchor, exact, screened, estimate, evaluator,
-                               plans, margins, top_k)
+        with rare_collections():
+            rounds, margins = _run(cands, by_anchor, exact, screened, estimate, evaluator,
+                                   plans, margins, top_k)
     except KeyboardInterrupt:
         return ScreenResult(rows=sorted(exact.items()), screened=screened, margins=margins,
                             rounds=0, partial=True)
