@@ -213,3 +213,47 @@ def test_anchor_is_the_most_stages_of_two_layers_or_more() -> None:
     assert _anchor_order([0, 1, 2, 3], cands, 8) == [1, 2, 0, 3]
     # the layer count unknown: the most stages first
     assert _anchor_order([0, 1, 2, 3], cands, None) == [0, 3, 1, 2]
+
+
+class _Group:
+    def __init__(self, dense: int) -> None:
+        self.dense = self.total = dense
+        self.expert = 0
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_fsdp_first_forward_gather_delay_in_closed_form() -> None:
+    from zrt_core.cost.collectives import collective_cost
+    from zrt_core.fsdp import ShardGroup
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.search.screen_model import GroupModel, _gather_delay_s, _geometry
+
+    hw = get_plugin_manager().hardware_spec("h100")
+    inv = _Inventory()
+    inv.layers = {0: _Group(10 ** 8)}  # 10⁸ bf16 elements per layer: 200 MB to gather
+    shard = ShardGroup(size=64, span=64)
+    gather = collective_cost("all_gather", 2e8, 64, 64, hw).time_s
+
+    class _Plan:
+        def __init__(self) -> None:
+            self.shard = self.expert_shard = shard
+
+    def delay(fwd: float) -> float:
+        g = GroupModel(fwd_s={0: fwd, "embedding": 0.0}, bwd_s={0: 0.0}, act_bytes={0: 0.0},
+                       transient_bytes={}, p2p_s=0.0, dp_exposed_s=0.0,
+                       opt_s_per_element=0.0, templates={i: 0 for i in range(4)},
+                       inventory=inv, num_layers=4)
+        # pp 2: stages of 2 layers
+        return _gather_delay_s(g, _geometry(g, 2, 1), _Plan(), 2.0, hw)
+
+    # forwards much longer than a gather: only the first layer's gather is exposed; the
+    # second stage's own first gather hides under the first stage's forwards (2 × 1 s)
+    assert delay(1.0) == pytest.approx(gather)
+    # forwards of nothing: the gathers run back to back, 2 per stage, and the second
+    # stage waits for nothing before it (the stages before it take no time)
+    assert delay(0.0) == pytest.approx(2 * gather)
+    # forwards of half a gather: layer 0 starts after one gather and layer 1 after two
+    # (its gather, issued when layer 0 starts, ends at 2·G): the stage ends at 2.5·G
+    # against 1·G of forwards, 1.5·G late; stage 2 hides 1·G of it under stage 1's forwards
+    assert delay(gather / 2) == pytest.approx(1.5 * gather)
+

@@ -309,6 +309,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     shard_params = train.zero == 3 or train.fsdp
     reshard = "full"
     per_micro = True
+    sp = None
     if train.fsdp:
         sp = sharding_plan(p, train)
         dense_dp, expert_dp = sp.shard.size, sp.expert_shard.size
@@ -325,7 +326,8 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     # gradient sync seconds per element: the anchor's scaled to this layout's groups and
     # reduction (:func:`with_optimizer`), or the anchor's own
     dp_per = g.sync_s_per_element * _sync_s(g, p, shard_states, hw) \
-        if g.dp_sync and not train.fsdp else g.dp_s_per_element
+        if g.dp_sync and not (train.fsdp and reshard != "none" and pp == 1) \
+        else g.dp_s_per_element
     for r in range(pp):
         mine = split.mine[r]
         dense, expert = split.dense[r], split.expert[r]
@@ -365,12 +367,58 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
         total += dense + expert
         worst_opt = max(worst_opt, (dense / (dense_dp if shard_states else 1)
                                     + expert / (expert_dp if shard_states else 1)))
+    if sp is not None and sp.gather_once:
+        pipeline += _gather_delay_s(g, split, sp, pbytes, hw)
     step = pipeline + max(g.dp_exposed_s, tail) + g.opt_s_per_element * worst_opt \
         + g.residual_s
     tokens = global_batch * seq_len
     return Screened(step_s=step, tokens_per_s_per_gpu=tokens / (step * p.world_size),
                     memory_bytes=worst_mem, usable_bytes=usable, opt_elements=worst_opt,
                     rank_elements=most, total_elements=total)
+
+
+def _gather_delay_s(g: GroupModel, split: _Split, sp: Any, pbytes: float, hw: Any) -> float:
+    """How much later the step starts because each stage's first forward gathers its
+    layers' parameters (FSDP under a pipeline gathers once per step:
+    :func:`zrt_core.estimate.training.fsdp.first_forward_delay_s`'s rule in closed form):
+    per virtual stage, the layers' all-gathers issued one layer ahead of the forward that
+    needs them (a gather starts when the previous one ends and the previous layer's
+    forward starts), less the forwards of the stages before it; the largest over stages.
+    Memoised per split and shard groups."""
+    from zrt_core.cost.collectives import collective_cost
+
+    n_stages = len(split.f)
+    key = ("gather", id(split), sp.shard, sp.expert_shard, pbytes)
+    hit = g.memo.get(key)
+    if hit is not None:
+        return hit
+    gather: dict[int, float] = {}
+    for rep, group in g.inventory.layers.items():
+        t = 0.0
+        for elements, sub in ((group.dense, sp.shard), (group.expert, sp.expert_shard)):
+            if elements > 0 and sub.size > 1:
+                t += collective_cost("all_gather", elements * pbytes, sub.size, sub.span,
+                                     hw).time_s
+        gather[rep] = t
+    ranges = stage_layers(g.num_layers, n_stages)
+    delay = wait = 0.0
+    for v, layers in enumerate(ranges):
+        g_end = f_start = f_end = 0.0
+        f_sum = 0.0
+        if v == 0:
+            f_end = f_start = g.fwd_s.get("embedding", 0.0)
+            f_sum = f_end
+        for i in layers:
+            rep = g.templates.get(i, i)
+            g_end = max(g_end, f_start) + gather.get(rep, 0.0)
+            f = g.fwd_s.get(rep, 0.0)
+            f_start = max(f_end, g_end)
+            f_end = f_start + f
+            f_sum += f
+        delay = max(delay, f_end - f_sum - wait)
+        wait += split.f[v]
+    g.memo[key] = delay
+    return delay
 
 
 def _usable_fraction() -> float:
