@@ -257,3 +257,31 @@ def test_fsdp_first_forward_gather_delay_in_closed_form() -> None:
     # against 1·G of forwards, 1.5·G late; stage 2 hides 1·G of it under stage 1's forwards
     assert delay(gather / 2) == pytest.approx(1.5 * gather)
 
+
+def test_host_launches_wait_per_stage_not_per_layer() -> None:
+    from zrt_core.estimate.host import HostModel, LayerHost
+    from zrt_core.search.screen_model import GroupModel, HostTables, _geometry
+
+    # 8 dense layers (no MoE sync): each launches 50 forward and 100 backward kernels at
+    # 10 µs, 1.5 ms of host time against 1 ms of device time (0.4 forward + 0.6 backward);
+    # the outside-layers part 10 launches (0.1 ms) against 6 ms of device time (the head)
+    host = HostTables(model=HostModel(launch_s=10e-6),
+                      fwd={0: LayerHost(50, 0.0), None: LayerHost(5, 0.0)},
+                      bwd={0: (100, 0.0), None: (5, 0.0)})
+    g = GroupModel(fwd_s={0: 0.4e-3, "embedding": 0.0, "head": 2e-3},
+                   bwd_s={0: 0.6e-3, "embedding": 0.0, "head": 4e-3},
+                   act_bytes={0: 0.0}, transient_bytes={}, p2p_s=0.0, dp_exposed_s=0.0,
+                   opt_s_per_element=0.0, templates={i: 0 for i in range(8)},
+                   inventory=_Inventory(), num_layers=8, host=host)
+    # pp 2, stages of 4 layers. Stage 0: host 4 × 1.5 + 0.1 = 6.1 ms against 4 ms of
+    # device: the backward waits 2.1 ms. Stage 1 holds the head: host 6.1 ms against
+    # 4 + 6 = 10 ms, nothing waits
+    split = _geometry(g, 2, 1)
+    assert split.f == pytest.approx([1.6e-3, 3.6e-3])
+    assert split.b == pytest.approx([2.4e-3 + 2.1e-3, 6.4e-3])
+    # pp 4 (2 layers each): stage 0 waits 3.1 − 2 = 1.1 ms, the middle stages 3 − 2 = 1 ms
+    # each, the last none (3.1 against 8 ms): 3.1 ms in all, against the 2.1 ms of pp 2,
+    # where the head's stage hid the launches of its layers
+    split = _geometry(g, 4, 1)
+    assert [b - d for b, d in zip(split.b, [1.2e-3, 1.2e-3, 1.2e-3, 5.2e-3],
+                                  strict=True)] == pytest.approx([1.1e-3, 1e-3, 1e-3, 0.0])

@@ -62,6 +62,11 @@ class StageReport:
     backward_flops: float = 0.0
     compute_by_category_s: Mapping[str, float] = field(factory=dict, converter=_ro)
     compute_by_layer_kind_s: Mapping[str, float] = field(factory=dict, converter=_ro)
+    #: host time the device waits for in one micro-batch's forward and backward (eager
+    #: launches: :func:`zrt_core.estimate.host.exposed_host_s`), part of ``forward_s``,
+    #: ``backward_s`` and ``exposed_comm_s["host"]``
+    host_forward_s: float = 0.0
+    host_backward_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "rank": self.rank, "layers": list(self.layers),
@@ -75,7 +80,9 @@ class StageReport:
                 "activation_bytes": self.activation_bytes,
                 "transient_bytes": self.transient_bytes,
                 "compute_by_category_s": dict(self.compute_by_category_s),
-                "compute_by_layer_kind_s": dict(self.compute_by_layer_kind_s)}
+                "compute_by_layer_kind_s": dict(self.compute_by_layer_kind_s),
+                "host_forward_s": self.host_forward_s,
+                "host_backward_s": self.host_backward_s}
 
 
 @frozen

@@ -160,12 +160,13 @@ def _run(cands: Sequence[Any], by_anchor: dict[tuple[Any, ...], list[int]],
         for i in _anchor_order(plain or screenable, cands,
                                _num_layers(evaluator, cands[idx[0]]))[:3]:
             _, report = estimate(i)
-            latest = evaluator.reuse.latest_transform() if report is not None else None
+            latest = evaluator.reuse.latest_graphs() if report is not None else None
             if latest is not None:
-                fwd, inventory = latest
+                fwd, bwd, inventory = latest
                 templates = {k: rep for rep, t in fwd.templates.items() for k in t.indices}
-                model = _anchored(group_model(report, templates, inventory), report,
-                                  cands[i], evaluator, plans)
+                model = _anchored(group_model(report, templates, inventory,
+                                              host=_host_tables(evaluator, fwd, bwd)),
+                                  report, cands[i], evaluator, plans)
                 break
         anchored_resharded = not plain
         for i in screenable:
@@ -211,6 +212,25 @@ def _anchor_order(idx: list[int], cands: Sequence[Any], num_layers: int | None
     limit = num_layers // ANCHOR_LAYERS_PER_STAGE if num_layers else None
     return sorted(idx, key=lambda j: (limit is not None and _stages(cands[j]) > limit,
                                       -_stages(cands[j])))
+
+
+def _host_tables(evaluator: Any, fwd: Any, bwd: Any) -> Any:
+    """The group's host launches as the estimator counts them (:mod:`zrt_core.estimate.
+    host`: the host model, the forward's per-layer launches split at the MoE sync and the
+    backward's), from its graphs priced once by the search's reuse; None where the
+    hardware gives no launch time."""
+    from zrt_core.estimate.host import HostModel, layer_host, phase_host
+    from zrt_core.search.screen_model import HostTables
+
+    launch = evaluator.hw.efficiency.host_launch_us * 1e-6
+    if launch <= 0.0:
+        return None
+    reuse = evaluator.reuse
+    backends = reuse.backends(evaluator.hw, evaluator.host)
+    model = HostModel(launch_s=launch, moe_sync=True)
+    return HostTables(model=model,
+                      fwd=layer_host(fwd, reuse.costs(fwd, backends), moe_sync=True),
+                      bwd=phase_host(bwd, reuse.costs(bwd, backends)))
 
 
 def _num_layers(evaluator: Any, cand: Any) -> int | None:

@@ -18,6 +18,17 @@ STATE_BYTES_DEFAULT = 12
 
 
 @frozen
+class HostTables:
+    """A group's host launches: the host model and, per representative layer (None: the
+    outside-layers part), the forward's :class:`~zrt_core.estimate.host.LayerHost` and the
+    backward's (launches, GPU seconds)."""
+
+    model: Any
+    fwd: dict[Any, Any]
+    bwd: dict[Any, tuple[int, float]]
+
+
+@frozen
 class GroupModel:
     """What one layer group's layouts share, per sharding family (``zero`` or ``fsdp``):
     ``fwd_s``/``bwd_s``/``act_bytes``: per template representative (one layer) and the
@@ -53,6 +64,12 @@ class GroupModel:
     #: per-element sync time is the anchor's scaled by these collectives priced on its own
     #: groups (:func:`_sync_scale`); empty: the anchor's per-element time as it is
     dp_sync: tuple[tuple[str, str, int, float], ...] = ()
+    #: the group's host launches (:class:`HostTables`): a stage waits for what its
+    #: launches take beyond its device time, per stage as the estimator's
+    #: :func:`zrt_core.estimate.host.exposed_host_s` (not linear in the layers: a stage
+    #: with a device-heavy end hides more of its launches); ``fwd_s``/``bwd_s`` are then
+    #: device times. None: the host's time stays in the per-layer solve
+    host: Any = None
     #: per stage split, what :func:`_geometry` derives from the tables and the inventory
     #: (shared by the copies :func:`with_optimizer`/:func:`with_residual` make: they keep
     #: those fields; keyed on the tables' identity besides)
@@ -70,9 +87,12 @@ def _solve(rows: Sequence[dict[Any, float]], values: Sequence[float],
     return {k: float(v) for k, v in zip(keys, x, strict=True)}
 
 
-def group_model(report: Any, templates: dict[int, int], inventory: Any) -> GroupModel:
+def group_model(report: Any, templates: dict[int, int], inventory: Any,
+                host: HostTables | None = None) -> GroupModel:
     """Solve the per-layer quantities from an exact ``report`` (a ``TrainingReport``); the
-    optimizer's seconds per element are set by :func:`with_optimizer`."""
+    optimizer's seconds per element are set by :func:`with_optimizer`. With ``host``
+    (:attr:`GroupModel.host`) each anchor stage's host wait is taken out of its forward
+    and backward before the solve, and :func:`_geometry` adds it per stage again."""
     num_layers = max(s.layers[1] for s in report.stages)
     rows: list[dict[Any, float]] = []
     transient: dict[Any, float] = {}
@@ -95,8 +115,11 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
         for k in counts:
             transient[k] = min(transient.get(k, s.transient_bytes), s.transient_bytes)
     keys = sorted({k for r in rows for k in r}, key=str)
-    fwd = _solve(rows, [s.forward_s for s in report.stages], keys)
-    bwd = _solve(rows, [s.backward_s for s in report.stages], keys)
+    on = host is not None
+    fwd = _solve(rows, [s.forward_s - (s.host_forward_s if on else 0.0)
+                        for s in report.stages], keys)
+    bwd = _solve(rows, [s.backward_s - (s.host_backward_s if on else 0.0)
+                        for s in report.stages], keys)
     act = _solve(rows, [s.activation_bytes for s in report.stages], keys)
     dp = report.exposed_comm_s.get("dp", 0.0)
     sync = tuple((group, kind, int(e["calls"]), float(e["bytes"]))
@@ -105,7 +128,7 @@ def group_model(report: Any, templates: dict[int, int], inventory: Any) -> Group
                       transient_bytes=transient,
                       p2p_s=max(report.p2p_s, default=0.0), dp_exposed_s=dp,
                       opt_s_per_element=0.0, templates=templates, inventory=inventory,
-                      num_layers=num_layers)
+                      num_layers=num_layers, host=host)
 
 
 #: the data-parallel groups gradients are reduced over and the reductions (the collective
@@ -212,7 +235,7 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     """:class:`_Split` of ``g`` for ``pp`` ranks of ``vp`` chunks, computed once per group
     and split (every layout of the group with that split shares it: the same sums)."""
     key = (id(g.fwd_s), id(g.bwd_s), id(g.act_bytes), id(g.templates), id(g.inventory),
-           g.num_layers, pp, vp)
+           id(g.host), g.num_layers, pp, vp)
     hit = g.memo.get(key)
     if hit is not None:
         return hit
@@ -222,6 +245,17 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     f = [_part(g.fwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
     b = [_part(g.bwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
     a = [_part(g.act_bytes, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
+    if g.host is not None:
+        from zrt_core.estimate.host import exposed_host_s
+
+        for v, (r, (first, last)) in enumerate(zip(ranges, ends, strict=True)):
+            reps: list[Any] = [g.templates.get(i, i) for i in r]
+            if first or last:  # the outside-layers part, as the estimator's stages list it
+                reps = [None, *reps] if first else [*reps, None]
+            host_f, host_b = exposed_host_s(g.host.model, reps, g.host.fwd, g.host.bwd,
+                                            f[v], b[v])
+            f[v] += host_f
+            b[v] += host_b
     inv, templates = g.inventory, g.templates
     mine_all, dense_all, expert_all, largest_all, trans_all, window_all = \
         [], [], [], [], [], []

@@ -141,9 +141,16 @@ class TrainingReuse:
         """(forward graph, parameter inventory) of the group the last estimate used (its
         transformed graphs are the most recently used entry): the search's screen reads a
         group's layer templates and per-device parameters from it. None before any."""
+        graphs = self.latest_graphs()
+        return None if graphs is None else (graphs[0], graphs[2])
+
+    def latest_graphs(self) -> tuple[Any, Any, Any] | None:
+        """(forward graph, backward graph, parameter inventory) of the group the last
+        estimate used (:meth:`latest_transform`, with the backward the stage schedules
+        run). None before any."""
         for _, value, _ in reversed(self.groups.values()):
             if isinstance(value, tuple) and len(value) == 6:
-                return value[0], value[3]
+                return value[0], value[1], value[3]
             return None
         return None
 

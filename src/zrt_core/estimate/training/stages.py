@@ -195,7 +195,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
             activation_bytes=act, transient_bytes=trans, forward_flops=ff, backward_flops=bf,
-            compute_by_category_s=by_category, compute_by_layer_kind_s=by_kind))
+            compute_by_category_s=by_category, compute_by_layer_kind_s=by_kind,
+            host_forward_s=host_f, host_backward_s=host_b))
         # the last micro-batch's backward with the gradient reduction: how much longer it
         # runs, and how long the DP streams are busy
         dp_tails.append((max(0.0, st.makespan_s - bt.makespan_s), dp_busy))
