@@ -201,16 +201,6 @@ def stage_layers(num_layers: int, stages: int) -> list[range]:
     return [range(v * n, (v + 1) * n) for v in range(stages)]
 
 
-def _part(table: dict[Any, float], layers: range, templates: dict[int, int], first: bool,
-          last: bool) -> float:
-    total = sum(table.get(templates.get(i, i), 0.0) for i in layers)
-    if first:
-        total += table.get("embedding", 0.0)
-    if last:
-        total += table.get("head", 0.0)
-    return total
-
-
 @frozen
 class _Split:
     """One stage split of a group (pp ranks, pp × vp virtual stages): per virtual stage the
@@ -231,6 +221,24 @@ class _Split:
     window: list[float]
 
 
+def _stage_sums(g: GroupModel, reps: tuple[Any, ...], first: bool, last: bool
+                ) -> tuple[float, float, float]:
+    """One stage's forward, backward (with the host's wait: :attr:`GroupModel.host`) and
+    activation bytes from its layers' representatives, in layer order."""
+    f, b, a = (sum(table.get(rep, 0.0) for rep in reps)
+               + (table.get("embedding", 0.0) if first else 0.0)
+               + (table.get("head", 0.0) if last else 0.0)
+               for table in (g.fwd_s, g.bwd_s, g.act_bytes))
+    if g.host is not None:
+        from zrt_core.estimate.host import exposed_host_s
+
+        # the outside-layers part, as the estimator's stages list it
+        listed = (None, *reps) if first else (*reps, None) if last else reps
+        host_f, host_b = exposed_host_s(g.host.model, listed, g.host.fwd, g.host.bwd, f, b)
+        f, b = f + host_f, b + host_b
+    return f, b, a
+
+
 def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     """:class:`_Split` of ``g`` for ``pp`` ranks of ``vp`` chunks, computed once per group
     and split (every layout of the group with that split shares it: the same sums)."""
@@ -240,38 +248,42 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     if hit is not None:
         return hit
     n_stages = pp * vp
-    ranges = stage_layers(g.num_layers, n_stages)
-    ends = [(v == 0, v == n_stages - 1) for v in range(n_stages)]
-    f = [_part(g.fwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
-    b = [_part(g.bwd_s, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
-    a = [_part(g.act_bytes, r, g.templates, *e) for r, e in zip(ranges, ends, strict=True)]
-    if g.host is not None:
-        from zrt_core.estimate.host import exposed_host_s
-
-        for v, (r, (first, last)) in enumerate(zip(ranges, ends, strict=True)):
-            reps: list[Any] = [g.templates.get(i, i) for i in r]
-            if first or last:  # the outside-layers part, as the estimator's stages list it
-                reps = [None, *reps] if first else [*reps, None]
-            host_f, host_b = exposed_host_s(g.host.model, reps, g.host.fwd, g.host.bwd,
-                                            f[v], b[v])
-            f[v] += host_f
-            b[v] += host_b
-    inv, templates = g.inventory, g.templates
+    templates, inv = g.templates, g.inventory
+    # a stage's sums follow from its layers' templates and whether it holds an end: stages
+    # alike (most of them) share one computation, and ranks alike their parameter counts
+    sigs: list[tuple[tuple[Any, ...], bool, bool]] = []
+    sums: dict[tuple[Any, ...], tuple[float, float, float]] = {}
+    for v, r in enumerate(stage_layers(g.num_layers, n_stages)):
+        sig = (tuple(templates.get(i, i) for i in r), v == 0, v == n_stages - 1)
+        sigs.append(sig)
+        if sig not in sums:
+            sums[sig] = _stage_sums(g, *sig)
+    f = [sums[sig][0] for sig in sigs]
+    b = [sums[sig][1] for sig in sigs]
+    a = [sums[sig][2] for sig in sigs]
     mine_all, dense_all, expert_all, largest_all, trans_all, window_all = \
         [], [], [], [], [], []
+    ranks: dict[tuple[Any, ...], tuple[int, int, int, float]] = {}
     for r in range(pp):
         mine = [v for v in range(n_stages) if v % pp == r]  # chunk v on rank v mod pp
-        layers = [i for v in mine for i in ranges[v]]
-        dense, expert = inv.stage_of(layers, templates, first=0 in mine,
-                                     last=n_stages - 1 in mine, pp=pp)
-        largest = max([inv.layers[templates.get(i, i)].total for i in layers
-                       if templates.get(i, i) in inv.layers] + [0])
-        keys = {templates.get(i, i) for i in layers if i < g.num_layers}
-        if 0 in mine:
-            keys.add("embedding")
-        if n_stages - 1 in mine:
-            keys.add("head")
-        trans_all.append(max([g.transient_bytes.get(k, 0.0) for k in keys] + [0.0]))
+        rank_sig = tuple(sigs[v] for v in mine)
+        hit_r = ranks.get(rank_sig)
+        if hit_r is None:
+            reps = [rep for sig in rank_sig for rep in sig[0]]
+            first, last = any(sig[1] for sig in rank_sig), any(sig[2] for sig in rank_sig)
+            # the representatives stand for their layers (``{}``: each its own)
+            dense, expert = inv.stage_of(reps, {}, first=first, last=last, pp=pp)
+            largest = max([inv.layers[rep].total for rep in reps if rep in inv.layers]
+                          + [0])
+            keys: set[Any] = set(reps)
+            if first:
+                keys.add("embedding")
+            if last:
+                keys.add("head")
+            hit_r = ranks[rank_sig] = (dense, expert, largest, max(
+                [g.transient_bytes.get(k, 0.0) for k in keys] + [0.0]))
+        dense, expert, largest, trans = hit_r
+        trans_all.append(trans)
         # the estimator starts a rank's gradient sync at the earliest last backward of its
         # chunks (compose.py); Megatron's interleaved order ends with pp backwards of each
         # chunk, the last chunk first (schedule/pipeline/orders.py), so the earliest is
@@ -422,34 +434,35 @@ def _gather_delay_s(g: GroupModel, split: _Split, sp: Any, pbytes: float, hw: An
     from zrt_core.cost.collectives import collective_cost
 
     n_stages = len(split.f)
-    key = ("gather", id(split), sp.shard, sp.expert_shard, pbytes)
+    groups = (sp.shard, sp.expert_shard, pbytes)
+    key = ("gather", id(split), *groups)
     hit = g.memo.get(key)
     if hit is not None:
         return hit
-    gather: dict[int, float] = {}
-    for rep, group in g.inventory.layers.items():
-        t = 0.0
-        for elements, sub in ((group.dense, sp.shard), (group.expert, sp.expert_shard)):
-            if elements > 0 and sub.size > 1:
-                t += collective_cost("all_gather", elements * pbytes, sub.size, sub.span,
-                                     hw).time_s
-        gather[rep] = t
-    ranges = stage_layers(g.num_layers, n_stages)
+    gather = g.memo.get(("gathers", *groups))
+    if gather is None:
+        gather = g.memo[("gathers", *groups)] = {}
+        for rep, group in g.inventory.layers.items():
+            t = 0.0
+            for elements, sub in ((group.dense, sp.shard), (group.expert, sp.expert_shard)):
+                if elements > 0 and sub.size > 1:
+                    t += collective_cost("all_gather", elements * pbytes, sub.size, sub.span,
+                                         hw).time_s
+            gather[rep] = t
     delay = wait = 0.0
-    for v, layers in enumerate(ranges):
-        g_end = f_start = f_end = 0.0
-        f_sum = 0.0
-        if v == 0:
-            f_end = f_start = g.fwd_s.get("embedding", 0.0)
-            f_sum = f_end
-        for i in layers:
-            rep = g.templates.get(i, i)
-            g_end = max(g_end, f_start) + gather.get(rep, 0.0)
-            f = g.fwd_s.get(rep, 0.0)
-            f_start = max(f_end, g_end)
-            f_end = f_start + f
-            f_sum += f
-        delay = max(delay, f_end - f_sum - wait)
+    for v, layers in enumerate(stage_layers(g.num_layers, n_stages)):
+        reps = tuple(g.templates.get(i, i) for i in layers)
+        late = g.memo.get(("gather_stage", reps, v == 0, *groups))
+        if late is None:  # the stage's first forward with its gathers, less the forward
+            g_end = f_start = f_end = f_sum = g.fwd_s.get("embedding", 0.0) if v == 0 else 0.0
+            for rep in reps:
+                g_end = max(g_end, f_start) + gather.get(rep, 0.0)
+                f = g.fwd_s.get(rep, 0.0)
+                f_start = max(f_end, g_end)
+                f_end = f_start + f
+                f_sum += f
+            late = g.memo[("gather_stage", reps, v == 0, *groups)] = f_end - f_sum
+        delay = max(delay, late - wait)
         wait += split.f[v]
     g.memo[key] = delay
     return delay
