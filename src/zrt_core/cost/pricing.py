@@ -130,7 +130,12 @@ def _cached_price(node: OpNode, backends: Sequence[CostBackend], cache: dict[Any
         key = repr(key)
         cost = cache.get(key)
     if cost is None:
-        cost = _price_one(node, backends)
+        # a single backend that caches by this key itself (the search's and serving's
+        # shared price cache) takes the key instead of computing it again
+        keyed = getattr(backends[0], "price_keyed", None) if len(backends) == 1 else None
+        cost = keyed(node, key) if keyed is not None else None
+        if cost is None:
+            cost = _price_one(node, backends)
         cache[key] = cost
     return cost
 

@@ -597,7 +597,10 @@ class _CachedBackends:
         self.cache: dict[Any, Any] = cache
 
     def price(self, node: Any) -> Any:
-        key = node_price_key(node)
+        return self.price_keyed(node, node_price_key(node))
+
+    def price_keyed(self, node: Any, key: Any) -> Any:
+        """:meth:`price` with the node's ``node_price_key`` (or its repr) given."""
         try:
             hit = self.cache.get(key)
         except TypeError:

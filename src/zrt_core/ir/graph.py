@@ -90,8 +90,13 @@ def dtype_bytes(dtype: str) -> float:
         ) from None
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _freeze(value: Any) -> Any:
     """Lists become tuples and dicts become read-only, recursively: JSON in, value out."""
+    if type(value) in _SCALARS:  # most values: nothing to freeze (the common case first)
+        return value
     if isinstance(value, Mapping):
         return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
     if isinstance(value, list | tuple):

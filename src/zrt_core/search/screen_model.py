@@ -10,6 +10,10 @@ from typing import Any
 
 from attrs import field, frozen
 
+from zrt_core.fsdp import sharding_plan
+from zrt_core.ir.graph import dtype_bytes
+from zrt_core.transforms.training import dp_groups, grad_dtype
+
 #: Schedules the screen has a closed form for; a layout with another goes to the exact tier.
 SCREENED_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
@@ -219,6 +223,10 @@ class _Split:
     #: per rank, the backward time from its first chunk's last backward to its end: what
     #: the gradient sync, started there, runs beside
     window: list[float]
+    #: the busiest rank's forward and backward, Σ over its chunks (one micro-batch)
+    work: float = 0.0
+    #: Σ over the virtual stages of forward + backward
+    chunks: float = 0.0
 
 
 def _stage_sums(g: GroupModel, reps: tuple[Any, ...], first: bool, last: bool
@@ -296,7 +304,9 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
         expert_all.append(expert)
         largest_all.append(largest)
     split = _Split(f=f, b=b, a=a, mine=mine_all, dense=dense_all, expert=expert_all,
-                   largest=largest_all, transient=trans_all, window=window_all)
+                   largest=largest_all, transient=trans_all, window=window_all,
+                   work=max(sum(f[v] + b[v] for v in mine) for mine in mine_all),
+                   chunks=sum([f[v] + b[v] for v in range(n_stages)]))
     g.memo[key] = split
     return split
 
@@ -329,25 +339,19 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     n_stages = pp * vp
     m = global_batch // (cand.micro_batch * p.dp)
     split = _geometry(g, pp, vp)
-    f, b, a = split.f, split.b, split.a
-    work = [sum(f[v] + b[v] for v in mine) for mine in split.mine]
-    chunk = [f[v] + b[v] for v in range(n_stages)]
+    a = split.a
     # the bottleneck rank runs every micro-batch; the fill and drain add one pass of each
     # other virtual stage (1F1B: Σ_v (f+b) − the slowest; interleaved: (pp − 1) average
     # chunks, the (pp − 1)/vp bubble of Narayanan et al. 2021), p2p on each of the
     # 2 (pp − 1) hops
     if vp == 1:
-        pipeline = (m - 1) * max(work) + sum(chunk)
+        pipeline = (m - 1) * split.work + split.chunks
     else:
-        pipeline = m * max(work) + (pp - 1) * sum(chunk) / n_stages
+        pipeline = m * split.work + (pp - 1) * split.chunks / n_stages
     if pp > 1:
         pipeline += 2 * (pp - 1) * g.p2p_s
     # static memory per rank: the parameter elements on it (inventory.stage) under the
     # sharding, as the estimator's optimizer sizes them
-    from zrt_core.fsdp import sharding_plan
-    from zrt_core.ir.graph import dtype_bytes
-    from zrt_core.transforms.training import dp_groups, grad_dtype
-
     dense_group, expert_group = dp_groups(p)
     dense_dp, expert_dp = p.span(dense_group)[0], p.span(expert_group)[0]
     shard_states = train.zero >= 1 or train.fsdp

@@ -61,9 +61,13 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
     collective's hidden time, counted as exposed ``overlap``, for the ``overlap_groups``
     (:func:`scale_up_groups`)."""
     host_model = host_model or HostModel()
-    fwd_host = layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync) \
-        if host_model.launch_s > 0 else {}
-    bwd_host = phase_host(bwd, costs["bwd"]) if host_model.launch_s > 0 else {}
+    hosts = memo.get("host") if memo is not None else None  # the graphs' launches, once
+    if hosts is None:
+        hosts = (layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync),
+                 phase_host(bwd, costs["bwd"])) if host_model.launch_s > 0 else ({}, {})
+        if memo is not None:
+            memo["host"] = hosts
+    fwd_host, bwd_host = hosts
     kind_of: dict[int, int] = {}
     kind_name: dict[int | None, str] = {None: OUTSIDE_LAYERS}
     for g in (bwd, fwd):

@@ -61,12 +61,15 @@ class Layout:
 def _scaled(old: int, factors: Factors) -> int:
     if old <= 0 or not factors:
         return old
-    v = Fraction(old)
+    # in integers (a Fraction per multiplication is the slow part): old × Π num / Π den
+    num, den = old, 1
     for _, f in factors:
-        v *= f
-    if v.denominator == 1:
-        return max(int(v), 1)
-    return max(round(v), 1)
+        num *= f.numerator
+        den *= f.denominator
+    q, r = divmod(num, den)
+    if r == 0:
+        return max(q, 1)
+    return max(round(Fraction(num, den)), 1)
 
 
 def _layout(old: tuple[int, ...], axes: Sequence[Factors], partial: Iterable[str] = (),
