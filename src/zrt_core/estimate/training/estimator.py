@@ -312,11 +312,12 @@ def estimate_training(
     host_model = HostModel(
         launch_s=hw.efficiency.host_launch_us * 1e-6 if cuda_graph == "none" else 0.0,
         moe_sync=not moe_token_drop)
+    stage_memo = None if reuse is None else reuse.of_graphs(
+        fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict)
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
-        microbatches=m, memo=None if reuse is None else reuse.of_graphs(
-            fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict),
+        microbatches=m, memo=stage_memo,
         ep_sm_share=ep_comm_sm_share(parallel.ep_dispatcher, hw.efficiency.parallel_units),
         overlap_share=comm_overlap_share(hw), overlap_groups=scale_up_groups(parallel, hw))
     if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
@@ -346,7 +347,8 @@ def estimate_training(
             ("pipeline", schedule, stage_times, parallel.pp, vp, m, tuple(p2p), wrap),
             lambda: _pipeline(schedule, stage_times, parallel.pp, vp, m, p2p, wrap))
     gather_delay, gather_busy = first_forward_delay_s(
-        fwd, fwd_first, costs, rules, stage_ranges, stage_reports) \
+        fwd, fwd_first, costs, rules, stage_ranges, stage_reports,
+        regions=None if stage_memo is None else stage_memo.setdefault(("regions", "fwd"), {})) \
         if fwd_first is not None else (0.0, ())
     timings["pipeline"] = time.perf_counter() - t0
 

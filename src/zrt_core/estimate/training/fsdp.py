@@ -66,8 +66,8 @@ def apply_sharding(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
 
 def first_forward_delay_s(fwd: OpGraph, fwd_first: OpGraph,
                           costs: Mapping[str, Mapping[int, NodeCost]], rules: OverlapRules,
-                          ranges: Sequence[range], stages: Sequence[StageReport]
-                          ) -> tuple[float, tuple[float, ...]]:
+                          ranges: Sequence[range], stages: Sequence[StageReport], *,
+                          regions: dict | None = None) -> tuple[float, tuple[float, ...]]:
     """How much the step starts later because the first micro-batch's forward of each
     stage gathers the parameters (kept gathered for the rest of the step).
 
@@ -79,6 +79,8 @@ def first_forward_delay_s(fwd: OpGraph, fwd_first: OpGraph,
     step starts ``max_v (extra_v − wait_v)`` later, and no later stage adds to it: each
     wait grows with the delay already taken.
 
+    :param regions: the forward's scheduled regions (``schedule_phase``'s memo, shared with
+        the stage schedules of the same graph and costs).
     :returns: the delay, and each virtual stage's gather time on its DP streams (once per
         step; what the delay does not expose is hidden)."""
     from zrt_core.schedule.scheduler import schedule_phase
@@ -98,7 +100,7 @@ def first_forward_delay_s(fwd: OpGraph, fwd_first: OpGraph,
         if hit is None:
             lay = list(layers)
             plain = schedule_phase(fwd, costs["fwd"], rules, layers=lay, embedding_side=first,
-                                   head_side=last)
+                                   head_side=last, regions=regions)
             gathered = schedule_phase(fwd_first, costs["fwd_first"], rules, layers=lay,
                                       embedding_side=first, head_side=last)
             gathers = sum(t for k, t in gathered.stream_busy_s.items()
