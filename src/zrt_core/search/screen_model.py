@@ -260,9 +260,10 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     # a stage's sums follow from its layers' templates and whether it holds an end: stages
     # alike (most of them) share one computation, and ranks alike their parameter counts
     sigs: list[tuple[tuple[Any, ...], bool, bool]] = []
-    sums: dict[tuple[Any, ...], tuple[float, float, float]] = {}
+    sums = g.memo.setdefault(("stage_sums", id(g.fwd_s), id(g.bwd_s), id(g.act_bytes),
+                              id(g.host)), {})  # per signature, shared by the splits
     for v, r in enumerate(stage_layers(g.num_layers, n_stages)):
-        sig = (tuple(templates.get(i, i) for i in r), v == 0, v == n_stages - 1)
+        sig = (tuple([templates.get(i, i) for i in r]), v == 0, v == n_stages - 1)
         sigs.append(sig)
         if sig not in sums:
             sums[sig] = _stage_sums(g, *sig)
