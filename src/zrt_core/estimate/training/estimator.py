@@ -314,6 +314,11 @@ def estimate_training(
         moe_sync=not moe_token_drop)
     stage_memo = None if reuse is None else reuse.of_graphs(
         fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict)
+    if stage_memo is not None and ("regions", "fwd") not in stage_memo:
+        # the forward's scheduled regions depend on the forward, its prices and the rules
+        # alone: shared with the other backwards of this forward (the recompute variants)
+        stage_memo[("regions", "fwd")] = reuse.of_graphs(fwd, fwd, ("regions", rules, hw),
+                                                         dict)
     stage_reports, stage_times, dp_tails, timelines = _stages(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
@@ -496,6 +501,29 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
     fwd, bwd, applied = sharded(notes) if reuse is None else reuse.shared(
         captured, ("sharded", *_sharding_key(ctx.parallel, train, attention, ctx)), notes,
         sharded)
+
+    def recipe(made: list[str]) -> tuple[OpGraph, OpGraph]:
+        return _recipe_graphs(fwd, bwd, fwd0, ctx, made, plan=plan, mtp=mtp,
+                              cross_entropy=cross_entropy)
+
+    # the loss kernel, MTP, the precision recipe, LoRA: shared by the recompute variants
+    # (recompute reads the forward, never changes it)
+    fwd, bwd = recipe(notes) if reuse is None else reuse.shared(
+        captured, ("layer", "recipe", *_sharding_key(ctx.parallel, train, attention, ctx),
+                   plan, mtp, cross_entropy, train.lora_rank, train.freeze_language_model),
+        notes, recipe)
+    bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules,
+                                    modules=train.recompute_modules)], ctx)
+    bwd = tp_overlap_hints(bwd, fwd, rules)
+    return fwd, bwd, applied
+
+
+def _recipe_graphs(fwd: OpGraph, bwd: OpGraph, fwd0: OpGraph, ctx: TransformContext,
+                   notes: list[str], *, plan: PrecisionPlan, mtp: MtpSpec | None,
+                   cross_entropy: str) -> tuple[OpGraph, OpGraph]:
+    """:func:`_layer_graphs`' steps between the sharded graphs and recompute."""
+    train = ctx.train
+    assert train is not None
     if cross_entropy == "megatron":
         fwd, bwd = unfused_cross_entropy(fwd, bwd)
         notes.append("cross-entropy as Megatron's vocab_parallel_cross_entropy without loss "
@@ -525,10 +553,7 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
         notes.append(f"LoRA: frozen base weights (no weight-gradient GEMMs), rank-"
                      f"{train.lora_rank} bf16 adapters on each decoder linear layer, only "
                      "they reduce gradients and keep optimizer states")
-    bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules,
-                                    modules=train.recompute_modules)], ctx)
-    bwd = tp_overlap_hints(bwd, fwd, rules)
-    return fwd, bwd, applied
+    return fwd, bwd
 
 
 def megatron_vocabulary(dims: ModelDims, fwd: OpGraph, bwd: OpGraph, tp: int,
