@@ -96,6 +96,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             outer_fwd_flops["embedding" if pos < first_layer_pos_fwd else "head"] += n.flops
 
     cache: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    per_signature: dict[tuple[Any, ...], tuple[float, float, dict[str, float],
+                                               dict[str, float]]] = {}
     reports: list[StageReport] = []
     dp_tails: list[tuple[float, float]] = []
     timelines: dict[str, Timeline] = {}
@@ -164,38 +166,43 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
                 memo[signature] = (*hit[:2], *hit[3:9], *hit[10:])
         (ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind,
          host_f, host_b) = hit
-        exposed: dict[str, float] = {}
-        hidden: dict[str, float] = {}
-        for tl in (ft, bt):
-            for k, val in tl.exposed_comm_s.items():
-                exposed[k] = exposed.get(k, 0.0) + val
-            for k, val in tl.hidden_comm_s.items():
-                hidden[k] = hidden.get(k, 0.0) + val
-            idle = tl.idle_s
-            if idle > 1e-12:
-                exposed["other"] = exposed.get("other", 0.0) + idle
-        slow_f = overlap_slowdown_s(ft.hidden_comm_s, overlap_share, ep_sm_share,
-                                    overlap_groups)
-        slow_b = overlap_slowdown_s(bt.hidden_comm_s, overlap_share, ep_sm_share,
-                                    overlap_groups)
-        if slow_f + slow_b > 0:
-            exposed["overlap"] = exposed.get("overlap", 0.0) + slow_f + slow_b
-        ep_nccl = overlap_share if overlap_groups is None or "ep" in overlap_groups else 0.0
-        ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches,
-                                                     ep_sm_share or ep_nccl)
-        if ep_hidden_f + ep_hidden_b > 0:
-            exposed["ep"] = exposed.get("ep", 0.0) - ep_hidden_f - ep_hidden_b
-            hidden["ep"] = hidden.get("ep", 0.0) + ep_hidden_f + ep_hidden_b
-        if sync_s:
-            exposed["dp"] = exposed.get("dp", 0.0) + 2 * sync_s
-        if host_f + host_b > 0:
-            exposed["host"] = exposed.get("host", 0.0) + host_f + host_b
+        # what follows depends on the stage's signature alone: once per distinct stage
+        derived = per_signature.get(signature)
+        if derived is None:
+            exposed: dict[str, float] = {}
+            hidden: dict[str, float] = {}
+            for tl in (ft, bt):
+                for k, val in tl.exposed_comm_s.items():
+                    exposed[k] = exposed.get(k, 0.0) + val
+                for k, val in tl.hidden_comm_s.items():
+                    hidden[k] = hidden.get(k, 0.0) + val
+                idle = tl.idle_s
+                if idle > 1e-12:
+                    exposed["other"] = exposed.get("other", 0.0) + idle
+            slow_f = overlap_slowdown_s(ft.hidden_comm_s, overlap_share, ep_sm_share,
+                                        overlap_groups)
+            slow_b = overlap_slowdown_s(bt.hidden_comm_s, overlap_share, ep_sm_share,
+                                        overlap_groups)
+            if slow_f + slow_b > 0:
+                exposed["overlap"] = exposed.get("overlap", 0.0) + slow_f + slow_b
+            ep_nccl = overlap_share if overlap_groups is None or "ep" in overlap_groups else 0.0
+            ep_hidden_f, ep_hidden_b = _ep_batch_overlap(rules, ft, bt, parallel.pp, microbatches,
+                                                         ep_sm_share or ep_nccl)
+            if ep_hidden_f + ep_hidden_b > 0:
+                exposed["ep"] = exposed.get("ep", 0.0) - ep_hidden_f - ep_hidden_b
+                hidden["ep"] = hidden.get("ep", 0.0) + ep_hidden_f + ep_hidden_b
+            if sync_s:
+                exposed["dp"] = exposed.get("dp", 0.0) + 2 * sync_s
+            if host_f + host_b > 0:
+                exposed["host"] = exposed.get("host", 0.0) + host_f + host_b
+            derived = per_signature[signature] = (
+                ft.makespan_s + sync_s + host_f - ep_hidden_f + slow_f,
+                bt.makespan_s + sync_s + host_b - ep_hidden_b + slow_b, exposed, hidden)
+        forward_s, backward_s, exposed, hidden = derived
         reports.append(StageReport(
             stage=v, rank=stage_rank(schedule, parallel.pp, parallel.vp, v)
             if schedule != "dualpipe" else v, layers=(layers.start, layers.stop), first=first,
-            last=last, forward_s=ft.makespan_s + sync_s + host_f - ep_hidden_f + slow_f,
-            backward_s=bt.makespan_s + sync_s + host_b - ep_hidden_b + slow_b,
-            weight_s=wgrad,
+            last=last, forward_s=forward_s, backward_s=backward_s, weight_s=wgrad,
             forward_compute_s=ft.compute_s, backward_compute_s=bt.compute_s - recompute,
             recompute_s=recompute, exposed_comm_s=exposed, hidden_comm_s=hidden,
             activation_bytes=act, transient_bytes=trans, forward_flops=ff, backward_flops=bf,
