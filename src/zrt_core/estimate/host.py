@@ -8,7 +8,7 @@ adds to each stage's forward and backward as exposed ``host`` time.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
@@ -39,6 +39,13 @@ class HostModel:
 
     launch_s: float = 0.0
     moe_sync: bool = True
+
+    @classmethod
+    def of(cls, hw: Any, *, eager: bool = True, moe_sync: bool = True) -> HostModel:
+        """The host model of a training step on ``hw``: its ``host_launch_us`` per launch
+        when the step runs eagerly (no CUDA graphs), none otherwise."""
+        return cls(launch_s=hw.efficiency.host_launch_us * 1e-6 if eager else 0.0,
+                   moe_sync=moe_sync)
 
 
 @frozen
@@ -117,6 +124,17 @@ def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]) -> dict[int | None
                               t0 + (c.time_s if c is not None else 0.0))
     return out
 
+
+
+def launch_tables(model: HostModel, fwd: OpGraph, bwd: OpGraph,
+                  fwd_costs: Mapping[int, NodeCost], bwd_costs: Mapping[int, NodeCost]
+                  ) -> tuple[dict[int | None, LayerHost], dict[int | None, tuple[int, float]]]:
+    """A stage pair's launches as :func:`exposed_host_s` reads them: the forward's per layer
+    (:func:`layer_host`) and the backward's (:func:`phase_host`); empty when ``model``
+    launches nothing."""
+    if model.launch_s <= 0:
+        return {}, {}
+    return layer_host(fwd, fwd_costs, moe_sync=model.moe_sync), phase_host(bwd, bwd_costs)
 
 def exposed_host_s(model: HostModel, layers: Sequence[int | None],
                    fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, tuple[int,

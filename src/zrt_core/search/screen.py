@@ -215,22 +215,20 @@ def _anchor_order(idx: list[int], cands: Sequence[Any], num_layers: int | None
 
 
 def _host_tables(evaluator: Any, fwd: Any, bwd: Any) -> Any:
-    """The group's host launches as the estimator counts them (:mod:`zrt_core.estimate.
-    host`: the host model, the forward's per-layer launches split at the MoE sync and the
-    backward's), from its graphs priced once by the search's reuse; None where the
-    hardware gives no launch time."""
-    from zrt_core.estimate.host import HostModel, layer_host, phase_host
+    """The group's host launches as the anchor's estimate counted them (the eager host
+    model of :meth:`~zrt_core.estimate.host.HostModel.of`, the launch tables the search's
+    reuse keeps for these graphs); None where the hardware gives no launch time."""
+    from zrt_core.estimate.host import HostModel
     from zrt_core.search.screen_model import HostTables
 
-    launch = evaluator.hw.efficiency.host_launch_us * 1e-6
-    if launch <= 0.0:
+    model = HostModel.of(evaluator.hw)
+    if model.launch_s <= 0.0:
         return None
     reuse = evaluator.reuse
     backends = reuse.backends(evaluator.hw, evaluator.host)
-    model = HostModel(launch_s=launch, moe_sync=True)
-    return HostTables(model=model,
-                      fwd=layer_host(fwd, reuse.costs(fwd, backends), moe_sync=True),
-                      bwd=phase_host(bwd, reuse.costs(bwd, backends)))
+    costs = {"fwd": reuse.costs(fwd, backends), "bwd": reuse.costs(bwd, backends)}
+    fwd_host, bwd_host = reuse.launch_tables(model, fwd, bwd, costs, evaluator.hw)
+    return HostTables(model=model, fwd=fwd_host, bwd=bwd_host)
 
 
 def _num_layers(evaluator: Any, cand: Any) -> int | None:

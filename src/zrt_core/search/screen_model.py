@@ -227,6 +227,8 @@ class _Split:
     work: float = 0.0
     #: Σ over the virtual stages of forward + backward
     chunks: float = 0.0
+    #: per virtual stage, its layers' representatives and whether it is the first / last
+    sigs: list[tuple[tuple[Any, ...], bool, bool]] = field(factory=list)
 
 
 def _stage_sums(g: GroupModel, reps: tuple[Any, ...], first: bool, last: bool
@@ -307,7 +309,7 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     split = _Split(f=f, b=b, a=a, mine=mine_all, dense=dense_all, expert=expert_all,
                    largest=largest_all, transient=trans_all, window=window_all,
                    work=max(sum(f[v] + b[v] for v in mine) for mine in mine_all),
-                   chunks=sum([f[v] + b[v] for v in range(n_stages)]))
+                   chunks=sum([f[v] + b[v] for v in range(n_stages)]), sigs=sigs)
     g.memo[key] = split
     return split
 
@@ -438,7 +440,6 @@ def _gather_delay_s(g: GroupModel, split: _Split, sp: Any, pbytes: float, hw: An
     Memoised per split and shard groups."""
     from zrt_core.cost.collectives import collective_cost
 
-    n_stages = len(split.f)
     groups = (sp.shard, sp.expert_shard, pbytes)
     key = ("gather", id(split), *groups)
     hit = g.memo.get(key)
@@ -455,18 +456,17 @@ def _gather_delay_s(g: GroupModel, split: _Split, sp: Any, pbytes: float, hw: An
                                          hw).time_s
             gather[rep] = t
     delay = wait = 0.0
-    for v, layers in enumerate(stage_layers(g.num_layers, n_stages)):
-        reps = tuple(g.templates.get(i, i) for i in layers)
-        late = g.memo.get(("gather_stage", reps, v == 0, *groups))
+    for v, (reps, first, _) in enumerate(split.sigs):
+        late = g.memo.get(("gather_stage", reps, first, *groups))
         if late is None:  # the stage's first forward with its gathers, less the forward
-            g_end = f_start = f_end = f_sum = g.fwd_s.get("embedding", 0.0) if v == 0 else 0.0
+            g_end = f_start = f_end = f_sum = g.fwd_s.get("embedding", 0.0) if first else 0.0
             for rep in reps:
                 g_end = max(g_end, f_start) + gather.get(rep, 0.0)
                 f = g.fwd_s.get(rep, 0.0)
                 f_start = max(f_end, g_end)
                 f_end = f_start + f
                 f_sum += f
-            late = g.memo[("gather_stage", reps, v == 0, *groups)] = f_end - f_sum
+            late = g.memo[("gather_stage", reps, first, *groups)] = f_end - f_sum
         delay = max(delay, late - wait)
         wait += split.f[v]
     g.memo[key] = delay

@@ -309,9 +309,7 @@ def estimate_training(
     if amax_s:
         notes.append(f"fp8 delayed scaling: a blocking amax all-reduce over {amax_reduction} "
                      f"({amax_s * 1e6:.0f} µs) after every stage's forward and backward")
-    host_model = HostModel(
-        launch_s=hw.efficiency.host_launch_us * 1e-6 if cuda_graph == "none" else 0.0,
-        moe_sync=not moe_token_drop)
+    host_model = HostModel.of(hw, eager=cuda_graph == "none", moe_sync=not moe_token_drop)
     stage_memo = None if reuse is None else reuse.of_graphs(
         fwd, bwd, ("stages", rules, host_model, schedule in SPLIT_BACKWARD, hw), dict)
     if stage_memo is not None and ("regions", "fwd") not in stage_memo:
@@ -323,6 +321,7 @@ def estimate_training(
         fwd, bwd, bwd_sync, costs, rules, schedule, parallel, stage_ranges, saved, transient,
         keep_timelines=keep_timelines, sync_s=amax_s, host_model=host_model,
         microbatches=m, memo=stage_memo,
+        hosts=None if reuse is None else reuse.launch_tables(host_model, fwd, bwd, costs, hw),
         ep_sm_share=ep_comm_sm_share(parallel.ep_dispatcher, hw.efficiency.parallel_units),
         overlap_share=comm_overlap_share(hw), overlap_groups=scale_up_groups(parallel, hw))
     if rules.ep_batch_overlap and any(r.hidden_comm_s.get("ep") for r in stage_reports):
@@ -509,7 +508,7 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
     # the loss kernel, MTP, the precision recipe, LoRA: shared by the recompute variants
     # (recompute reads the forward, never changes it)
     fwd, bwd = recipe(notes) if reuse is None else reuse.shared(
-        captured, ("layer", "recipe", *_sharding_key(ctx.parallel, train, attention, ctx),
+        captured, ("recipe", *_sharding_key(ctx.parallel, train, attention, ctx),
                    plan, mtp, cross_entropy, train.lora_rank, train.freeze_language_model),
         notes, recipe)
     bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules,

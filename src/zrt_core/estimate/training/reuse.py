@@ -78,7 +78,8 @@ class TrainingReuse:
         capture does not hash), made once; the notes it appended are appended again on
         every reuse."""
         full = (id(captured), key)
-        per_layer = key[0] in ("sharded", "layer")  # estimator._transform's layer-group keys
+        # estimator._transform's and _layer_graphs' layer-group keys
+        per_layer = key[0] in ("sharded", "recipe", "layer")
         store = self.layer_groups if per_layer else self.groups
         hit = _lru_get(store, full)
         if hit is None or hit[0] is not captured:
@@ -137,17 +138,20 @@ class TrainingReuse:
             hit = _lru_put(self._values, key, (make(),), PRICED_KEPT)
         return hit[0]
 
-    def latest_transform(self) -> tuple[Any, Any] | None:
-        """(forward graph, parameter inventory) of the group the last estimate used (its
-        transformed graphs are the most recently used entry): the search's screen reads a
-        group's layer templates and per-device parameters from it. None before any."""
-        graphs = self.latest_graphs()
-        return None if graphs is None else (graphs[0], graphs[2])
+    def launch_tables(self, model: Any, fwd: Any, bwd: Any, costs: Any, hw: Any) -> Any:
+        """:func:`zrt_core.estimate.host.launch_tables` of a stage pair, once per graphs,
+        host model and hardware (``costs``: the pair's ``reuse.costs``, keyed by ``"fwd"``
+        and ``"bwd"``)."""
+        from zrt_core.estimate.host import launch_tables
+
+        return self.of_graphs(fwd, bwd, ("host", model, hw), lambda: launch_tables(
+            model, fwd, bwd, costs["fwd"], costs["bwd"]))
 
     def latest_graphs(self) -> tuple[Any, Any, Any] | None:
         """(forward graph, backward graph, parameter inventory) of the group the last
-        estimate used (:meth:`latest_transform`, with the backward the stage schedules
-        run). None before any."""
+        estimate used (its transformed graphs are the most recently used entry): the
+        search's screen reads a group's layer templates, host launches and per-device
+        parameters from them. None before any."""
         for _, value, _ in reversed(self.groups.values()):
             if isinstance(value, tuple) and len(value) == 6:
                 return value[0], value[1], value[3]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import SpecError
-from zrt_core.estimate.host import HostModel, exposed_host_s, layer_host, phase_host
+from zrt_core.estimate.host import HostModel, exposed_host_s, launch_tables
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -45,7 +45,8 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
             transient: Mapping[int | str, float], *, keep_timelines: bool, sync_s: float = 0.0,
             host_model: HostModel | None = None, microbatches: int = 1,
             memo: dict[Any, Any] | None = None, ep_sm_share: float = 0.0,
-            overlap_share: float = 0.0, overlap_groups: frozenset[str] | None = None
+            overlap_share: float = 0.0, overlap_groups: frozenset[str] | None = None,
+            hosts: tuple[Any, Any] | None = None
             ) -> tuple[list[StageReport], StageTimes, list[tuple[float, float]],
                        dict[str, Timeline]]:
     """Schedule each distinct stage; ``sync_s``: a blocking collective at the end of every
@@ -59,15 +60,11 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
     ``overlap_share``: the SMs any other overlapped collective holds
     (:func:`comm_overlap_share`): the compute beside it is slower by that share of the
     collective's hidden time, counted as exposed ``overlap``, for the ``overlap_groups``
-    (:func:`scale_up_groups`)."""
+    (:func:`scale_up_groups`); ``hosts``: :func:`~zrt_core.estimate.host.launch_tables` of
+    these graphs when the caller has them (made here otherwise)."""
     host_model = host_model or HostModel()
-    hosts = memo.get("host") if memo is not None else None  # the graphs' launches, once
-    if hosts is None:
-        hosts = (layer_host(fwd, costs["fwd"], moe_sync=host_model.moe_sync),
-                 phase_host(bwd, costs["bwd"])) if host_model.launch_s > 0 else ({}, {})
-        if memo is not None:
-            memo["host"] = hosts
-    fwd_host, bwd_host = hosts
+    fwd_host, bwd_host = hosts if hosts is not None else launch_tables(
+        host_model, fwd, bwd, costs["fwd"], costs["bwd"])
     kind_of: dict[int, int] = {}
     kind_name: dict[int | None, str] = {None: OUTSIDE_LAYERS}
     for g in (bwd, fwd):
