@@ -396,7 +396,9 @@ def test_skipping_the_periodic_steady_state_is_exact(schedule: str, pp: int, vp:
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Uneven stages, F/B/W ratios and P2P that make the steady state periodic with a cycle
     # of several blocks; the skipped blocks must land exactly where the event loop puts them.
-    import zrt_core.schedule.pipeline.simulation as pipeline  # where simulate reads _STEADY
+    from collections import OrderedDict
+
+    import zrt_core.schedule.pipeline.plan as plans  # where a plan reads _STEADY
 
     rng = random.Random(11)
     nv = virtual_stages(schedule, pp, vp)
@@ -407,7 +409,8 @@ def test_skipping_the_periodic_steady_state_is_exact(schedule: str, pp: int, vp:
                        backward_comm_s=[b * 0.2 for b in bwd])
     kwargs = {"pp": pp, "vp": vp, "microbatches": m, "p2p_s": 0.07}
     fast = simulate(schedule, times, **kwargs)
-    monkeypatch.setattr(pipeline, "_STEADY", {})
+    monkeypatch.setattr(plans, "_STEADY", {})
+    monkeypatch.setattr(plans, "_PLANS", OrderedDict())  # plans without steady phases
     full = simulate(schedule, times, **kwargs)
     assert fast.simulated_ops < fast.num_ops // 2
     assert full.simulated_ops == full.num_ops
@@ -418,3 +421,69 @@ def test_skipping_the_periodic_steady_state_is_exact(schedule: str, pp: int, vp:
     for a, b in zip(fast.ranks, full.ranks, strict=True):
         assert a.exposed_p2p_s == pytest.approx(b.exposed_p2p_s, abs=1e-9)
         assert a.peak_inflight == b.peak_inflight
+
+
+# -- one plan per schedule shape ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("schedule", "pp", "vp", "m"), [
+    ("1f1b", 4, 1, 8), ("interleaved", 4, 2, 96), ("zb-v", 4, 1, 64), ("dualpipe", 4, 1, 12)])
+def test_a_plan_serves_every_simulation_of_its_shape(schedule: str, pp: int, vp: int, m: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # The order's arrays are built once per (schedule, pp, vp, m) and shared: a second
+    # simulation with other stage times reads the cached plan and must give exactly what a
+    # simulation from a fresh plan gives; the last-end and last-backward figures are those
+    # of the operations themselves.
+    from collections import OrderedDict
+
+    import zrt_core.schedule.pipeline.plan as plans
+
+    monkeypatch.setattr(plans, "_PLANS", OrderedDict())
+    nv = virtual_stages(schedule, pp, vp)
+    rng = random.Random(5)
+
+    def times() -> StageTimes:
+        fwd = [rng.uniform(0.5, 2.0) for _ in range(nv)]
+        bwd = [f * rng.uniform(1.5, 2.5) for f in fwd]
+        return StageTimes(fwd, bwd, weight_s=[b * 0.4 for b in bwd],
+                          activation_bytes=[rng.uniform(1.0, 3.0) for _ in range(nv)])
+
+    kwargs = {"pp": pp, "vp": vp, "microbatches": m, "p2p_s": 0.07}
+    simulate(schedule, times(), **kwargs)
+    plan = plans.plan_of(schedule, pp, vp, m)
+    second_times = times()
+    shared = simulate(schedule, second_times, **kwargs)
+    assert plans.plan_of(schedule, pp, vp, m) is plan  # the same plan, not rebuilt
+    monkeypatch.setattr(plans, "_PLANS", OrderedDict())
+    fresh = simulate(schedule, second_times, **kwargs)
+    assert plans.plan_of(schedule, pp, vp, m) is not plan
+    assert shared.total_s == fresh.total_s
+    assert shared.ranks == fresh.ranks
+    assert [o.start_s for o in shared.iter_ops()] == [o.start_s for o in fresh.iter_ops()]
+    ops = list(shared.iter_ops())
+    assert shared.rank_end_s == tuple(max(o.end_s for o in ops if o.rank == r)
+                                      for r in range(pp))
+    last: dict[int, float] = {}
+    for o in ops:
+        stage = o.other_stage if o.kind == "F+BW" else o.stage if o.kind in ("B", "BW") else None
+        if stage is not None:
+            last[stage] = max(last.get(stage, 0.0), o.start_s)
+    assert shared.last_backward_start_s == last
+    with pytest.raises(ValueError, match="read-only"):
+        plan.kind[0] = 0  # shared between simulations: nobody may change it
+
+
+def test_the_plan_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1F1B with pp 2 and m micro-batches has 2 ranks × 2m rows = 4m rows; a budget of 120
+    # rows keeps m = 8 (32) and m = 16 (64), then m = 12 (48) pushes the oldest out (32 + 64
+    # + 48 = 144 > 120, 64 + 48 = 112 ≤ 120); a plan over the budget (m = 32: 128 rows) is
+    # not kept.
+    from collections import OrderedDict
+
+    import zrt_core.schedule.pipeline.plan as plans
+
+    monkeypatch.setattr(plans, "_PLANS", OrderedDict())
+    monkeypatch.setattr(plans, "PLAN_ROWS_KEPT", 120)
+    for m in (8, 16, 12, 32):
+        plans.plan_of("1f1b", 2, 1, m)
+    assert list(plans._PLANS) == [("1f1b", 2, 1, 16), ("1f1b", 2, 1, 12)]

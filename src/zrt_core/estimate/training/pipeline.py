@@ -48,20 +48,8 @@ def _pipeline(schedule: str, times: StageTimes, pp: int, vp: int, m: int,
 
 
 def _summarise(r: PipelineResult, schedule: str, pp: int, vp: int) -> _PipelineSummary:
-    table = r._table  # the per-operation arrays; read once, vectorised
-    import numpy as np
-
-    end = table.start + table.duration
-    end_before = []
-    last_bwd: dict[int, float] = {}
-    is_bwd = (table.kind == 1) | (table.kind == 3) | (table.kind == 4)
-    bwd_stage = np.where(table.kind == 4, table.stage2, table.stage)
-    for rank in range(pp):
-        mask = table.rank == rank
-        end_before.append(r.total_s - float(end[mask].max()) if mask.any() else 0.0)
-    for v in np.unique(bwd_stage[is_bwd]).tolist():
-        mask = is_bwd & (bwd_stage == v)
-        last_bwd[int(v)] = r.total_s - float(table.start[mask].max())
+    end_before = [r.total_s - e for e in r.rank_end_s]
+    last_bwd = {v: r.total_s - s for v, s in r.last_backward_start_s.items()}
     return _PipelineSummary(
         total_s=r.total_s, critical_rank=r.critical_rank,
         busy_s=tuple(s.busy_s for s in r.ranks),

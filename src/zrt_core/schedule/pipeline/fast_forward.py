@@ -40,12 +40,66 @@ def _runs(mask: np.ndarray, minimum: int) -> list[tuple[int, int]]:
             if b - a >= minimum]
 
 
-def _fast_forward(engine: _Engine, rows: np.ndarray, offsets: np.ndarray,
-                  steady: Callable[[int, int], tuple[int, int]] | None, pp: int, vp: int,
-                  first_op: np.ndarray, second_op: np.ndarray, dep: np.ndarray,
-                  dep2: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """Run ``engine`` skipping the periodic part of each steady phase: every row's start
-    and how many rows were skipped; None when it cannot.
+@frozen(eq=False)
+class _Steady:
+    """A schedule shape's steady phases, found from its order alone (:func:`_steady_phases`):
+    per phase, each rank's first row and the phase's block offsets and reach."""
+
+    length: int
+    firsts: tuple[np.ndarray, ...]
+    plans: tuple[_PhasePlan, ...]
+
+
+def _steady_phases(rows: np.ndarray, offsets: np.ndarray,
+                   steady: Callable[[int, int], tuple[int, int]] | None, pp: int, vp: int,
+                   first_op: np.ndarray, second_op: np.ndarray, dep: np.ndarray,
+                   dep2: np.ndarray) -> _Steady | None:
+    """The steady phases :func:`_fast_forward` may skip, None when it cannot: in each,
+    every rank repeats a block of ``length`` rows whose micro-batches advance by ``shift``
+    (the long runs only: a schedule's steady phase(s), not short repeats in warm-up), with
+    the per-rank block offsets that keep every input behind a barrier."""
+    if steady is None:
+        return None
+    length, shift = steady(pp, vp)
+    ranks = len(offsets) - 1
+    n_rows = len(rows)
+    # The steady phases of each rank: runs where row i + length repeats row i shifted.
+    a, b = rows[:-length], rows[length:]
+    same = ((a[:, 0] == b[:, 0]) & (a[:, 1] == b[:, 1]) & (a[:, 3] == b[:, 3])
+            & (b[:, 2] - a[:, 2] == shift) & ((a[:, 4] < 0) | (b[:, 4] - a[:, 4] == shift)))
+    phases: list[list[tuple[int, int]]] = []
+    for r in range(ranks):
+        lo, hi = int(offsets[r]), int(offsets[r + 1])
+        if hi - lo <= length:
+            return None
+        found_runs = _runs(same[lo:hi - length], max(_MIN_BLOCKS * length, (hi - lo) // 4))
+        phases.append([(lo + s, (n + length) // length) for s, n in found_runs])
+    if not phases[0] or any(len(p) != len(phases[0]) for p in phases):
+        return None
+    row_of_op = np.full(int(max(first_op.max(), second_op.max())) + 1, -1, dtype=np.int64)
+    row_of_op[first_op] = np.arange(n_rows)
+    paired = np.flatnonzero(second_op >= 0)
+    row_of_op[second_op[paired]] = paired
+    rank_of_row = np.repeat(np.arange(ranks), np.diff(offsets))
+    firsts: list[np.ndarray] = []
+    plans: list[_PhasePlan] = []
+    for phase in range(len(phases[0])):
+        first_arr = np.array([phases[r][phase][0] for r in range(ranks)])
+        blocks_arr = np.array([phases[r][phase][1] for r in range(ranks)])
+        plan = _phase_plan(first_arr, blocks_arr, length, offsets, rank_of_row, row_of_op,
+                           dep, dep2)
+        if plan is None:
+            return None
+        firsts.append(first_arr)
+        plans.append(plan)
+    return _Steady(length, tuple(firsts), tuple(plans))
+
+
+def _fast_forward(engine: _Engine, steady: _Steady | None, offsets: np.ndarray,
+                  first_op: np.ndarray, second_op: np.ndarray
+                  ) -> tuple[np.ndarray, int] | None:
+    """Run ``engine`` skipping the periodic part of each steady phase of ``steady``: every
+    row's start and how many rows were skipped; None when it cannot.
 
     In a steady phase every rank repeats a block of operations with micro-batches shifted.
     Ranks run block by block behind a barrier (per-rank block offsets keep every
@@ -61,29 +115,6 @@ def _fast_forward(engine: _Engine, rows: np.ndarray, offsets: np.ndarray,
     """
     if steady is None:
         return None
-    length, shift = steady(pp, vp)
-    ranks = len(offsets) - 1
-    n_rows = len(rows)
-    # The steady phases of each rank: runs where row i + length repeats row i shifted.
-    a, b = rows[:-length], rows[length:]
-    same = ((a[:, 0] == b[:, 0]) & (a[:, 1] == b[:, 1]) & (a[:, 3] == b[:, 3])
-            & (b[:, 2] - a[:, 2] == shift) & ((a[:, 4] < 0) | (b[:, 4] - a[:, 4] == shift)))
-    phases: list[list[tuple[int, int]]] = []
-    for r in range(ranks):
-        lo, hi = int(offsets[r]), int(offsets[r + 1])
-        if hi - lo <= length:
-            return None
-        # the long runs only: a schedule's steady phase(s), not short repeats in warm-up
-        found_runs = _runs(same[lo:hi - length], max(_MIN_BLOCKS * length, (hi - lo) // 4))
-        phases.append([(lo + s, (n + length) // length) for s, n in found_runs])
-    if not phases[0] or any(len(p) != len(phases[0]) for p in phases):
-        return None
-    row_of_op = np.full(int(max(first_op.max(), second_op.max())) + 1, -1, dtype=np.int64)
-    row_of_op[first_op] = np.arange(n_rows)
-    paired = np.flatnonzero(second_op >= 0)
-    row_of_op[second_op[paired]] = paired
-    rank_of_row = np.repeat(np.arange(ranks), np.diff(offsets))
-
     skipped_rows: list[np.ndarray] = []
     skipped_starts: list[np.ndarray] = []
     seeded = [0]
@@ -106,15 +137,9 @@ def _fast_forward(engine: _Engine, rows: np.ndarray, offsets: np.ndarray,
         engine.run()
         return engine.pos == limits
 
-    for phase in range(len(phases[0])):
-        first_arr = np.array([phases[r][phase][0] for r in range(ranks)])
-        blocks_arr = np.array([phases[r][phase][1] for r in range(ranks)])
-        plan = _phase_plan(first_arr, blocks_arr, length, offsets, rank_of_row, row_of_op,
-                           dep, dep2)
-        if plan is None:
-            return None
-        if not _skip_phase(engine, plan, first_arr, length, offsets, first_op, second_op,
-                           skipped_rows, skipped_starts, run_to):
+    for first_arr, plan in zip(steady.firsts, steady.plans, strict=True):
+        if not _skip_phase(engine, plan, first_arr, steady.length, offsets, first_op,
+                           second_op, skipped_rows, skipped_starts, run_to):
             return None
     if not run_to(list(engine.lengths)):
         return None

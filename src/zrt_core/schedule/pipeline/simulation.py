@@ -12,19 +12,14 @@ from zrt_core.limits import (
     check_schedule,
     virtual_stages,
 )
-from zrt_core.schedule.pipeline.engine import _cross_rank, _Engine, _p2p
-from zrt_core.schedule.pipeline.fast_forward import _STEADY, _fast_forward, _p2p_waits
-from zrt_core.schedule.pipeline.orders import _orders
-from zrt_core.schedule.pipeline.ranks import stage_rank
+from zrt_core.schedule.pipeline.engine import _Engine, _p2p
+from zrt_core.schedule.pipeline.fast_forward import _fast_forward, _p2p_waits
+from zrt_core.schedule.pipeline.plan import _peak, plan_of
 from zrt_core.schedule.pipeline.values import (
-    BW,
-    FBW,
     SPLIT_BACKWARD,
-    F,
     PipelineResult,
     RankStats,
     StageTimes,
-    W,
     _OpTable,
 )
 
@@ -74,23 +69,8 @@ def simulate(
             f"{schedule} splits backward into input and weight gradients but no weight_s "
             "was given", "pass StageTimes(weight_s=...) (the weight-gradient part of backward)")
     boundaries, wrap = _p2p(p2p_s, p2p_wrap_s, pp)
-
-    # DualPipe runs two pipelines of pp stages: "down" (virtual stages 0..pp-1) and "up"
-    # (pp..2pp-1, rank 2pp-1-v), each with half the micro-batches; the up pipeline's stage v
-    # is model stage v - pp.
-    if schedule == "dualpipe":
-        num_v, per_chain = 2 * pp, microbatches // 2
-        model_stage = np.concatenate((np.arange(pp), np.arange(pp)))
-        chain_first = np.isin(np.arange(num_v), (0, pp))
-        chain_last = np.isin(np.arange(num_v), (pp - 1, 2 * pp - 1))
-        rank_of = np.where(np.arange(num_v) < pp, np.arange(num_v),
-                           2 * pp - 1 - np.arange(num_v))
-    else:
-        num_v, per_chain = model_stages, microbatches
-        model_stage = np.arange(num_v)
-        chain_first = np.arange(num_v) == 0
-        chain_last = np.arange(num_v) == num_v - 1
-        rank_of = np.array([stage_rank(schedule, pp, vp, v) for v in range(num_v)])
+    plan = plan_of(schedule, pp, vp, microbatches)
+    num_v, model_stage, rank_of = plan.num_v, plan.model_stage, plan.rank_of
 
     def link(ra: int, rb: int) -> float:
         if ra == rb:
@@ -99,9 +79,9 @@ def simulate(
             return boundaries[min(ra, rb)]
         return wrap
 
-    f_lag = np.array([0.0 if chain_first[v] else link(rank_of[v - 1], rank_of[v])
+    f_lag = np.array([0.0 if plan.chain_first[v] else link(rank_of[v - 1], rank_of[v])
                       for v in range(num_v)])
-    b_lag = np.array([0.0 if chain_last[v] else link(rank_of[v + 1], rank_of[v])
+    b_lag = np.array([0.0 if plan.chain_last[v] else link(rank_of[v + 1], rank_of[v])
                       for v in range(num_v)])
     fwd = np.array(t.forward_s)[model_stage]
     whole = np.array(t.backward_s)[model_stage]
@@ -109,107 +89,55 @@ def simulate(
     f_comm = np.array(t.forward_comm_s)[model_stage] if t.forward_comm_s else np.zeros(num_v)
     b_comm = np.array(t.backward_comm_s)[model_stage] if t.backward_comm_s else np.zeros(num_v)
 
-    rows, lengths = _orders(schedule, pp, microbatches, vp)
-    kind, v, mb, v2, mb2 = (np.ascontiguousarray(c) for c in rows.T)
-    pair = kind == FBW
-    has_pairs = bool(pair.any())
-    v2s = np.where(pair, v2, 0) if has_pairs else np.zeros_like(v)  # a safe index
-
-    # Per (kind, stage) tables, then one gather per column. Operation ids are
-    # (slot · num_v + stage) · per_chain + micro-batch, slot 0 = F, 1 = B/BW, 2 = W.
-    # Inputs: a forward waits for the previous stage's forward of its micro-batch; a
-    # backward for the next stage's backward (the last stage for its own forward); a W for
-    # its B; FBW for both its halves' inputs.
-    stage_ids = np.arange(num_v)
-    slot_of = np.array([0, 1, 2, 1, 0])
-    fwd_input = np.where(chain_first, -1, stage_ids - 1)                       # slot 0
-    bwd_input = np.where(chain_last, stage_ids, num_v + np.minimum(stage_ids + 1, num_v - 1))
-    input_key = np.stack((fwd_input, bwd_input, num_v + stage_ids, bwd_input, fwd_input))
+    # Per (kind, stage) tables, then one gather per column (the plan's flat index).
     lag_table = np.stack((f_lag, b_lag, np.zeros(num_v), b_lag, f_lag))
     duration_table = np.stack((fwd, whole - wgt, wgt, whole, np.zeros(num_v)))
-
-    kv = kind * np.int32(num_v) + v                     # one flat index into the tables
-    first_op = slot_of.astype(np.int32)[kind] * np.int32(num_v) + v
-    first_op *= np.int32(per_chain)
-    first_op += mb
-    key = input_key.astype(np.int32).ravel()[kv]
-    dep = np.where(key >= 0, key * np.int32(per_chain) + mb, np.int32(-1))
+    kv, pair, v2s = plan.kv, plan.pair, plan.v2s
     lag = lag_table.ravel()[kv]
     duration = duration_table.ravel()[kv]
-    if not has_pairs:
-        second_op = dep2 = np.full(len(kind), -1, dtype=np.int32)
-        lag2 = np.zeros(len(kind))
+    if not plan.has_pairs:
+        lag2 = np.zeros(plan.rows)
     else:
-        second_op = np.where(pair, (num_v + v2s) * per_chain + mb2, -1)
-        dep2 = np.where(pair, bwd_input[v2s] * per_chain + mb2, -1)
         lag2 = np.where(pair, b_lag[v2s], 0.0)
-    if has_pairs:
-        pv, pv2 = v[pair], v2s[pair]
+        pv, pv2 = plan.v[pair], v2s[pair]
         serial = fwd[pv] + whole[pv2]
         ideal = np.maximum(fwd[pv] - f_comm[pv] + whole[pv2] - b_comm[pv2],
                            f_comm[pv] + b_comm[pv2])
         duration[pair] = serial - overlap_efficiency * (serial - ideal)
-    is_fwd = (kind == F) | pair
 
-    offsets = np.concatenate(([0], np.cumsum(lengths)))
-    # An input made earlier on the consumer's own rank (a W's B, the turn of a V, the last
-    # stage's backward after its forward) has ended before the rank is free: it never
-    # binds, so the event loop drops it, and the periodic shortcut need not look back to it.
-    rank_col = np.repeat(np.arange(pp, dtype=np.int32), lengths)
-    # the rank each input key's stage runs on (-1: no input)
-    key_rank = np.where(input_key >= 0, rank_of[input_key % num_v], -1).astype(np.int32)
-    run_dep = _cross_rank(dep, key_rank.ravel()[kv], rank_col)
-    run_dep2 = dep2 if not has_pairs else _cross_rank(
-        dep2, np.where(pair, rank_of[bwd_input[v2s] % num_v], -1), rank_col)
-    columns = (first_op, second_op, duration, run_dep, lag, run_dep2, lag2)
-    engine = _Engine(offsets, 3 * num_v * per_chain, columns)
-    fast = _fast_forward(engine, rows, offsets, _STEADY.get(schedule), pp, vp,
-                         first_op, second_op, run_dep, run_dep2)
+    offsets, first_op, second_op = plan.offsets, plan.first_op, plan.second_op
+    columns = (first_op, second_op, duration, plan.run_dep, lag, plan.run_dep2, lag2)
+    num_ops = 3 * num_v * plan.per_chain
+    engine = _Engine(offsets, num_ops, columns)
+    fast = _fast_forward(engine, plan.steady, offsets, first_op, second_op)
     if fast is None:
-        engine = _Engine(offsets, 3 * num_v * per_chain, columns)
+        engine = _Engine(offsets, num_ops, columns)
         engine.run()
         engine.check_done()
         start, skipped = engine.starts().copy(), 0
     else:
         start, skipped = fast
     end = start + duration
-    p2p_wait = _p2p_waits(start, end, duration, offsets, first_op, second_op, dep, lag, dep2,
-                          lag2)
+    p2p_wait = _p2p_waits(start, end, duration, offsets, first_op, second_op, plan.dep, lag,
+                          plan.dep2, lag2)
     total = float(end.max())
 
-    # Activation memory follows the order alone: a forward allocates a micro-batch's
-    # activations on its stage, the pass that completes its backward (BW, or W after a
-    # split B) frees them; an overlapped F+BW holds both while it runs.
-    unit = 1.0 / vp if schedule == "interleaved" else 0.5 if model_stages == 2 * pp else 1.0
-    freed_v = np.where(pair, v2s, v)
-    allocs = is_fwd.astype(float)
-    frees = ((kind == BW) | (kind == W) | pair).astype(float)
-    nbytes = np.array(t.activation_bytes)[model_stage] if t.activation_bytes else None
-
-    if schedule == "dualpipe":
-        global_mb = np.where(v < pp, mb, per_chain + mb)
-        global_mb2 = np.where(pair & (v2s >= pp), per_chain + mb2, mb2)
-    else:
-        global_mb, global_mb2 = mb, mb2
-
     firsts = offsets[:-1]
-    n_rows = len(kind)
+    n_rows = plan.rows
     busy = np.add.reduceat(duration, firsts)
-    first_b_row = np.minimum.reduceat(np.where(kind != F, np.arange(n_rows), n_rows), firsts)
+    first_b_row = plan.first_b_row
     first_b = np.where(first_b_row < n_rows, start[np.minimum(first_b_row, n_rows - 1)], total)
-    last_f = np.maximum.reduceat(np.where(is_fwd, end, 0.0), firsts)
+    last_f = np.maximum.reduceat(np.where(plan.is_fwd, end, 0.0), firsts)
+    rank_end = np.maximum.reduceat(end, firsts)
+    last_bwd = (np.maximum.reduceat(start[plan.bwd_rows], plan.bwd_starts)
+                if len(plan.bwd_rows) else np.zeros(0))
 
-    def peak(alloc: np.ndarray, free: np.ndarray) -> np.ndarray:
-        """Per rank, the most held at once: held before a row plus what it allocates."""
-        delta = alloc - free
-        held = np.cumsum(delta)
-        held_before = held - delta
-        held_before -= held_before[firsts][rank_col]
-        return np.maximum.reduceat(held_before + alloc, firsts)
-
-    peak_count = peak(allocs, frees)
-    peak_bytes = (peak(allocs * nbytes[v], frees * nbytes[freed_v])
+    peak_count = plan.peak_count
+    nbytes = np.array(t.activation_bytes)[model_stage] if t.activation_bytes else None
+    peak_bytes = (_peak(plan.allocs * nbytes[plan.v], plan.frees * nbytes[plan.freed_v],
+                        firsts, plan.rank_col)
                   if nbytes is not None else None)
+    unit = plan.unit
     # idle time below rounding (a rank busy the whole step) is no bubble
     bubble = [max(total - float(busy[r]) - p2p_wait[r], 0.0) for r in range(pp)]
     ranks = [
@@ -222,9 +150,12 @@ def simulate(
             peak_activation_bytes=float(peak_bytes[r]) if peak_bytes is not None else None)
         for r in range(pp)]
     critical = max(range(pp), key=lambda r: (ranks[r].busy_s, -r))
-    table = _OpTable(rank=rank_col, kind=kind, stage=v, microbatch=global_mb,
-                     stage2=np.where(pair, v2, -1), microbatch2=np.where(pair, global_mb2, -1),
-                     start=start, duration=duration)
+    table = _OpTable(rank=plan.rank_col, kind=plan.kind, stage=plan.v,
+                     microbatch=plan.global_mb, stage2=plan.stage2,
+                     microbatch2=plan.microbatch2, start=start, duration=duration)
     return PipelineResult(schedule=schedule, pp=pp, vp=vp, microbatches=microbatches,
                           total_s=total, ranks=tuple(ranks), critical_rank=critical,
-                          simulated_ops=len(kind) - skipped, _table=table)
+                          simulated_ops=n_rows - skipped, _table=table,
+                          rank_end_s=tuple(rank_end.tolist()),
+                          last_backward_start_s=dict(zip(plan.bwd_stages, last_bwd.tolist(),
+                                                         strict=True)))

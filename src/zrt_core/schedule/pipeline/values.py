@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -177,6 +177,11 @@ class PipelineResult:
     critical_rank: int
     simulated_ops: int
     _table: _OpTable = field(repr=False, alias="_table")
+    #: per rank, the end of its last operation
+    rank_end_s: tuple[float, ...] = ()
+    #: per virtual stage with a backward, the start of its last one (a B, a BW, or the
+    #: backward half of a F+BW)
+    last_backward_start_s: Mapping[int, float] = field(factory=dict)
 
     @property
     def busy_s(self) -> float:
