@@ -258,6 +258,52 @@ def test_fsdp_first_forward_gather_delay_in_closed_form() -> None:
     assert delay(gather / 2) == pytest.approx(1.5 * gather)
 
 
+@pytest.mark.needs("zrt-nvidia")
+def test_fsdp_regathers_bound_a_resharded_layouts_step() -> None:
+    # FSDP re-sharded after forward (pp 1) gathers every layer before its forward and again
+    # before its backward, and reduce-scatters its gradients, every micro-batch, one
+    # collective at a time on the data-parallel stream: that stream's sum bounds the step
+    from zrt_core.cost.collectives import collective_cost
+    from zrt_core.fsdp import ShardGroup
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.search.screen_model import GroupModel, _regather_busy_s
+    from zrt_core.strategy import Parallel
+
+    hw = get_plugin_manager().hardware_spec("h100")
+    inv = _Inventory()
+    inv.layers = {0: _Group(10 ** 8)}  # 10⁸ elements per layer, 4 layers of one template
+    inv.trainable = None
+    whole, eight = ShardGroup(size=64, span=64), ShardGroup(size=8, span=8)
+    parallel = Parallel(dp=64)
+    gather = collective_cost("all_gather", 2e8, 64, 64, hw).time_s        # bf16: 200 MB
+    gather8 = collective_cost("all_gather", 2e8, 8, 8, hw).time_s
+    scatter = collective_cost("reduce_scatter", 4e8, 64, 64, hw).time_s   # fp32: 400 MB
+
+    class _Plan:
+        def __init__(self, reshard: str) -> None:
+            self.shard = self.expert_shard = whole
+            self.post_forward = self.expert_post_forward = eight
+            self.reshard, self.replicas = reshard, 1
+
+    def busy(reshard: str, rs_bytes: float) -> float:
+        g = GroupModel(fwd_s={0: 0.0}, bwd_s={0: 0.0}, act_bytes={0: 0.0},
+                       transient_bytes={}, p2p_s=0.0, dp_exposed_s=0.0,
+                       opt_s_per_element=0.0, templates={i: 0 for i in range(4)},
+                       inventory=inv, num_layers=4)
+        return _regather_busy_s(g, _Plan(reshard), parallel, 2.0, rs_bytes, hw)
+
+    # 4 layers × (a forward gather + a backward gather + a reduce-scatter)
+    assert busy("full", 4.0) == pytest.approx(4 * (2 * gather + scatter))
+    # re-sharded to 8 ranks: the backward gathers within them
+    assert busy("partial", 4.0) == pytest.approx(4 * (gather + gather8 + scatter))
+    # gradients reduced once per step, not per micro-batch: the gathers alone
+    assert busy("full", 0.0) == pytest.approx(4 * 2 * gather)
+    # nothing trainable in the layers (adapters elsewhere): no layer gradient to reduce
+    inv.trainable = _Inventory()
+    inv.trainable.layers = {0: _Group(0)}
+    assert busy("full", 4.0) == pytest.approx(4 * 2 * gather)
+
+
 def test_host_launches_wait_per_stage_not_per_layer() -> None:
     from zrt_core.estimate.host import HostModel, LayerHost
     from zrt_core.search.screen_model import GroupModel, HostTables, _geometry

@@ -424,6 +424,15 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
         pipeline += _gather_delay_s(g, split, sp, pbytes, hw)
     step = pipeline + max(g.dp_exposed_s, tail) + g.opt_s_per_element * worst_opt \
         + g.residual_s
+    if sp is not None and sp.gather and not sp.gather_once and sp.reshard != "none":
+        # re-sharded after forward (FSDP at pp 1): every micro-batch gathers every layer in
+        # forward and again in backward, and reduce-scatters its gradients, one collective
+        # at a time on its group's stream, so the step takes at least m times one stream's
+        # collectives (the upper bound stays an upper bound: screen.resharded); the
+        # anchor's per-layer times hold none of them
+        rs_bytes = dtype_bytes(grad_dtype(train.precision, train.grad_reduce_in_fp32)) \
+            if sp.grads_per_microbatch else 0.0
+        step = max(step, m * _regather_busy_s(g, sp, p, pbytes, rs_bytes, hw))
     tokens = global_batch * seq_len
     return Screened(step_s=step, tokens_per_s_per_gpu=tokens / (step * p.world_size),
                     memory_bytes=worst_mem, usable_bytes=usable, opt_elements=worst_opt,
@@ -471,6 +480,54 @@ def _gather_delay_s(g: GroupModel, split: _Split, sp: Any, pbytes: float, hw: An
         wait += split.f[v]
     g.memo[key] = delay
     return delay
+
+
+def _regather_busy_s(g: GroupModel, sp: Any, parallel: Any, pbytes: float, rs_bytes: float,
+                     hw: Any) -> float:
+    """One micro-batch's data-parallel collectives when every layer is gathered before its
+    forward and again before its backward (over the re-shard group with ``reshard =
+    "partial"``) and, with ``rs_bytes`` per gradient element, its gradients reduce-scattered
+    (``ParamGather`` and ``GradientSync``, priced as the estimator prices them): the
+    busier stream's sum, the dense weights' group or the experts'. The outer parameters
+    and HSDP's replica all-reduce are left out, so it stays below what the estimator's
+    stream carries. Memoised per groups and sizes."""
+    from zrt_core.cost.collectives import collective_cost
+
+    dense_group, expert_group = dp_groups(parallel)
+    spans = (parallel.span(dense_group), parallel.span(expert_group))
+    key = ("regather", sp.shard, sp.expert_shard, sp.post_forward, sp.expert_post_forward,
+           sp.reshard, sp.replicas, spans, pbytes, rs_bytes)
+    hit = g.memo.get(key)
+    if hit is not None:
+        return hit
+    forward = (sp.shard, sp.expert_shard)
+    backward = (sp.post_forward, sp.expert_post_forward) if sp.reshard == "partial" \
+        else forward
+    inv = g.inventory
+    trainable = inv.trainable.layers if inv.trainable is not None else inv.layers
+    per_rep: dict[Any, tuple[float, float]] = {}
+    for rep, group in inv.layers.items():
+        busy = [0.0, 0.0]  # the dense group's stream, the experts'
+        grads = trainable.get(rep)
+        for k, elements in enumerate((group.dense, group.expert)):
+            for sub in (forward[k], backward[k]):
+                if elements > 0 and sub.size > 1:
+                    busy[k] += collective_cost("all_gather", elements * pbytes, sub.size,
+                                               sub.span, hw).time_s
+            reduced = (grads.dense, grads.expert)[k] if grads is not None else 0
+            # the reduce-scatter runs over the shard group with HSDP, the whole group else
+            size, span = (forward[k].size, forward[k].span) if sp.replicas > 1 else spans[k]
+            if rs_bytes and reduced > 0 and size > 1:
+                busy[k] += collective_cost("reduce_scatter", reduced * rs_bytes, size, span,
+                                           hw).time_s
+        per_rep[rep] = (busy[0], busy[1])
+    dense = expert = 0.0
+    for i in range(g.num_layers):
+        d, e = per_rep.get(g.templates.get(i, i), (0.0, 0.0))
+        dense += d
+        expert += e
+    hit = g.memo[key] = max(dense, expert)
+    return hit
 
 
 def _usable_fraction() -> float:
