@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,6 +12,7 @@ if TYPE_CHECKING:
 # -- the propagation engine ---------------------------------------------------------------
 
 
+@cache  # a model has a few hundred op names; the engine asks ~8 times per node
 def op_base(op: str) -> str:
     """``aten.mm.default`` → ``mm``; ``zrt.attention.default`` → ``attention``."""
     parts = op.split(".")
