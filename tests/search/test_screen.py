@@ -304,6 +304,73 @@ def test_fsdp_regathers_bound_a_resharded_layouts_step() -> None:
     assert busy("full", 4.0) == pytest.approx(4 * 2 * gather)
 
 
+@pytest.mark.parametrize(("pp", "vp"), [(4, 1), (4, 2), (8, 5), (2, 8)])
+def test_pipeline_closed_form_is_the_simulation_for_even_chunks_and_a_heavy_head(
+        pp: int, vp: int) -> None:
+    # Chunks of f = 1, b = 2 and the head's chunk three times that (the rank holding it is
+    # the bottleneck): 1F1B takes (m − 1) × the bottleneck rank's work + every stage once;
+    # interleaved m × the bottleneck's work + the first pp − 1 stages (the head's rank
+    # waits for their forwards before its first chunk and their backwards after its last);
+    # each of the first micro-batch's 2 (pp·vp − 1) hops adds its P2P.
+    from zrt_core.schedule.pipeline import StageTimes, simulate
+    from zrt_core.search.screen_model import _Split, pipeline_closed_form
+
+    n, m, p2p = pp * vp, 16, 0.01
+    f, b = [1.0] * n, [2.0] * n
+    f[-1], b[-1] = 3.0, 6.0
+    mine = [[v for v in range(n) if v % pp == r] for r in range(pp)]
+    split = _Split(f=f, b=b, a=[0.0] * n, mine=mine, dense=[0] * pp, expert=[0] * pp,
+                   largest=[0] * pp, transient=[0.0] * pp, window=[0.0] * pp,
+                   work=max(sum(f[v] + b[v] for v in r) for r in mine),
+                   chunks=sum(f) + sum(b))
+    schedule = "interleaved" if vp > 1 else "1f1b"
+    sim = simulate(schedule, StageTimes(f, b), pp=pp, vp=vp, microbatches=m, p2p_s=p2p)
+    assert sim.total_s == pytest.approx(pipeline_closed_form(split, pp, vp, m)
+                                        + 2 * (n - 1) * p2p, rel=1e-12)
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_p2p_priced_per_boundary_on_the_first_micro_batchs_way() -> None:
+    # H100: 8 GPUs on NVLink (450 GB/s at 0.8, 2 µs), InfiniBand between them (50 GB/s at
+    # 0.9, 5 µs). pp 4 stages 4 ranks apart: boundaries 0→1 and 2→3 inside a node, 1→2
+    # and the wrap 3→0 across. pp 4 × vp 2: hops from stage v on rank v mod 4, v = 0..6:
+    # NVLink, IB, NVLink, wrap (IB), NVLink, IB, NVLink — 4 NVLink and 3 IB, each way.
+    from zrt_core.plugins import get_plugin_manager
+    from zrt_core.search.screen_model import GroupModel, _p2p_chain_s
+    from zrt_core.strategy import Parallel
+
+    hw = get_plugin_manager().hardware_spec("h100")
+    g = GroupModel(fwd_s={}, bwd_s={}, act_bytes={}, transient_bytes={}, p2p_s=0.0,
+                   dp_exposed_s=0.0, opt_s_per_element=0.0, templates={}, inventory=None,
+                   num_layers=8, p2p_bytes=1e8)
+    nvlink = 2e-6 + 1e8 / (450e9 * 0.8)
+    ib = 5e-6 + 1e8 / (50e9 * 0.9)
+    assert _p2p_chain_s(g, Parallel(tp=4, pp=4), 2, hw) == pytest.approx(
+        2 * (4 * nvlink + 3 * ib), rel=1e-12)
+    # 1F1B (vp 1): each boundary once each way, the wrap never
+    assert _p2p_chain_s(g, Parallel(tp=4, pp=4), 1, hw) == pytest.approx(
+        2 * (2 * nvlink + ib), rel=1e-12)
+
+
+def test_the_anchors_pipeline_error_stays_with_its_shape() -> None:
+    # exact step 10 s of which the simulated pipeline 8 s; the closed form 9.5 s of which
+    # 7.6 s pipeline: 0.4 s belongs to the anchor's pipeline shape, 0.1 s to every layout
+    from zrt_core.search.screen_model import GroupModel, Screened, with_residual
+
+    class _Report:
+        step_time_s, pipeline_s = 10.0, 8.0
+
+    g = GroupModel(fwd_s={}, bwd_s={}, act_bytes={}, transient_bytes={}, p2p_s=0.0,
+                   dp_exposed_s=0.0, opt_s_per_element=0.0, templates={}, inventory=None,
+                   num_layers=8)
+    anchor = Screened(step_s=9.5, tokens_per_s_per_gpu=1.0, memory_bytes=0.0,
+                      usable_bytes=1.0, opt_elements=0.0, pipeline_s=7.6)
+    out = with_residual(g, _Report(), anchor, ("interleaved", 8, 5, 16))
+    assert out.residual_s == pytest.approx(0.1)
+    assert out.pipeline_residual_s == pytest.approx(0.4)
+    assert out.anchor_shape == ("interleaved", 8, 5, 16)
+
+
 def test_host_launches_wait_per_stage_not_per_layer() -> None:
     from zrt_core.estimate.host import HostModel, LayerHost
     from zrt_core.search.screen_model import GroupModel, HostTables, _geometry

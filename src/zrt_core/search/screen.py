@@ -14,6 +14,7 @@ from zrt_core.search.screen_model import (
     GroupModel,
     Screened,
     group_model,
+    pipeline_shape,
     screen_layout,
     with_optimizer,
     with_residual,
@@ -261,9 +262,21 @@ def _anchored(g: GroupModel, report: Any, cand: Any, evaluator: Any,
                              seq_len=evaluator.seq_len, hw=evaluator.hw, train=train,
                              plan=plan)
 
+    g = evolve(g, p2p_bytes=_p2p_bytes(evaluator, cand, train, plan))
     g = with_optimizer(g, report, screen(g), cand.parallel,
                        train.zero >= 1 or train.fsdp, evaluator.hw)
-    return with_residual(g, report, screen(g))
+    return with_residual(g, report, screen(g), pipeline_shape(cand, evaluator.global_batch))
+
+
+def _p2p_bytes(evaluator: Any, cand: Any, train: Any, plan: Any) -> float:
+    """One micro-batch's activation between stages, per rank, as the estimator sizes it
+    (the group's tp, cp, micro-batch and precision: every layout of the group sends it)."""
+    from zrt_core.estimate.training.stages import _p2p_message_bytes
+    from zrt_core.modelinfo import ModelDims
+
+    captured = evaluator.capture(cand.micro_batch, cand.precision)
+    dims = getattr(captured, "dims", None) or ModelDims.from_config(dict(captured.config))
+    return _p2p_message_bytes(cand.parallel, train, dims, plan)
 
 
 def _observed(exact: dict[int, dict[str, Any]], screened: dict[int, Screened]

@@ -6,6 +6,7 @@ stage times, the pipeline schedule's closed form, the gradient sync, optimizer a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from attrs import field, frozen
@@ -61,8 +62,14 @@ class GroupModel:
     #: gradient-sync seconds per parameter element and per second of ``dp_sync`` priced on
     #: a layout's groups (:func:`_sync_s`; on the anchor, its own per-element sync time)
     sync_s_per_element: float = 0.0
-    #: the anchor's exact step minus its closed form (:func:`with_residual`)
+    #: the anchor's exact step minus its closed form, its pipeline's part aside
+    #: (:func:`with_residual`)
     residual_s: float = 0.0
+    #: the anchor's simulated pipeline minus its pipeline closed form, and the shape it
+    #: holds for: (schedule, pp, vp, micro-batches); layouts of another shape have their
+    #: own closed form's error, not the anchor's
+    pipeline_residual_s: float = 0.0
+    anchor_shape: tuple[Any, ...] | None = None
     #: the anchor's gradient reductions (one micro-batch's backward over the whole model,
     #: the report's collective table): (group, kind, calls, bytes) per entry; a layout's
     #: per-element sync time is the anchor's scaled by these collectives priced on its own
@@ -74,6 +81,10 @@ class GroupModel:
     #: with a device-heavy end hides more of its launches); ``fwd_s``/``bwd_s`` are then
     #: device times. None: the host's time stays in the per-layer solve
     host: Any = None
+    #: one micro-batch's activation (or its gradient) one rank sends to the next stage:
+    #: with it each layout's P2P is priced per boundary on its own ranks (:func:`_p2p_chain_s`);
+    #: 0: the anchor's slowest boundary for every hop
+    p2p_bytes: float = 0.0
     #: per stage split, what :func:`_geometry` derives from the tables and the inventory
     #: (shared by the copies :func:`with_optimizer`/:func:`with_residual` make: they keep
     #: those fields; keyed on the tables' identity besides)
@@ -190,12 +201,25 @@ def _sync_s(g: GroupModel, parallel: Any, sharded: bool, hw: Any) -> float:
     return hit
 
 
-def with_residual(g: GroupModel, report: Any, anchor: Screened) -> GroupModel:
-    """``g`` with the anchor's step minus its closed form added to every layout's step (the
-    anchor is then screened exactly; its neighbours keep the difference)."""
+def with_residual(g: GroupModel, report: Any, anchor: Screened,
+                  shape: tuple[Any, ...] | None = None) -> GroupModel:
+    """``g`` with the anchor's step minus its closed form: the pipeline's part (its
+    simulation against the schedule's closed form) added to the layouts of the anchor's
+    ``shape`` (:func:`pipeline_shape`), the rest to every layout's step (the anchor is then
+    screened exactly; its neighbours keep the difference)."""
     from attrs import evolve
 
-    return evolve(g, residual_s=report.step_time_s - anchor.step_s)
+    pipe = report.pipeline_s - anchor.pipeline_s if shape is not None else 0.0
+    return evolve(g, residual_s=report.step_time_s - anchor.step_s - pipe,
+                  pipeline_residual_s=pipe, anchor_shape=shape)
+
+
+def pipeline_shape(cand: Any, global_batch: int) -> tuple[Any, ...]:
+    """What a layout's pipeline simulation follows from besides its stage times: the
+    schedule, pp, vp and the micro-batch count."""
+    p = cand.parallel
+    return (cand.pp_schedule, p.pp, p.vp if cand.pp_schedule == "interleaved" else 1,
+            global_batch // (cand.micro_batch * p.dp))
 
 
 def stage_layers(num_layers: int, stages: int) -> list[range]:
@@ -314,6 +338,13 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     return split
 
 
+def pipeline_closed_form(split: _Split, pp: int, vp: int, m: int) -> float:
+    """The schedule's compute over a step, P2P aside (see :func:`screen_layout`)."""
+    if vp == 1:
+        return (m - 1) * split.work + split.chunks
+    return m * split.work + sum(split.f[v] + split.b[v] for v in range(pp - 1))
+
+
 @frozen
 class Screened:
     """A layout's screened step and memory."""
@@ -331,6 +362,8 @@ class Screened:
     #: the throughput bounds the exact one from above only (more communication than the
     #: anchor's per-layer times hold: :func:`~zrt_core.search.screen.resharded`)
     upper_only: bool = False
+    #: the pipeline's closed form (the schedule's steps and fill, P2P, FSDP's gather delay)
+    pipeline_s: float = 0.0
 
 
 def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, hw: Any,
@@ -344,15 +377,16 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     split = _geometry(g, pp, vp)
     a = split.a
     # the bottleneck rank runs every micro-batch; the fill and drain add one pass of each
-    # other virtual stage (1F1B: Σ_v (f+b) − the slowest; interleaved: (pp − 1) average
-    # chunks, the (pp − 1)/vp bubble of Narayanan et al. 2021), p2p on each of the
-    # 2 (pp − 1) hops
-    if vp == 1:
-        pipeline = (m - 1) * split.work + split.chunks
-    else:
-        pipeline = m * split.work + (pp - 1) * split.chunks / n_stages
+    # other virtual stage (1F1B: Σ_v (f+b) − the slowest), interleaved the first model
+    # chunk's stages before the last rank (the (pp − 1)/vp bubble of Narayanan et al. 2021
+    # in chunks: the rank holding the head waits for those forwards before its first and
+    # their backwards after its last; exact against the simulation for even chunks and a
+    # heavier head), and the P2P of every hop of the first micro-batch's way through the
+    # virtual stages and back (2 (pp·vp − 1) hops: each chunk boundary is a transfer)
+    pipeline = pipeline_closed_form(split, pp, vp, m)
     if pp > 1:
-        pipeline += 2 * (pp - 1) * g.p2p_s
+        pipeline += _p2p_chain_s(g, p, vp, hw) if g.p2p_bytes > 0 \
+            else 2 * (n_stages - 1) * g.p2p_s
     # static memory per rank: the parameter elements on it (inventory.stage) under the
     # sharding, as the estimator's optimizer sizes them
     dense_group, expert_group = dp_groups(p)
@@ -424,6 +458,8 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
         pipeline += _gather_delay_s(g, split, sp, pbytes, hw)
     step = pipeline + max(g.dp_exposed_s, tail) + g.opt_s_per_element * worst_opt \
         + g.residual_s
+    if g.anchor_shape is not None and g.anchor_shape == (cand.pp_schedule, pp, vp, m):
+        step += g.pipeline_residual_s
     if sp is not None and sp.gather and not sp.gather_once and sp.reshard != "none":
         # re-sharded after forward (FSDP at pp 1): every micro-batch gathers every layer in
         # forward and again in backward, and reduce-scatters its gradients, one collective
@@ -436,7 +472,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     tokens = global_batch * seq_len
     return Screened(step_s=step, tokens_per_s_per_gpu=tokens / (step * p.world_size),
                     memory_bytes=worst_mem, usable_bytes=usable, opt_elements=worst_opt,
-                    rank_elements=most, total_elements=total)
+                    rank_elements=most, total_elements=total, pipeline_s=pipeline)
 
 
 def _gather_delay_s(g: GroupModel, split: _Split, sp: Any, pbytes: float, hw: Any) -> float:
@@ -528,6 +564,35 @@ def _regather_busy_s(g: GroupModel, sp: Any, parallel: Any, pbytes: float, rs_by
         expert += e
     hit = g.memo[key] = max(dense, expert)
     return hit
+
+
+def _p2p_chain_s(g: GroupModel, parallel: Any, vp: int, hw: Any) -> float:
+    """The P2P on a step's critical path: the first micro-batch's forward through every
+    virtual stage and its backward back, each hop priced on the boundary it crosses
+    (``p2p_times_s``, the estimator's prices: rank ``r`` to ``r + 1``, interleaved's chunk
+    wrap from rank ``pp − 1`` to 0). The schedule's fill and drain wait on every hop
+    (the simulation of even stages gives exactly this against its steady work).
+    Memoised per pipeline layout."""
+    pp = parallel.pp
+    key = ("p2p_chain", parallel.tp * parallel.cp * parallel.dp, pp, vp, g.p2p_bytes)
+    hit = g.memo.get(key)
+    if hit is None:
+        boundaries, wrap = _p2p_prices(hw, parallel.tp * parallel.cp * parallel.dp, pp,
+                                       g.p2p_bytes)
+        hops = [boundaries[v % pp] if v % pp < pp - 1 else wrap for v in range(pp * vp - 1)]
+        hit = g.memo[key] = 2 * sum(hops)
+    return hit
+
+
+@lru_cache(maxsize=1024)
+def _p2p_prices(hw: Any, stride: int, pp: int, nbytes: float
+                ) -> tuple[tuple[float, ...], float]:
+    """``p2p_times_s`` for ``pp`` stages ``stride`` ranks apart (all a boundary's tiers
+    depend on), shared by every group of a search."""
+    from zrt_core.schedule.pipeline import p2p_times_s
+    from zrt_core.strategy import Parallel
+
+    return p2p_times_s(hw, Parallel(dp=stride, pp=pp), nbytes)
 
 
 def _usable_fraction() -> float:

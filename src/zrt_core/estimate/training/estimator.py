@@ -339,7 +339,7 @@ def estimate_training(
 
     # -- pipeline ---------------------------------------------------------------------------
     t0 = time.perf_counter()
-    message = _p2p_message_bytes(fwd, parallel, train, dims, plan)
+    message = _p2p_message_bytes(parallel, train, dims, plan)
     p2p, wrap = ((0.0,), 0.0) if parallel.pp == 1 else p2p_times_s(hw, parallel, message) \
         if reuse is None else reuse.value(("p2p", hw, parallel, message),
                                           lambda: p2p_times_s(hw, parallel, message))

@@ -277,7 +277,7 @@ def _amax_reduction_s(fwd: OpGraph, plan: PrecisionPlan, parallel: Parallel,
     return collective_cost("all_reduce", 3 * 4 * max(1, per_stage), size, size, hw).time_s
 
 
-def _p2p_message_bytes(fwd: OpGraph, parallel: Parallel, train: TrainSpec, dims: ModelDims,
+def _p2p_message_bytes(parallel: Parallel, train: TrainSpec, dims: ModelDims,
                        plan: PrecisionPlan) -> float:
     """One micro-batch's activation between stages, per rank: ``b·s·h`` 16-bit values split
     over TP (sequence parallel, or Megatron's scatter-gather optimisation without it) and
