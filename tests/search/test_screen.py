@@ -371,6 +371,25 @@ def test_the_anchors_pipeline_error_stays_with_its_shape() -> None:
     assert out.anchor_shape == ("interleaved", 8, 5, 16)
 
 
+def test_the_anchors_exposed_dp_floor_scales_with_the_layouts_sync() -> None:
+    # the anchor exposed 0.15 s of data-parallel time with a 0.6 s gradient sync on its
+    # worst rank: a layout syncing 0.15 s (a quarter) has a floor of 0.15 / 4 = 0.0375 s;
+    # one syncing more than the anchor keeps the anchor's 0.15 s; without the anchor's
+    # sync (no gradient reduction), the anchor's exposed time as it is
+    from zrt_core.search.screen_model import GroupModel, dp_exposed_floor_s
+
+    g = GroupModel(fwd_s={}, bwd_s={}, act_bytes={}, transient_bytes={}, p2p_s=0.0,
+                   dp_exposed_s=0.15, opt_s_per_element=0.0, templates={}, inventory=None,
+                   num_layers=8, anchor_sync_s=0.6)
+    assert dp_exposed_floor_s(g, 0.15) == pytest.approx(0.0375)
+    assert dp_exposed_floor_s(g, 0.0) == 0.0
+    assert dp_exposed_floor_s(g, 2.0) == pytest.approx(0.15)
+    bare = GroupModel(fwd_s={}, bwd_s={}, act_bytes={}, transient_bytes={}, p2p_s=0.0,
+                      dp_exposed_s=0.15, opt_s_per_element=0.0, templates={},
+                      inventory=None, num_layers=8)
+    assert dp_exposed_floor_s(bare, 0.01) == pytest.approx(0.15)
+
+
 def test_host_launches_wait_per_stage_not_per_layer() -> None:
     from zrt_core.estimate.host import HostModel, LayerHost
     from zrt_core.search.screen_model import GroupModel, HostTables, _geometry

@@ -265,6 +265,7 @@ def _anchored(g: GroupModel, report: Any, cand: Any, evaluator: Any,
     g = evolve(g, p2p_bytes=_p2p_bytes(evaluator, cand, train, plan))
     g = with_optimizer(g, report, screen(g), cand.parallel,
                        train.zero >= 1 or train.fsdp, evaluator.hw)
+    g = evolve(g, anchor_sync_s=screen(g).sync_s)
     return with_residual(g, report, screen(g), pipeline_shape(cand, evaluator.global_batch))
 
 
