@@ -9,6 +9,7 @@ anchors are pp 8 × vp 5 at seven micro-batch counts). The arrays are read-only.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -81,21 +82,24 @@ class _Plan:
 
 
 _PLANS: OrderedDict[tuple[str, int, int, int], _Plan] = OrderedDict()
+_LOCK = threading.Lock()  # the cache is shared by a process's threads
 
 
 def plan_of(schedule: str, pp: int, vp: int, microbatches: int) -> _Plan:
     """The plan of a checked schedule shape (``check_schedule`` first), cached."""
     key = (schedule, pp, vp, microbatches)
-    hit = _PLANS.get(key)
-    if hit is not None:
-        _PLANS.move_to_end(key)
-        return hit
-    plan = _build(schedule, pp, vp, microbatches)
+    with _LOCK:
+        hit = _PLANS.get(key)
+        if hit is not None:
+            _PLANS.move_to_end(key)
+            return hit
+    plan = _build(schedule, pp, vp, microbatches)  # outside the lock: a plan is pure
     if plan.rows <= PLAN_ROWS_KEPT:
-        _PLANS[key] = plan
-        held = sum(p.rows for p in _PLANS.values())
-        while len(_PLANS) > PLANS_KEPT or held > PLAN_ROWS_KEPT:
-            held -= _PLANS.popitem(last=False)[1].rows
+        with _LOCK:
+            _PLANS[key] = plan
+            held = sum(p.rows for p in _PLANS.values())
+            while len(_PLANS) > PLANS_KEPT or held > PLAN_ROWS_KEPT:
+                held -= _PLANS.popitem(last=False)[1].rows
     return plan
 
 
