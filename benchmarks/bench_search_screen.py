@@ -51,6 +51,10 @@ HELDOUT_SPACES = {
         micro_batch=(1, 2), max_pp=8)),
     "gemma2-27b-32xh200": ("gemma2-27b", "h200", dict(gpus=(32,), global_batch=128,
                                                       seq_len=4096)),
+    # 61 layers and one MTP depth: the uneven layouts (pp × vp up to 64 over 64 entries)
+    "deepseek-v3-512xh100-mtp": ("deepseek-v3", "h100", dict(
+        gpus=(512,), global_batch=2048, seq_len=4096, mtp=1, tp=(1, 2), pp=(4, 8, 16),
+        micro_batch=(1,), recompute=("selective", "full"), sharding=("zero1",))),
 }
 
 
@@ -95,7 +99,8 @@ def run_space(name: str, rate_only: bool = False) -> dict:
     host = get_plugin_manager()
     config, _ = raw_config(model, host)
     space = TrainSpace(**kw)
-    ev = TrainEvaluator(model, hw, space.global_batch, space.seq_len, host=host)
+    ev = TrainEvaluator(model, hw, space.global_batch, space.seq_len, host=host,
+                        mtp=space.mtp)
     nvlink = ev.hw.interconnect[0].devices if ev.hw.interconnect else None
     cands, _ = enumerate_train(space, ModelDims.from_config(config), nvlink)
     for key in sorted({(c.micro_batch, c.precision) for c in cands}):
@@ -112,7 +117,8 @@ def run_space(name: str, rate_only: bool = False) -> dict:
           "CPU-second", flush=True)
     if rate_only:
         return {"name": name, "rate": rate, "same": True, "t": None, "m": None}
-    exact_ev = TrainEvaluator(model, hw, space.global_batch, space.seq_len, host=host)
+    exact_ev = TrainEvaluator(model, hw, space.global_batch, space.seq_len, host=host,
+                              mtp=space.mtp)
     exact_ev._captures = ev._captures
     cpu0 = time.process_time()
     order = sorted(range(len(cands)), key=lambda i: (layer_group(cands[i]), i))

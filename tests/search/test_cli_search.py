@@ -219,6 +219,8 @@ def test_no_valid_layout_names_the_rule(model_dir: Path,
       "--global-batch", "8"], "contradicts --max-tp 8"),
     (["search", "MODEL", "--hw", "h100", *TRAIN, "--tpot-ms", "5"], "serving targets"),
     (["search", "MODEL", "--hw", "h100", *SERVE, "--pp", "2"], "not a serving dimension"),
+    (["search", "MODEL", "--hw", "h100", *SERVE, "--mtp", "1"], "not a serving dimension"),
+    (["search", "MODEL", "--hw", "h100", *TRAIN, "--mtp", "0"], "--mtp"),
 ])
 def test_bad_input_is_one_line(model_dir: Path, capsys: pytest.CaptureFixture[str],
                                argv: list[str], needle: str) -> None:

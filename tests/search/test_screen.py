@@ -96,6 +96,33 @@ def test_screen_keeps_the_exact_best_top_k_and_front(
 
 
 @pytest.mark.needs("zrt-nvidia")
+def test_screen_keeps_the_exact_answer_on_uneven_splits_and_mtp(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 6 layers: 8 entries with the embedding and the loss counted split over pp 4 (1, 2,
+    # 2, 1 layers) and pp 8, which the even rule refused. The two tiers and --exact agree,
+    # the uneven layouts searched; the same with one MTP depth (on the last stage).
+    d = tmp_path / "six"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**TINY, "n_layer": 6}))
+    args = ("search", str(d), "--hw", "h100", "--train", "--gpus", "16", "--tp", "1,2",
+            "--pp", "1,2,4,8", "--cp", "1", "--vp", "1", "--micro-batch", "1",
+            "--recompute", "none,full", "--sharding", "zero1", "--pp-schedule", "1f1b",
+            "--global-batch", "64", "--seq-len", "64", "--top-k", "5", "--json")
+    two = _json(capsys, *args)
+    exact = _json(capsys, *args, "--exact")
+    assert two["rejected"].get("pp_layers", 0) == 0
+    assert {r["pp"] for r in exact["results"]} | {r["pp"] for r in exact["pareto"]} >= {4}
+    for key in ("results", "pareto", "winner"):
+        assert two[key] == exact[key], key
+    mtp = _json(capsys, *args, "--mtp", "1")
+    mtp_exact = _json(capsys, *args, "--mtp", "1", "--exact")
+    for key in ("results", "pareto", "winner"):
+        assert mtp[key] == mtp_exact[key], key
+    # the MTP module's work makes every layout's step longer
+    assert mtp["winner"]["tokens_per_s_per_gpu"] < two["winner"]["tokens_per_s_per_gpu"]
+
+
+@pytest.mark.needs("zrt-nvidia")
 @pytest.mark.parametrize("extra", [
     ("--infer", "--gpus", "2", "--input-len", "32", "--output-len", "8", "--exact"),
     ("--train", "--gpus", "4", "--global-batch", "8", "--seq-len", "64", "--strategies",

@@ -167,3 +167,25 @@ def test_parallelism_families(dims: ModelDims) -> None:
     assert (fam["3D"][0].tp, fam["3D"][0].pp, fam["3D"][0].dp) == (2, 2, 2)
     assert fam["DDP"] == (fam["DDP"][0], "zero0") and fam["FSDP"][1] == "fsdp"
     assert fam["EP"] == "a dense model has no experts"
+
+
+def test_uneven_layers_split_as_megatron_core_does() -> None:
+    # 6 layers over pp 4: not evenly (6 % 4), but with the embedding and the loss counted
+    # as layers, 8 = 4 × 2 (Megatron-Core's account_for_embedding/loss_in_pipeline_split):
+    # stages of 1, 2, 2, 1 layers. 5 layers over pp 2: neither 5 nor 5 + 2 = 7 splits in
+    # two; with one MTP depth the layout E, 5 × t, m, L has 8 entries, 4 a stage.
+    from zrt_core.search.space import _splits
+
+    assert _splits(6, 4, 1, 0) and not _splits(6, 16, 1, 0)  # 16 stages for 8 entries
+    assert not _splits(5, 2, 1, 0) and _splits(5, 2, 1, 1)
+    six = ModelDims.from_config({**TINY, "n_layer": 6})
+    space = TrainSpace(gpus=(8,), global_batch=8, seq_len=64, tp=(1,), cp=(1,),
+                       pp=(1, 2, 4, 8), vp=(1,), micro_batch=(1,), recompute=("none",),
+                       sharding=("zero1",), pp_schedule=("1f1b",))
+    kept, removed = enumerate_train(space, six, nvlink_domain=8)
+    # pp 1, 2 (even), 4 (embedding/loss); pp 8: 8 stages for 8 entries E, 6 × t, L — the
+    # balanced layout, one entry a stage
+    assert sorted(c.parallel.pp for c in kept) == [1, 2, 4, 8]
+    assert removed["pp_layers"] == 0
+    with pytest.raises(SpecError, match="negative"):
+        TrainSpace(gpus=(8,), global_batch=8, seq_len=64, mtp=-1)

@@ -87,6 +87,9 @@ def add_space_args(p: argparse.ArgumentParser) -> None:
                    metavar="LIST", help="pipeline schedules (default 1f1b,interleaved)")
     t.add_argument("--precision", type=name_list, default=("bf16",), metavar="LIST",
                    help="bf16,fp8,... (default bf16)")
+    t.add_argument("--mtp", type=positive_int("--mtp"), default=None, metavar="N",
+                   help="train N MTP modules on every layout, as zrt run --train --mtp N "
+                        "(default none); they count in the pipeline split")
     s = p.add_argument_group("serving (--infer)")
     s.add_argument("--input-len", type=positive_int("--input-len"), default=1024, metavar="L")
     s.add_argument("--output-len", type=positive_int("--output-len"), default=256,

@@ -13,6 +13,11 @@ from zrt_core.strategy import InferSpec, TrainSpec
 GIB = 2.0 ** 30
 
 
+#: how a training candidate's layers split into stages (``estimate_training``'s
+#: ``stage_split``): the even split where it exists, as before
+STAGE_SPLIT = "auto"
+
+
 def train_spec(cand: TrainCandidate, global_batch: int, seq_len: int) -> TrainSpec:
     """The :class:`TrainSpec` ``zrt run --train`` builds for this candidate."""
     from zrt_core.strategy import train_spec_defaults
@@ -49,10 +54,14 @@ class TrainEvaluator:
     reuse_layers = True
 
     def __init__(self, model: Any, hardware: Any, global_batch: int, seq_len: int, *,
-                 host: Any = None, use_cache: bool | None = None) -> None:
+                 host: Any = None, use_cache: bool | None = None, mtp: int = 0) -> None:
         from zrt_core.plugins import get_plugin_manager
 
         self.model = model
+        #: MTP depths every candidate trains (:attr:`TrainSpace.mtp`)
+        self.mtp = mtp
+        self._mtp_spec: Any = None
+        self._layers: dict[Any, int] = {}
         self.host = host or get_plugin_manager()
         self.hw = (self.host.hardware_spec(hardware) if isinstance(hardware, str)
                    else hardware)
@@ -81,10 +90,45 @@ class TrainEvaluator:
         from zrt_core.estimate.training import estimate_training
 
         train = train_spec(cand, self.global_batch, self.seq_len)
+        captured = self.capture(cand.micro_batch, cand.precision)
+        # the split the space's pp_layers rule admits: even, else Megatron-Core's
+        # embedding/loss accounting, else the balanced layout (zrt run --stage-split auto)
         return estimate_training(self.model, self.hw, cand.parallel, train, host=self.host,
-                                 captured=self.capture(cand.micro_batch, cand.precision),
-                                 num_gpus=cand.gpus, keep_timelines=keep_timelines,
-                                 reuse=self.reuse if self.reuse_layers else None)
+                                 captured=captured, num_gpus=cand.gpus,
+                                 keep_timelines=keep_timelines,
+                                 reuse=self.reuse if self.reuse_layers else None,
+                                 stage_split=self._split(cand, captured),
+                                 mtp=self.mtp_spec(captured))
+
+    def _split(self, cand: TrainCandidate, captured: Any) -> str:
+        """``"even"`` where the layers split evenly over the candidate's stages (the plan
+        ``"auto"`` gives too, without the report's layout note), else ``"auto"``."""
+        key = ("layers", id(captured))
+        layers = self._layers.get(key)
+        if layers is None:
+            from zrt_core.ir.graph import Phase
+
+            meta = captured.graph(Phase.TRAIN_FORWARD).meta
+            dims = getattr(captured, "dims", None)
+            layers = self._layers[key] = int(meta.get("num_layers") or (
+                dims.layers if dims is not None else 0))
+        p = cand.parallel
+        stages = p.pp * (p.vp if cand.pp_schedule == "interleaved" else 1)
+        return "even" if layers and layers % stages == 0 else STAGE_SPLIT
+
+    def mtp_spec(self, captured: Any) -> Any:
+        """The :class:`~zrt_core.estimate.training.MtpSpec` of :attr:`mtp` depths for the
+        captured model (``zrt run --mtp``'s), None without MTP."""
+        if not self.mtp:
+            return None
+        if self._mtp_spec is None:
+            from zrt_core.estimate.training import mtp_from_config
+
+            config = {**dict(captured.config), "num_nextn_predict_layers": self.mtp}
+            if "mtp_num_layers" in config:
+                config["mtp_num_layers"] = self.mtp
+            self._mtp_spec = mtp_from_config(config)
+        return self._mtp_spec
 
     def row(self, cand: TrainCandidate) -> dict[str, Any]:
         """The candidate's flat row; ``rejected`` names the estimator's check when it

@@ -137,7 +137,7 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         enumerated = train_space_size(space, dims)
         rules: tuple[tuple[str, str], ...] = TRAIN_RULES
         args: tuple[Any, ...] = ("train", model, hw, space.global_batch, space.seq_len,
-                                 engine, use_cache)
+                                 engine, use_cache, space.mtp)
     else:
         from zrt_core.checks import check_tokens
 
@@ -351,9 +351,10 @@ _EVALUATOR: Any = None
 def _make_evaluator(args: tuple[Any, ...], host: Any = None) -> Any:
     from zrt_core.search.evaluate import ServeEvaluator, TrainEvaluator
 
-    kind, model, hw, a, b, engine, use_cache = args
+    kind, model, hw, a, b, engine, use_cache, *rest = args
     if kind == "train":
-        return TrainEvaluator(model, hw, a, b, host=host, use_cache=use_cache)
+        return TrainEvaluator(model, hw, a, b, host=host, use_cache=use_cache,
+                              mtp=rest[0] if rest else 0)
     return ServeEvaluator(model, hw, a, b, engine=engine, host=host, use_cache=use_cache)
 
 

@@ -100,7 +100,8 @@ class ScreenResult:
         # memory: what the memory limit removed among them (the screen's memory is the
         # exact inventory's closed form; docs/search.md gives its error)
         over = sum(1 for i, s in self.screened.items()
-                   if i not in exact and s.memory_bytes > s.usable_bytes)
+                   if i not in exact and s.memory_bytes > s.usable_bytes
+                   and not s.memory_unsure)
         return {"screened": len(self.screened), "estimated_exactly": len(self.rows),
                 "layouts": total, "memory_screened": over,
                 "margins": self.margins.to_json(), "rounds": self.rounds}
@@ -262,11 +263,26 @@ def _anchored(g: GroupModel, report: Any, cand: Any, evaluator: Any,
                              seq_len=evaluator.seq_len, hw=evaluator.hw, train=train,
                              plan=plan)
 
-    g = evolve(g, p2p_bytes=_p2p_bytes(evaluator, cand, train, plan))
+    g = evolve(g, p2p_bytes=_p2p_bytes(evaluator, cand, train, plan),
+               **_layer_split(evaluator, cand))
     g = with_optimizer(g, report, screen(g), cand.parallel,
                        train.zero >= 1 or train.fsdp, evaluator.hw)
     g = evolve(g, anchor_sync_s=screen(g).sync_s)
     return with_residual(g, report, screen(g), pipeline_shape(cand, evaluator.global_batch))
+
+
+def _layer_split(evaluator: Any, cand: Any) -> dict[str, int]:
+    """The decoder layers and the MTP modules the evaluator trains (:attr:`GroupModel.
+    decoder_layers`): the stages split them as the estimator does."""
+    layers = _num_layers(evaluator, cand)
+    if not layers:
+        return {}
+    out = {"decoder_layers": layers}
+    spec = evaluator.mtp_spec(evaluator.capture(cand.micro_batch, cand.precision)) \
+        if getattr(evaluator, "mtp", 0) else None
+    if spec is not None and spec.depths:
+        out.update(mtp_depths=spec.depths, mtp_per_depth=max(1, spec.layers // spec.depths))
+    return out
 
 
 def _p2p_bytes(evaluator: Any, cand: Any, train: Any, plan: Any) -> float:
@@ -310,6 +326,7 @@ class _Table:
     usable: Any
     upper_only: Any
     gpus: Any
+    mem_unsure: Any
 
 
 def _table(cands: Sequence[Any], screened: dict[int, Screened]) -> _Table:
@@ -321,6 +338,7 @@ def _table(cands: Sequence[Any], screened: dict[int, Screened]) -> _Table:
                   mem=np.array([s.memory_bytes for _, s in items], dtype=float),
                   usable=np.array([s.usable_bytes for _, s in items], dtype=float),
                   upper_only=np.array([s.upper_only for _, s in items], dtype=bool),
+                  mem_unsure=np.array([s.memory_unsure for _, s in items], dtype=bool),
                   gpus=np.array([cands[i].gpus for i, _ in items], dtype=np.int64))
 
 
@@ -337,13 +355,15 @@ def _undecided(cands: Sequence[Any], exact: dict[int, dict[str, Any]],
     known = [(row["tokens_per_s_per_gpu"], row["memory_gib"] * 2.0 ** 30, cands[i].gpus)
              for i, row in exact.items() if "rejected" not in row and row["fits"]]
     done = np.fromiter(exact, dtype=np.int64, count=len(exact))
-    open_ = ~np.isin(tb.idx, done) & (tb.mem * mg.mem_lo <= tb.usable)  # else out on memory
-    sure = open_ & (tb.mem * mg.mem_hi <= tb.usable) & ~tb.upper_only
+    # a layout whose memory is not bounded (Screened.memory_unsure) is never out on memory,
+    # never certain to fit and may be the smallest: its memory's lower bound is 0
+    mem_lo = np.where(tb.mem_unsure, 0.0, tb.mem * mg.mem_lo)
+    open_ = ~np.isin(tb.idx, done) & (mem_lo <= tb.usable)  # else out on memory
+    sure = open_ & (tb.mem * mg.mem_hi <= tb.usable) & ~tb.upper_only & ~tb.mem_unsure
     # bounds: throughput [lo, hi], memory [mem_lo, mem_hi] (each the same product as a
     # scalar would give)
     hi = tb.tput * mg.tput_hi
     low_s = (tb.tput * mg.tput_lo)[sure]
-    mem_lo = tb.mem * mg.mem_lo
     mem_hi_s = (tb.mem * mg.mem_hi)[sure]
     # lower bounds, upper memory and GPU count of the layouts certain to fit
     lows = np.concatenate([np.array([k[0] for k in known], dtype=float), low_s])

@@ -83,6 +83,12 @@ class GroupModel:
     #: with a device-heavy end hides more of its launches); ``fwd_s``/``bwd_s`` are then
     #: device times. None: the host's time stays in the per-layer solve
     host: Any = None
+    #: the decoder layers and the MTP modules trained after them (depths, captured layers
+    #: per depth): the stages split them as the estimator does (:func:`stage_ranges`);
+    #: 0 decoder layers: ``num_layers`` split evenly
+    decoder_layers: int = 0
+    mtp_depths: int = 0
+    mtp_per_depth: int = 1
     #: one micro-batch's activation (or its gradient) one rank sends to the next stage:
     #: with it each layout's P2P is priced per boundary on its own ranks (:func:`_p2p_chain_s`);
     #: 0: the anchor's slowest boundary for every hop
@@ -225,10 +231,22 @@ def pipeline_shape(cand: Any, global_batch: int) -> tuple[Any, ...]:
 
 
 def stage_layers(num_layers: int, stages: int) -> list[range]:
-    """The even split the search's ``pp_layers`` rule guarantees (pp × vp divides the
-    layers), in virtual-stage order."""
+    """The even split of ``num_layers`` over ``stages``, in virtual-stage order."""
     n = num_layers // stages
     return [range(v * n, (v + 1) * n) for v in range(stages)]
+
+
+def stage_ranges(g: GroupModel, pp: int, stages: int) -> list[range]:
+    """Each virtual stage's layers as the estimator splits them for the search
+    (``stage_split="auto"``, the split the ``pp_layers`` rule admits: even, else the
+    embedding and the loss counted as layers, else the balanced layout; MTP layers on the
+    last stage): :func:`zrt_core.schedule.stages.plan_stages`."""
+    if not g.decoder_layers:
+        return stage_layers(g.num_layers, stages)
+    from zrt_core.schedule.stages import plan_stages
+
+    return list(plan_stages(g.decoder_layers, stages, pp, "auto", mtp_depths=g.mtp_depths,
+                            mtp_layers_per_depth=g.mtp_per_depth).ranges)
 
 
 @frozen
@@ -279,7 +297,7 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     """:class:`_Split` of ``g`` for ``pp`` ranks of ``vp`` chunks, computed once per group
     and split (every layout of the group with that split shares it: the same sums)."""
     key = (id(g.fwd_s), id(g.bwd_s), id(g.act_bytes), id(g.templates), id(g.inventory),
-           id(g.host), g.num_layers, pp, vp)
+           id(g.host), g.num_layers, g.decoder_layers, g.mtp_depths, g.mtp_per_depth, pp, vp)
     hit = g.memo.get(key)
     if hit is not None:
         return hit
@@ -290,7 +308,7 @@ def _geometry(g: GroupModel, pp: int, vp: int) -> _Split:
     sigs: list[tuple[tuple[Any, ...], bool, bool]] = []
     sums = g.memo.setdefault(("stage_sums", id(g.fwd_s), id(g.bwd_s), id(g.act_bytes),
                               id(g.host)), {})  # per signature, shared by the splits
-    for v, r in enumerate(stage_layers(g.num_layers, n_stages)):
+    for v, r in enumerate(stage_ranges(g, pp, n_stages)):
         sig = (tuple([templates.get(i, i) for i in r]), v == 0, v == n_stages - 1)
         sigs.append(sig)
         if sig not in sums:
@@ -380,6 +398,10 @@ class Screened:
     pipeline_s: float = 0.0
     #: the gradient sync of the rank with the most parameters (before its window)
     sync_s: float = 0.0
+    #: the memory is not bounded by the screen's measured memory bounds: an uneven split
+    #: or MTP stages (their chunks unlike each other; the two tiers then never drop the
+    #: layout on memory nor count it certain to fit)
+    memory_unsure: bool = False
 
 
 def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, hw: Any,
@@ -490,7 +512,7 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
     return Screened(step_s=step, tokens_per_s_per_gpu=tokens / (step * p.world_size),
                     memory_bytes=worst_mem, usable_bytes=usable, opt_elements=worst_opt,
                     rank_elements=most, total_elements=total, pipeline_s=pipeline,
-                    sync_s=sync)
+                    sync_s=sync, memory_unsure=_uneven(g, n_stages))
 
 
 def _gather_delay_s(g: GroupModel, split: _Split, sp: Any, pbytes: float, hw: Any) -> float:
@@ -611,6 +633,14 @@ def _p2p_prices(hw: Any, stride: int, pp: int, nbytes: float
     from zrt_core.strategy import Parallel
 
     return p2p_times_s(hw, Parallel(dp=stride, pp=pp), nbytes)
+
+
+def _uneven(g: GroupModel, stages: int) -> bool:
+    """Whether the layout's stages are not the even split of plain decoder layers (the
+    split the screen's memory bounds were measured on): MTP layers, or layers that
+    ``stages`` does not divide. Its memory is screened, not bounded (Screened.memory_unsure:
+    DeepSeek-V3 with MTP over 64 stages of one entry was 4.3% high on some layouts)."""
+    return bool(g.mtp_depths) or (g.decoder_layers > 0 and g.decoder_layers % stages != 0)
 
 
 def _usable_fraction() -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 from attrs import field, frozen
@@ -40,7 +41,9 @@ TRAIN_RULES = (
     ("tp_heads", "tp divides the attention heads, the KV heads (or is a multiple), the FFN"),
     ("ep_experts", "ep divides the routed experts (1 for a dense model)"),
     ("ep_ranks", "ep × expert tp divides tp × cp × dp"),
-    ("pp_layers", "pp × vp divides the layers"),
+    ("pp_layers", "Megatron-Core splits the layers over pp × vp stages: evenly, or with the "
+                  "embedding, the MTP layers and the loss counted as layers (zrt run's "
+                  "--stage-split auto)"),
     ("vp_schedule", "vp > 1 exactly when the schedule is interleaved (and pp > 1)"),
     ("cp_seq", "2 × cp divides the sequence (ring attention's balanced chunks)"),
     ("batch", "micro-batch × dp divides the global batch"),
@@ -110,8 +113,13 @@ class TrainSpace:
     #: fields of those names), the same for every candidate
     grad_reduce_in_fp32: bool = True
     quantized_params: bool = False
+    #: multi-token prediction modules every candidate trains (``zrt run --mtp N``: the
+    #: config's MTP at N depths, on the last pipeline stage); 0: none
+    mtp: int = 0
 
     def __attrs_post_init__(self) -> None:
+        if self.mtp < 0:
+            raise SpecError(f"--mtp {self.mtp} is negative", "give 0 or more MTP depths")
         if self.global_batch < 1 or self.seq_len < 1:
             raise SpecError("--global-batch and --seq-len must be positive",
                             "give both as positive integers")
@@ -277,11 +285,25 @@ def _walk_recipes(space: TrainSpace, dims: ModelDims, nvlink_domain: int | None,
                                                  space.quantized_params), None
 
 
+@lru_cache(maxsize=4096)
+def _splits(layers: int, pp: int, vp: int, mtp: int) -> bool:
+    """Whether Megatron-Core runs ``layers`` decoder layers (and ``mtp`` MTP depths) over pp ×
+    vp stages with the split the search's estimates use (``stage_split="auto"``: even, else
+    the embedding and the loss counted as layers, else the balanced layout)."""
+    from zrt_core.schedule.stages import plan_stages
+
+    try:
+        plan_stages(layers, pp * vp, pp, "auto", mtp_depths=mtp)
+    except LayoutError:
+        return False
+    return True
+
+
 def _recipe_rule(space: TrainSpace, dims: ModelDims, ep_ok: bool, tp: int, cp: int, pp: int,
                  dp: int, vp: int, schedule: str, mb: int, sharding: str) -> str | None:
     if not ep_ok:
         return "ep_ranks"
-    if dims.layers % (pp * vp):
+    if not _splits(dims.layers, pp, vp, space.mtp):
         return "pp_layers"
     if (vp > 1) != (schedule == "interleaved") or (vp > 1 and pp == 1):
         return "vp_schedule"
@@ -393,7 +415,7 @@ def no_layout_error(removed: Counter[str], rules: tuple[tuple[str, str], ...],
 
 #: What each kind of search reads from a request (``zrt search``'s flags, a service body).
 TRAIN_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "micro_batch", "recompute", "sharding",
-              "pp_schedule", "precision", "max_tp", "max_pp", "max_cp", "max_vp")
+              "pp_schedule", "precision", "max_tp", "max_pp", "max_cp", "max_vp", "mtp")
 SERVE_KEYS = ("tp", "ep", "dp", "quant", "batch")
 
 
@@ -420,7 +442,7 @@ def space_from_values(values: Any, *, name: Any = None) -> TrainSpace | ServeSpa
         return TrainSpace(gpus=v["gpus"], global_batch=v["global_batch"],
                           seq_len=v.get("seq_len", 4096),
                           **{k: v[k] for k in TRAIN_KEYS if k in v})
-    for key in ("pp", "vp", "cp"):
+    for key in ("pp", "vp", "cp", "mtp"):
         if key in v:
             raise SpecError(f"{show(key)} is not a serving dimension",
                             "serving searches tp, ep, dp, quant and batch")
