@@ -71,12 +71,9 @@ def mtp_from_args(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     n = getattr(args, "mtp", None)
     if n is None:
         return config, None
-    from zrt_core.estimate.training import mtp_from_config
+    from zrt_core.estimate.training import mtp_at_depths
 
-    config = {**config, "num_nextn_predict_layers": n}
-    if "mtp_num_layers" in config:
-        config["mtp_num_layers"] = n
-    return config, mtp_from_config(config)
+    return mtp_at_depths(config, n)
 
 
 def moe_load_from_args(args: argparse.Namespace) -> Any:

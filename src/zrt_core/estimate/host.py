@@ -125,7 +125,6 @@ def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]) -> dict[int | None
     return out
 
 
-
 def launch_tables(model: HostModel, fwd: OpGraph, bwd: OpGraph,
                   fwd_costs: Mapping[int, NodeCost], bwd_costs: Mapping[int, NodeCost]
                   ) -> tuple[dict[int | None, LayerHost], dict[int | None, tuple[int, float]]]:
@@ -135,6 +134,7 @@ def launch_tables(model: HostModel, fwd: OpGraph, bwd: OpGraph,
     if model.launch_s <= 0:
         return {}, {}
     return layer_host(fwd, fwd_costs, moe_sync=model.moe_sync), phase_host(bwd, bwd_costs)
+
 
 def exposed_host_s(model: HostModel, layers: Sequence[int | None],
                    fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, tuple[int,

@@ -61,7 +61,6 @@ class TrainEvaluator:
         #: MTP depths every candidate trains (:attr:`TrainSpace.mtp`)
         self.mtp = mtp
         self._mtp_spec: Any = None
-        self._layers: dict[Any, int] = {}
         self.host = host or get_plugin_manager()
         self.hw = (self.host.hardware_spec(hardware) if isinstance(hardware, str)
                    else hardware)
@@ -100,21 +99,24 @@ class TrainEvaluator:
                                  stage_split=self._split(cand, captured),
                                  mtp=self.mtp_spec(captured))
 
+    def dims(self, micro_batch: int, precision: str) -> Any:
+        """The model's :class:`~zrt_core.modelinfo.ModelDims` as the estimator reads them
+        from this capture (its own, else from its config)."""
+        captured = self.capture(micro_batch, precision)
+        dims = getattr(captured, "dims", None)
+        if dims is None:
+            from zrt_core.modelinfo import ModelDims
+
+            dims = ModelDims.from_config(dict(captured.config))
+        return dims
+
     def _split(self, cand: TrainCandidate, captured: Any) -> str:
         """``"even"`` where the layers split evenly over the candidate's stages (the plan
         ``"auto"`` gives too, without the report's layout note), else ``"auto"``."""
-        key = ("layers", id(captured))
-        layers = self._layers.get(key)
-        if layers is None:
-            from zrt_core.ir.graph import Phase
-
-            meta = captured.graph(Phase.TRAIN_FORWARD).meta
-            dims = getattr(captured, "dims", None)
-            layers = self._layers[key] = int(meta.get("num_layers") or (
-                dims.layers if dims is not None else 0))
+        layers = self.dims(cand.micro_batch, cand.precision).layers
         p = cand.parallel
         stages = p.pp * (p.vp if cand.pp_schedule == "interleaved" else 1)
-        return "even" if layers and layers % stages == 0 else STAGE_SPLIT
+        return "even" if layers % stages == 0 else STAGE_SPLIT
 
     def mtp_spec(self, captured: Any) -> Any:
         """The :class:`~zrt_core.estimate.training.MtpSpec` of :attr:`mtp` depths for the
@@ -122,12 +124,9 @@ class TrainEvaluator:
         if not self.mtp:
             return None
         if self._mtp_spec is None:
-            from zrt_core.estimate.training import mtp_from_config
+            from zrt_core.estimate.training import mtp_at_depths
 
-            config = {**dict(captured.config), "num_nextn_predict_layers": self.mtp}
-            if "mtp_num_layers" in config:
-                config["mtp_num_layers"] = self.mtp
-            self._mtp_spec = mtp_from_config(config)
+            self._mtp_spec = mtp_at_depths(dict(captured.config), self.mtp)[1]
         return self._mtp_spec
 
     def row(self, cand: TrainCandidate) -> dict[str, Any]:

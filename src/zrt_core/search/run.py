@@ -148,7 +148,7 @@ def search(model: Any, hardware: Any, space: TrainSpace | ServeSpace, *, top_k: 
         cands, removed = enumerate_serve(space, dims, _nvlink(hw), low)
         enumerated = len(cands) + sum(removed.values())
         rules = SERVE_RULES
-        args = ("infer", model, hw, space.input_len, space.output_len, engine, use_cache)
+        args = ("infer", model, hw, space.input_len, space.output_len, engine, use_cache, 0)
     if not cands:
         raise no_layout_error(removed, rules)
     if exact is not None and not train:
@@ -351,10 +351,9 @@ _EVALUATOR: Any = None
 def _make_evaluator(args: tuple[Any, ...], host: Any = None) -> Any:
     from zrt_core.search.evaluate import ServeEvaluator, TrainEvaluator
 
-    kind, model, hw, a, b, engine, use_cache, *rest = args
+    kind, model, hw, a, b, engine, use_cache, mtp = args
     if kind == "train":
-        return TrainEvaluator(model, hw, a, b, host=host, use_cache=use_cache,
-                              mtp=rest[0] if rest else 0)
+        return TrainEvaluator(model, hw, a, b, host=host, use_cache=use_cache, mtp=mtp)
     return ServeEvaluator(model, hw, a, b, engine=engine, host=host, use_cache=use_cache)
 
 

@@ -234,13 +234,12 @@ def _host_tables(evaluator: Any, fwd: Any, bwd: Any) -> Any:
 
 
 def _num_layers(evaluator: Any, cand: Any) -> int | None:
-    """The model's decoder layers (from the capture's config), None where unknown."""
+    """The model's decoder layers (the evaluator's dims of the capture), None where
+    unknown."""
     from zrt_core.errors import ZrtError
-    from zrt_core.modelinfo import ModelDims
 
     try:
-        config = evaluator.capture(cand.micro_batch, cand.precision).config
-        return ModelDims.from_config(dict(config)).layers
+        return evaluator.dims(cand.micro_batch, cand.precision).layers
     except ZrtError:  # no count: the anchor is the one with the most stages
         return None
 
@@ -278,8 +277,7 @@ def _layer_split(evaluator: Any, cand: Any) -> dict[str, int]:
     if not layers:
         return {}
     out = {"decoder_layers": layers}
-    spec = evaluator.mtp_spec(evaluator.capture(cand.micro_batch, cand.precision)) \
-        if getattr(evaluator, "mtp", 0) else None
+    spec = evaluator.mtp_spec(evaluator.capture(cand.micro_batch, cand.precision))
     if spec is not None and spec.depths:
         out.update(mtp_depths=spec.depths, mtp_per_depth=max(1, spec.layers // spec.depths))
     return out
@@ -289,11 +287,9 @@ def _p2p_bytes(evaluator: Any, cand: Any, train: Any, plan: Any) -> float:
     """One micro-batch's activation between stages, per rank, as the estimator sizes it
     (the group's tp, cp, micro-batch and precision: every layout of the group sends it)."""
     from zrt_core.estimate.training.stages import _p2p_message_bytes
-    from zrt_core.modelinfo import ModelDims
 
-    captured = evaluator.capture(cand.micro_batch, cand.precision)
-    dims = getattr(captured, "dims", None) or ModelDims.from_config(dict(captured.config))
-    return _p2p_message_bytes(cand.parallel, train, dims, plan)
+    return _p2p_message_bytes(cand.parallel, train,
+                              evaluator.dims(cand.micro_batch, cand.precision), plan)
 
 
 def _observed(exact: dict[int, dict[str, Any]], screened: dict[int, Screened]

@@ -130,6 +130,7 @@ from zrt_core.estimate.training.spec import (  # noqa: F401
     USABLE_MEMORY_FRACTION,
     MtpSpec,
     _ro,
+    mtp_at_depths,
     mtp_from_config,
 )
 from zrt_core.estimate.training.stages import (  # noqa: F401
@@ -222,6 +223,7 @@ __all__ = [
     "estimate_training",
     "layout_candidates",
     "legacy_overlap",
+    "mtp_at_depths",
     "mtp_from_config",
     "saved_activation_bytes",
     "search_layout",

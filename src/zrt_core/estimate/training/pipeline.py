@@ -44,10 +44,10 @@ def _pipeline(schedule: str, times: StageTimes, pp: int, vp: int, m: int,
     """Simulate the schedule (exactly, however long: the simulation skips repeated steady
     states itself) and summarise what the step composition needs."""
     r = simulate(schedule, times, pp=pp, vp=vp, microbatches=m, p2p_s=p2p, p2p_wrap_s=wrap)
-    return _summarise(r, schedule, pp, vp)
+    return _summarise(r)
 
 
-def _summarise(r: PipelineResult, schedule: str, pp: int, vp: int) -> _PipelineSummary:
+def _summarise(r: PipelineResult) -> _PipelineSummary:
     end_before = [r.total_s - e for e in r.rank_end_s]
     last_bwd = {v: r.total_s - s for v, s in r.last_backward_start_s.items()}
     return _PipelineSummary(

@@ -52,6 +52,17 @@ class MtpSpec:
 _NEMOTRON_KINDS = {"M": "mamba", "E": "moe", "*": "full_attention", "-": "mlp"}
 
 
+def mtp_at_depths(config: Mapping[str, Any], depths: int
+                  ) -> tuple[dict[str, Any], MtpSpec | None]:
+    """``(config, MtpSpec)`` of a run that trains ``depths`` MTP modules (``zrt run --train
+    --mtp N``, ``zrt search --mtp N``): the config with ``num_nextn_predict_layers`` (and a
+    declared ``mtp_num_layers``) set to ``depths``, and the MTP it gives."""
+    config = {**config, "num_nextn_predict_layers": depths}
+    if "mtp_num_layers" in config:
+        config["mtp_num_layers"] = depths
+    return config, mtp_from_config(config)
+
+
 def mtp_from_config(config: Mapping[str, Any]) -> MtpSpec | None:
     """The MTP the Megatron-Bridge recipes train with for a HF config that declares MTP
     layers (``num_nextn_predict_layers``): DeepSeek-V3/V4 one MoE block per layer declared;

@@ -44,7 +44,6 @@ class _Plan:
     rank_of: np.ndarray          # per virtual stage: its rank
     chain_first: np.ndarray      # per virtual stage: first of its chain (no forward input)
     chain_last: np.ndarray       # ... last of its chain (its backward follows its forward)
-    bwd_input: np.ndarray        # per virtual stage: the stage its backward waits on
     kind: np.ndarray
     v: np.ndarray
     v2s: np.ndarray              # FBW's backward stage (0 elsewhere: a safe index)
@@ -197,7 +196,7 @@ def _build(schedule: str, pp: int, vp: int, microbatches: int) -> _Plan:
 
     plan = _Plan(
         num_v=num_v, per_chain=per_chain, model_stage=model_stage, rank_of=rank_of,
-        chain_first=chain_first, chain_last=chain_last, bwd_input=bwd_input, kind=kind, v=v,
+        chain_first=chain_first, chain_last=chain_last, kind=kind, v=v,
         v2s=v2s, pair=pair, has_pairs=has_pairs, kv=kv, first_op=first_op,
         second_op=second_op, dep=dep, dep2=dep2, run_dep=run_dep, run_dep2=run_dep2,
         offsets=offsets, rank_col=rank_col, is_fwd=is_fwd, steady=steady,
