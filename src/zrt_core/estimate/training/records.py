@@ -71,10 +71,16 @@ class TrainingCase:
 
 #: Share of the decoder layers, the last ones, whose linear layers NVIDIA's NVFP4 training
 #: recipe keeps in BF16: about 15% of the linear layers ("Pretraining Large Language Models
-#: with NVFP4", NVIDIA 2025); Megatron-Bridge's Nemotron 3 Super recipe
-#: (``nemotron_3_super_bf16_with_nvfp4_mixed``): ``first_last_layers_bf16`` with the last 14
-#: of 88 layers and none at the start.
+#: with NVFP4", NVIDIA 2025), taken as Nemotron 3 Super's 14 of 88 — the rule for an
+#: ``nvfp4`` record of a source whose recipe zrt has not read.
 NVFP4_BF16_TAIL = 14 / 88
+#: Megatron-Bridge's performance recipes: the generic ``nvfp4`` precision
+#: (``get_precision_config`` → ``bf16_with_nvfp4_mixed``, whose ``MixedPrecisionConfig`` keeps
+#: ``first_last_layers_bf16 = False``) quantises every layer; only these models' recipes keep
+#: their last layers in bf16: Nemotron 3 Super (``nemotron_3_super_bf16_with_nvfp4_mixed``,
+#: ``num_layers_at_end_in_bf16 = 14``, v0.4.0 onwards) and GPT-OSS 20B
+#: (``perf_recipes/gpt_oss/common.py``, ``_gpt_oss_20b_nvfp4_precision``: 4).
+MBRIDGE_NVFP4_BF16_END = {"nemotron_3_super": 14, "gpt_oss_20b": 4}
 
 
 #: Sources whose runs used Megatron-LM as of 2021-22, before overlapped gradient reduction,
@@ -270,10 +276,19 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                            "num_nextn_predict_layers; Megatron-Bridge recipes)")
     bf16_layers = (0, 0)
     if str(precision) == "nvfp4" and layers:
-        bf16_layers = (0, round(layers * NVFP4_BF16_TAIL))
+        if "Megatron-Bridge" in source:
+            from zrt_core.recipes import model_key
+
+            key = model_key(str((record.get("model") or {}).get("name", "")))
+            bf16_layers = (0, min(layers, MBRIDGE_NVFP4_BF16_END.get(str(key), 0)))
+            why = ("Megatron-Bridge's recipe for this model: num_layers_at_end_in_bf16"
+                   if bf16_layers[1] else "Megatron-Bridge's nvfp4 recipe, "
+                   "bf16_with_nvfp4_mixed: first_last_layers_bf16 off")
+        else:
+            bf16_layers = (0, round(layers * NVFP4_BF16_TAIL))
+            why = "NVIDIA's NVFP4 recipe: about 15% of the layers, the last ones"
         assumptions.append(f"nvfp4: the last {bf16_layers[1]} of {layers} layers keep bf16 "
-                           "linear layers (NVIDIA's NVFP4 recipe, Megatron-Bridge "
-                           "first_last_layers_bf16)")
+                           f"linear layers ({why})")
     moe_token_drop = TOKEN_DROP_NOTE in str(record.get("notes", "")) or bool(
         recipe is not None and recipe.moe_pad_expert_input_to_capacity)
     if moe_token_drop:
