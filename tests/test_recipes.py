@@ -26,8 +26,10 @@ def _moe_training_records() -> list[dict]:
 
 def test_every_row_loads_with_known_fields_and_types() -> None:
     rows = recipes.load_rows()
-    # 1245 MoE pre-training configs across the eight releases (tools/mbridge_recipes/build.py).
-    assert len(rows) == 1245
+    # 1468 MoE pre-training configs across the nine releases (tools/mbridge_recipes/build.py):
+    # 1245 of the eight tagged ones and 223 of 26.06.01, read at 381d0b825.
+    assert len(rows) == 1468
+    assert sum(r.release == "26.06.01" for r in rows) == 223
     assert {r.release for r in rows} == set(recipes.RELEASES)
     for r in rows:
         assert r.gpu in recipes.GPUS and r.precision in recipes.PRECISIONS
@@ -288,3 +290,18 @@ def test_deepseek_v3_16_stage_records_run_the_recipes_pipeline_layout() -> None:
     q = next(r for r in _moe_training_records()
              if r["id"] == "mbridge-26.08-pre-training-qwen3-30b-a3b-gb200-8gpu-mxfp8-gbs512")
     assert case_from_record(q).stage_split == "even"
+
+
+def test_a_release_without_a_tag_is_read_at_its_summary_commit() -> None:
+    # 26.06.01 has no Megatron-Bridge tag; its summary landed in 381d0b825, whose perf_recipes
+    # run Qwen3-30B-A3B on 8 GB300 as 26.08 does: full-iteration CUDA graphs, HybridEP,
+    # EP all-to-all overlap, a 1.5x static expert buffer (the summary row: MBS 8, EP 8)
+    record = {"source": "NVIDIA Megatron-Bridge performance summary, NeMo 26.06.01 (...)",
+              "hardware": "nvidia_gb300_nvl72", "model": {"name": "Qwen3-30B-A3B"},
+              "precision": "mxfp8", "num_gpus": 8, "global_batch": 512, "micro_batch": 8,
+              "parallel": {"tp": 1, "pp": 1, "vp": None, "cp": 1, "ep": 8}}
+    row = recipes.lookup(record)
+    assert row is not None and row.release == "26.06.01"
+    assert row.provenance_tag == "381d0b825"
+    assert (row.cuda_graph_impl, row.moe_flex_dispatcher_backend, row.moe_a2a_overlap,
+            row.moe_expert_rank_capacity_factor) == ("full_iteration", "hybridep", True, 1.5)

@@ -18,7 +18,7 @@ from zrt_core.errors import SpecError
 #: libyaml's parser where PyYAML has it: the table is ~40k scalars (1 s in C, ~9 s in Python).
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-RELEASES = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.08")
+RELEASES = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01", "26.08")
 GPUS = ("h100", "b200", "b300", "gb200", "gb300")
 PRECISIONS = ("bf16", "fp8_cs", "fp8_ss", "fp8_mx", "nvfp4")
 

@@ -1,7 +1,10 @@
 """Build megatron_bridge.yaml from harness JSON dumps (+ 25.09 YAML perf matrix)."""
 import json, glob, re, yaml, os
 TAGS = {"v0.1.0rc4": "25.09", "v0.2.0": "25.11", "v0.3.0": "26.02", "v0.3.1": "26.02.01", "v0.4.0": "26.04",
-        "v0.4.2": "26.04.01", "v0.5.1": "26.06", "HEAD": "26.08"}
+        "v0.4.2": "26.04.01", "v0.5.1": "26.06", "381d0b825": "26.06.01", "HEAD": "26.08"}
+# tags whose configs are perf_recipes functions (<model>_pretrain_<n>gpu_<gpu>_<precision>_config);
+# 26.06.01 has no release tag: its summary landed on main in 381d0b825 (2026-07-22), read there
+PERF_RECIPES = ("381d0b825", "HEAD")
 DENSE = re.compile(r"^(llama|nemotronh_56b|wan|qwen3_8b)")
 PREC = {"bf16": "bf16", "fp8_cs": "fp8_cs", "fp8cs": "fp8_cs", "fp8_mx": "fp8_mx", "fp8mx": "fp8_mx", "nvfp4": "nvfp4", "fp8_ss": "fp8_ss"}
 U = "__unset__"
@@ -56,7 +59,7 @@ for f in sorted(glob.glob(f"{MBX}/lib-*.json")):
     for r in json.load(open(f)):
         if "error" in r: continue
         c = r["cfg"]; fn = r["func"]
-        if tag == "HEAD":
+        if tag in PERF_RECIPES:
             m = re.match(rf"(.+)_pretrain_(\d+)gpu_{gpu}_(bf16|fp8cs|fp8mx|nvfp4)(?:_(.+))?_config$", fn)
             if not m: continue
             model, ngpu, prec, variant = m.group(1), int(m.group(2)), PREC[m.group(3)], m.group(4) or "default"
