@@ -169,6 +169,32 @@ def test_nemotronh_bridge_recipes_run_without_tp_userbuffers() -> None:
     assert any("no TP userbuffer overlap" in a for a in case.assumptions)
 
 
+def test_a_deepseek_report_record_takes_the_reports_schedule_dispatch_and_overlap() -> None:
+    # The DeepSeek-V3 report's run (HAI-LLM): DualPipe, its node-limited dispatch (DeepEP),
+    # the all-to-all hidden under paired chunks, RMSNorm and MLA up-projection recomputed;
+    # none of which the schema has a column for. A Megatron run of the same model (a
+    # Megatron-Bridge row) keeps Megatron's defaults.
+    moe = {**TINY, "model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 256,
+           "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2}
+    base = {"id": "t", "workload": "train", "hardware": "nvidia_h800", "num_gpus": 8,
+            "seq_len": 64, "global_batch": 16, "micro_batch": 1, "recompute": None,
+            "model": {"hf_config": moe}, "parallel": {"tp": 1, "pp": 2, "ep": 4}}
+    case = case_from_record({**base, "source": "DeepSeek-V3 Technical Report, section 3.2"})
+    assert case.train.pp_schedule == "dualpipe"
+    assert case.parallel.ep_dispatcher == "deepep"
+    assert case.overlap.ep_batch_overlap
+    assert (case.train.recompute, case.train.recompute_modules) == (
+        "selective", ("layernorm", "mla_up_proj"))
+    v2 = case_from_record({**base, "source": "DeepSeek-V2 (arXiv 2405.04434), section 3.1.4"})
+    assert (v2.train.pp_schedule, v2.parallel.ep_dispatcher) == ("zb-h1", "alltoall")
+    assert v2.overlap.ep_async and not v2.overlap.ep_batch_overlap
+    bridge = case_from_record({**base, "source": "NVIDIA Megatron-Bridge performance summary, "
+                                                 "NeMo 26.02 (...) / Model: DeepSeekV3"})
+    assert (bridge.train.pp_schedule, bridge.parallel.ep_dispatcher) == ("1f1b", "alltoall")
+    assert not bridge.overlap.ep_batch_overlap and bridge.train.recompute == "none"
+
+
 def test_ep_batch_overlap_hides_min_of_all_to_all_and_compute_for_paired_microbatches():
     from types import SimpleNamespace
 

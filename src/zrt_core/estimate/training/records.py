@@ -87,6 +87,39 @@ MBRIDGE_NVFP4_BF16_END = {"nemotron_3_super": 14, "gpt_oss_20b": 4}
 #: parameter gathers and TP userbuffers existed.
 LEGACY_MEGATRON_SOURCES = ("Narayanan et al. 2021", "Korthikanti et al. 2022")
 
+#: DeepSeek's own pre-training runs, as their reports describe them (HAI-LLM, not Megatron):
+#: a record whose source is the report takes the report's schedule, dispatch and overlap for
+#: the fields the schema has no column for.
+#:
+#: - DeepSeek-V3 Technical Report (arXiv 2412.19437) §3.2: DualPipe over 16 pipeline ranks,
+#:   whose paired forward and backward chunks hide the expert-parallel all-to-all; DeepSeek's
+#:   own node-limited dispatch and combine kernels (at most 4 nodes per token; DeepEP is
+#:   their open release); "Recomputation of RMSNorm and MLA Up-Projection".
+#: - DeepSeek-V2 (arXiv 2405.04434) §3.1.4: zero-bubble pipeline parallelism over 16 ranks,
+#:   8-way expert parallelism inside a node, shared experts' computation overlapped with the
+#:   expert all-to-all.
+DEEPSEEK_REPORTS: tuple[tuple[tuple[str, ...], Mapping[str, Any]], ...] = (
+    (("DeepSeek-V3 Technical Report", "2412.19437"),
+     {"pp_schedule": "dualpipe", "ep_dispatcher": "deepep", "ep_batch_overlap": True,
+      "recompute_modules": ("layernorm", "mla_up_proj"),
+      "why": "the DeepSeek-V3 report: DualPipe, node-limited dispatch (DeepEP), the "
+             "all-to-all hidden under the paired chunks, RMSNorm and MLA up-projection "
+             "recomputed"}),
+    (("DeepSeek-V2", "2405.04434"),
+     {"pp_schedule": "zb-h1", "ep_async": True,
+      "why": "the DeepSeek-V2 report: zero-bubble pipeline, shared experts overlapped with "
+             "the expert all-to-all"}),
+)
+
+
+def deepseek_report(source: str) -> Mapping[str, Any] | None:
+    """The published setup of a DeepSeek report's run (:data:`DEEPSEEK_REPORTS`), or None for
+    any other source (a Megatron run of a DeepSeek model is Megatron's)."""
+    if "Megatron" in source or "NVIDIA" in source:
+        return None
+    return next((setup for keys, setup in DEEPSEEK_REPORTS if any(k in source for k in keys)),
+                None)
+
 
 #: (model name part, hardware or ``*``) whose Megatron-Bridge fp8 perf configs turn
 #: ``fp8_param_gather`` off, where the library's ``bf16_with_fp8_current_scaling_mixed`` /
@@ -162,13 +195,21 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     recipe = record_recipe(record)
     if recipe is None and "Megatron-Bridge" in str(record.get("source", "")):
         _note_layout_conflict(record, assumptions)
+    report = deepseek_report(str(record.get("source", "")))
     dispatcher = record_dispatcher(record, recipe, assumptions)
+    if report is not None and ep > 1 and "ep_dispatcher" in report \
+            and raw.get("ep_dispatcher") is None:
+        dispatcher = str(report["ep_dispatcher"])
     parallel = Parallel(tp=tp, pp=pp, vp=vp, cp=cp, ep=ep, etp=int(etp) if etp else None,
                         dp=dp, sp=None if sp is None else bool(sp), ep_dispatcher=dispatcher)
     recompute = record.get("recompute")
     recompute_modules = None
-    if recompute is None:
+    if recompute is None and report is not None and report.get("recompute_modules"):
+        recompute, recompute_modules = "selective", tuple(report["recompute_modules"])
+    elif recompute is None:
         recompute, recompute_modules = record_recompute(recipe, assumptions)
+    elif recompute == "selective" and report is not None and report.get("recompute_modules"):
+        recompute_modules = tuple(report["recompute_modules"])
     micro_batch = record.get("micro_batch")
     if micro_batch is None:
         micro_batch = 1
@@ -195,6 +236,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       recompute_modules=recompute_modules, zero=int(zero), fsdp=fsdp,
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
+    if report is not None and pp > 1 and vp == 1:
+        train = evolve(train, pp_schedule=str(report["pp_schedule"]))
     source = str(record.get("source", ""))
     if _frozen_language_model(record, source, assumptions):
         train = evolve(train, freeze_language_model=True)
@@ -233,6 +276,13 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
             overlap = evolve(overlap, tp_comm_overlap=0.0)
             assumptions.append("no TP userbuffer overlap (the recipe sets no comm_overlap: "
                                "forward TP/SP collectives block)")
+        if report is not None and ep > 1 and (report.get("ep_batch_overlap")
+                                              or report.get("ep_async")):
+            overlap = evolve(overlap, ep_batch_overlap=bool(report.get("ep_batch_overlap")),
+                             ep_async=bool(report.get("ep_async")))
+        if report is not None:
+            assumptions.append(f"{report['why']} ({train.pp_schedule} schedule, "
+                               f"{dispatcher} dispatch)")
         if recipe is not None and recipe.moe_a2a_overlap and ep > 1:
             overlap = evolve(overlap, ep_batch_overlap=True)
             assumptions.append("EP all-to-all overlapped across micro-batches "
