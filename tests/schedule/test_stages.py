@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from zrt_core.errors import LayoutError
-from zrt_core.schedule.stages import StageSplit, parse_layout, plan_stages, render_layout
+from zrt_core.schedule.stages import (
+    StageSplit,
+    balanced_layout,
+    parse_layout,
+    plan_stages,
+    render_layout,
+)
 
 
 def test_even_split_and_its_refusal() -> None:
@@ -123,3 +129,19 @@ def test_records_fallback_balances_layout_entries() -> None:
     assert plan_stages(64, 64, 8, "auto").note is None
     with pytest.raises(LayoutError, match="refuses it without a pipeline layout"):
         plan_stages(7, 4, 4, "auto")
+
+
+def test_balanced_layout_spreads_entries_with_the_extra_ones_in_the_middle() -> None:
+    # DeepSeek-V2: 60 layers + embedding + loss = 62 entries over 16 stages: 62 = 16·3 + 14,
+    # so the 14 middle stages hold 4 entries and the two ends 3 ("Ett" and "ttL")
+    layout = balanced_layout(60, 16)
+    stages = parse_layout(layout)
+    assert [len(s) for s in stages] == [3] + [4] * 14 + [3]
+    assert stages[0] == "Ett" and stages[-1] == "ttL"
+    plan = plan_stages(60, 16, 16, StageSplit(layout=layout))
+    assert [len(r) for r in plan.ranges] == [2] + [4] * 14 + [2]
+    # one MTP depth: 63 entries = 16·3 + 15, the middle stages take 14 extra entries and the
+    # first the 15th; the last keeps 3 entries: one decoder layer, the MTP layer and the loss
+    stages = parse_layout(balanced_layout(60, 16, mtp_depths=1))
+    assert [len(s) for s in stages] == [4] * 15 + [3] and stages[-1] == "tmL"
+    assert balanced_layout(2, 8) is None  # 4 entries cannot fill 8 stages

@@ -140,6 +140,26 @@ def render_layout(stages: list[str]) -> str:
     return "".join(out)
 
 
+def balanced_layout(num_layers: int, stages: int, mtp_depths: int = 0) -> str | None:
+    """The layout string that spreads the embedding, the decoder layers, the MTP layers and
+    the loss, one entry each, over ``stages`` as evenly as counts allow (the extra entries
+    on the middle stages), for runs whose framework places layers itself rather than by
+    Megatron-Core's rules; None when there are fewer entries than stages."""
+    entries = "E" + "t" * num_layers + "m" * mtp_depths + "L"
+    base, extra = divmod(len(entries), stages)
+    if base == 0:
+        return None
+    order = [*range(1, stages - 1), 0, stages - 1] if stages > 2 else list(range(stages))
+    sizes = [base] * stages
+    for v in order[:extra]:
+        sizes[v] += 1
+    chunks, start = [], 0
+    for size in sizes:
+        chunks.append(entries[start:start + size])
+        start += size
+    return render_layout(chunks)
+
+
 def plan_stages(num_layers: int, stages: int, pp: int, split: StageSplit | str | None = None,
                 *, mtp_depths: int = 0, mtp_layers_per_depth: int = 1,
                 rank_major: bool = True) -> StagePlan:

@@ -303,6 +303,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         amax_reduction = "tp"
         assumptions.append("fp8 amax reduction over TP only (tp_only_amax_red)")
     stage_split = _record_stage_split(raw, layers, pp, vp, assumptions, recipe)
+    if report is not None and stage_split == "auto":
+        stage_split = _report_stage_split(config, layers, pp, vp, assumptions)
     mtp = mtp_from_config(config)
     if mtp is None and isinstance(stage_split, StageSplit) and stage_split.layout:
         # the run's own layout places MTP layers (m) the config does not declare (Qwen3-Next
@@ -484,6 +486,27 @@ def _record_stage_split(raw: Mapping[str, Any], layers: int, pp: int, vp: int,
                            "balanced layout (the estimate's notes say which)")
         return "auto"
     return "even"
+
+
+def _report_stage_split(config: Mapping[str, Any], layers: int, pp: int, vp: int,
+                        assumptions: list[str]) -> str | StageSplit:
+    """A DeepSeek report's run over stages Megatron-Core's rules cannot split (DeepSeek-V2's
+    60 layers over 16 ranks): their framework places layers itself, taken as the balanced
+    layout (:func:`~zrt_core.schedule.stages.balanced_layout`); else ``auto``."""
+    from zrt_core.errors import ZrtError
+    from zrt_core.schedule.stages import balanced_layout, plan_stages
+
+    mtp = mtp_from_config(config)
+    depths = mtp.depths if mtp is not None else 0
+    try:
+        plan_stages(layers, pp * vp, pp, "auto", mtp_depths=depths)
+    except ZrtError:
+        layout = balanced_layout(layers, pp * vp, depths)
+        if layout is not None:
+            assumptions.append(f"pipeline layout {layout}: the report's framework places "
+                               "layers itself; taken as the balanced layout")
+            return StageSplit(layout=layout)
+    return "auto"
 
 
 #: Megatron-Bridge's Qwen3-VL pre-training recipes, which every Qwen3-VL performance recipe
