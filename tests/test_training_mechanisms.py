@@ -167,6 +167,13 @@ def test_nemotronh_bridge_recipes_run_without_tp_userbuffers() -> None:
     assert case.overlap.tp_comm_overlap == 0.0
     assert case.overlap.tp_backward_async  # TE's backward gathers still run beside the GEMMs
     assert any("no TP userbuffer overlap" in a for a in case.assumptions)
+    # a record whose release's config is found (26.04 Nemotron 3 Super on 64 GB200, TP 2):
+    # v0.4.0's perf config starts from _pretrain_common (comm_overlap=None), whatever the notes
+    found = {**base, "source": "NVIDIA Megatron-Bridge performance summary, NeMo 26.04 (...)",
+             "model": {"name": "Nemotron 3 Super 120B-A12B", "hf_config": TINY},
+             "precision": "mxfp8", "num_gpus": 64, "global_batch": 512,
+             "parallel": {"tp": 2, "pp": 1, "cp": 1, "ep": 64}}
+    assert case_from_record(found).overlap.tp_comm_overlap == 0.0
 
 
 def test_a_deepseek_report_record_takes_the_reports_schedule_dispatch_and_overlap() -> None:

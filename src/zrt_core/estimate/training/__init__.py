@@ -84,6 +84,7 @@ from zrt_core.estimate.training.estimator import (  # noqa: F401
     FULL_CUDA_GRAPH_RECIPES,
     FUSED_CROSS_ENTROPY_SOURCES,
     NO_NVLS_SOURCES,
+    NO_TP_COMM_OVERLAP_MODELS,
     NO_TP_COMM_OVERLAP_RECIPES,
     SYNC_TP_BACKWARD_SOURCES,
     TP_ONLY_AMAX_SOURCES,
@@ -211,6 +212,7 @@ from zrt_core.transforms.training import (  # noqa: F401  (the old module's impo
 
 __all__ = [
     "LEGACY_MEGATRON_SOURCES",
+    "NO_TP_COMM_OVERLAP_MODELS",
     "NO_TP_COMM_OVERLAP_RECIPES",
     "SYNC_TP_BACKWARD_SOURCES",
     "MtpSpec",

@@ -633,6 +633,12 @@ SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)
 #: 3 Super at TP 2 + SP). Their forward all-gathers and reduce-scatters block; the backward
 #: ones still run beside the GEMMs (TE's asynchronous gathers and reduce-scatters).
 NO_TP_COMM_OVERLAP_RECIPES = ("perf_recipes/nemotronh/",)
+#: Perf-config models (``zrt_core.recipes`` keys) whose every release's config is built that
+#: way: Nemotron 3 Super's ``scripts/performance/configs/nemotronh/nemotron_3_llm_pretrain.py``
+#: (v0.4.0 to v0.5.1) starts from the library recipe ``nemotron_3_super_pretrain_config``
+#: (``_pretrain_common``: ``comm_overlap=None``) and sets none; ``perf_recipes/nemotronh``
+#: from 381d0b825 on likewise.
+NO_TP_COMM_OVERLAP_MODELS = ("nemotron_3_super",)
 
 #: ``none``: eager launches; ``full``: whole layers replayed as CUDA graphs.
 CUDA_GRAPH_MODES = ("none", "full")

@@ -15,6 +15,7 @@ from zrt_core.estimate.training.estimator import (
     FULL_CUDA_GRAPH_RECIPES,
     FUSED_CROSS_ENTROPY_SOURCES,
     NO_NVLS_SOURCES,
+    NO_TP_COMM_OVERLAP_MODELS,
     NO_TP_COMM_OVERLAP_RECIPES,
     SYNC_TP_BACKWARD_SOURCES,
     TP_ONLY_AMAX_SOURCES,
@@ -272,7 +273,9 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     else:
         overlap = default_overlap(parallel, train)
         notes = str(record.get("notes", ""))
-        if overlap.tp_comm_overlap > 0 and any(r in notes for r in NO_TP_COMM_OVERLAP_RECIPES):
+        if overlap.tp_comm_overlap > 0 and (
+                any(r in notes for r in NO_TP_COMM_OVERLAP_RECIPES)
+                or (recipe is not None and recipe.model in NO_TP_COMM_OVERLAP_MODELS)):
             overlap = evolve(overlap, tp_comm_overlap=0.0)
             assumptions.append("no TP userbuffer overlap (the recipe sets no comm_overlap: "
                                "forward TP/SP collectives block)")
