@@ -202,6 +202,26 @@ def test_a_deepseek_report_record_takes_the_reports_schedule_dispatch_and_overla
     assert not bridge.overlap.ep_batch_overlap and bridge.train.recompute == "none"
 
 
+def test_mlperf_records_take_nvidias_submission_settings() -> None:
+    # NVIDIA's MLPerf Training configs (mlcommons/training_results_v3.1 ... v5.1): NVLS off
+    # in every round's config_common.sh; from v4.1 the fused loss and TP-only amax reduction;
+    # v5.1's NVFP4 Llama 3.1 405B keeps no layer in bf16 (first_last_layers_bf16 off)
+    base = {"id": "t", "workload": "train", "hardware": "nvidia_gb200_nvl72", "num_gpus": 8,
+            "seq_len": 64, "global_batch": 16, "micro_batch": 1,
+            "model": {"hf_config": TINY}, "parallel": {"tp": 2, "pp": 1}}
+    v51 = case_from_record({**base, "precision": "nvfp4",
+                            "source": "MLPerf Training v5.1 closed, Llama 3.1 405B, NVIDIA"})
+    assert (v51.bf16_layers, v51.cross_entropy, v51.amax_reduction, v51.nvls) == (
+        (0, 0), "fused", "tp", False)
+    v31 = case_from_record({**base, "precision": "fp8",
+                            "source": "MLPerf Training v3.1 closed, GPT-3 175B, NVIDIA"})
+    assert (v31.cross_entropy, v31.amax_reduction, v31.nvls) == ("megatron", "dp_tp", False)
+    # another source's nvfp4 run: NVIDIA's NVFP4 paper keeps the last ~16% in bf16
+    # (4 layers · 14/88 = 0.64, rounded to 1)
+    other = case_from_record({**base, "precision": "nvfp4", "source": "a paper"})
+    assert other.bf16_layers == (0, 1) and other.nvls
+
+
 def test_ep_batch_overlap_hides_min_of_all_to_all_and_compute_for_paired_microbatches():
     from types import SimpleNamespace
 

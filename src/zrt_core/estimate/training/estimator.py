@@ -608,20 +608,25 @@ def legacy_overlap(*, tp_backward_async: bool = True) -> OverlapRules:
 
 #: Sources whose recipes fuse the loss (Megatron-Bridge ``_benchmark_common``:
 #: ``cross_entropy_loss_fusion`` with TransformerEngine's kernel; NVIDIA's MLPerf Training
-#: v4.1 GPT-3 config: ``cross_entropy_loss_fusion: True``); every other Megatron-LM / NeMo
-#: source runs ``vocab_parallel_cross_entropy`` unfused, the default then.
-FUSED_CROSS_ENTROPY_SOURCES = ("Megatron-Bridge", "MLPerf Training v4.1")
+#: configs from v4.1: ``cross_entropy_loss_fusion: True`` in GPT-3's (v4.1) and Llama 3.1
+#: 405B's and 8B's ``custom.yaml`` (v5.0, v5.1); v4.0's and v3.1's GPT-3 configs leave it
+#: out); every other Megatron-LM / NeMo source runs ``vocab_parallel_cross_entropy``
+#: unfused, the default then.
+FUSED_CROSS_ENTROPY_SOURCES = ("Megatron-Bridge", "MLPerf Training v4.1", "MLPerf Training v5.0",
+                               "MLPerf Training v5.1")
 
 #: Sources whose launcher sets ``NCCL_NVLS_ENABLE=0`` ("Disable NVLink SHARP to save
 #: memory"): Megatron-Bridge's ``scripts/performance/executors.py`` (since its first perf
 #: scripts, 2025-08) and per-recipe ``env_vars``; dgxc-benchmarking v25.05 runs NeMo's
-#: ``scripts.performance.llm`` with NeMo's executor, which sets the same.
-NO_NVLS_SOURCES = ("Megatron-Bridge", "dgxc-benchmarking")
+#: ``scripts.performance.llm`` with NeMo's executor, which sets the same; NVIDIA's MLPerf
+#: Training submissions export it in ``config_common.sh`` (GPT-3 from v3.1, Llama 3.1 405B
+#: and 8B in v5.0 and v5.1; mlcommons/training_results_v3.1 … v5.1).
+NO_NVLS_SOURCES = ("Megatron-Bridge", "dgxc-benchmarking", "MLPerf Training")
 
 #: Sources whose fp8 runs reduce amaxes over the TP group only (NVIDIA's MLPerf Training
-#: v4.1 GPT-3 configs: ``tp_only_amax_red: True``; v3.1's reduce over DP × TP, Megatron's
-#: default).
-TP_ONLY_AMAX_SOURCES = ("MLPerf Training v4.1",)
+#: configs: ``tp_only_amax_red: True`` in v4.1's GPT-3 and v5.0's / v5.1's Llama 3.1
+#: ``custom.yaml``; v3.1's and v4.0's GPT-3 reduce over DP × TP, Megatron's default).
+TP_ONLY_AMAX_SOURCES = ("MLPerf Training v4.1", "MLPerf Training v5.0", "MLPerf Training v5.1")
 
 #: Sources whose Megatron-LM predates the asynchronous backward TP all-reduce.
 SYNC_TP_BACKWARD_SOURCES = ("Narayanan et al. 2021",)

@@ -331,7 +331,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                            "num_nextn_predict_layers; Megatron-Bridge recipes)")
     bf16_layers = (0, 0)
     if str(precision) == "nvfp4" and layers:
-        if "Megatron-Bridge" in source:
+        if "MLPerf Training" in source:
+            bf16_layers = (0, 0)
+            why = ("NVIDIA's MLPerf Training NVFP4 configs: first_last_layers_bf16 off, "
+                   "num_layers_at_start/end_in_bf16 0")
+        elif "Megatron-Bridge" in source:
             from zrt_core.recipes import model_key
 
             key = model_key(str((record.get("model") or {}).get("name", "")))
