@@ -193,6 +193,12 @@ def test_a_deepseek_report_record_takes_the_reports_schedule_dispatch_and_overla
     assert case.overlap.ep_batch_overlap
     assert (case.train.recompute, case.train.recompute_modules) == (
         "selective", ("layernorm", "mla_up_proj"))
+    # DualPipe feeds half the micro-batches from each end: pp 3 cannot run it (16 / 1 / 2 = 8
+    # micro-batches on a 2-wide dp would be even, the pp is not), so 1F1B is priced
+    odd = case_from_record({**base, "num_gpus": 6, "parallel": {"tp": 1, "pp": 3, "ep": 2},
+                            "source": "DeepSeek-V3 Technical Report, section 3.2"})
+    assert odd.train.pp_schedule == "1f1b"
+    assert any("not the report's DualPipe" in a for a in odd.assumptions)
     v2 = case_from_record({**base, "source": "DeepSeek-V2 (arXiv 2405.04434), section 3.1.4"})
     assert (v2.train.pp_schedule, v2.parallel.ep_dispatcher) == ("zb-h1", "alltoall")
     assert v2.overlap.ep_async and not v2.overlap.ep_batch_overlap

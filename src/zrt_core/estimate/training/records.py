@@ -238,7 +238,15 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
     if report is not None and pp > 1 and vp == 1:
-        train = evolve(train, pp_schedule=str(report["pp_schedule"]))
+        schedule = str(report["pp_schedule"])
+        microbatches = global_batch // max(1, int(micro_batch) * dp)
+        if schedule == "dualpipe" and (pp % 2 or microbatches % 2):
+            # DualPipe feeds half the micro-batches from each end: an odd pp or count
+            # cannot run it, so such a layout is priced as 1F1B
+            assumptions.append(f"1F1B, not the report's DualPipe: pp {pp} and "
+                               f"{microbatches} micro-batches are not both even")
+        else:
+            train = evolve(train, pp_schedule=schedule)
     source = str(record.get("source", ""))
     if _frozen_language_model(record, source, assumptions):
         train = evolve(train, freeze_language_model=True)
