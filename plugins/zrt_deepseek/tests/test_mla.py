@@ -206,3 +206,20 @@ def test_decode_shards_and_rescales_through_the_kernels(captured, host):
                   and n.op == "aten.mm.default"]
         # 3 rows (sequences x 1 token) of 2 heads x v_head_dim 20
         assert o_proj and all(n.inputs[0].shape == (3, 40) for n in o_proj), family
+
+
+def test_kimi_k2_captures_as_deepseek_v3(host, core_host, tiny):
+    # Kimi K2's model_type is the plugin's: the same tiny dimensions as deepseek_v3 capture to
+    # the same graphs, MLA patched (absorbed decode, expanded prefill); without the plugin the
+    # type is unknown and the error says which model_type a plugin can supply
+    from zrt_core.capture.api import capture
+    from zrt_core.errors import ZrtError
+
+    kimi = {**tiny["deepseek_v3"], "model_type": "kimi_k2"}
+    r = capture(kimi, host=host, batch=2, seq_len=16)
+    v3 = capture(tiny["deepseek_v3"], host=host, batch=2, seq_len=16)
+    for phase in Phase.CAPTURED:
+        assert [n.op for n in r.graphs[phase].nodes] == [n.op for n in v3.graphs[phase].nodes]
+    assert [n.layer_index for n in _ops(r.graphs[Phase.DECODE], MLA_OP)] == [0, 1]
+    with pytest.raises(ZrtError, match="kimi_k2"):
+        capture(kimi, host=core_host, batch=2, seq_len=16)

@@ -2,7 +2,7 @@
 
 Contributes DeepSeek's production attention to capture: model patches
 (``zrt_model_patches``) that rewrite transformers' reference attention into the kernels
-engines run, the FLOP/byte formulas of those kernels (``zrt_op_formulas``) and DeepSeek
+engines run, Kimi K2's ``model_type`` built as DeepSeek-V3 (``zrt_model_types``), the FLOP/byte formulas of those kernels (``zrt_op_formulas``) and DeepSeek
 configs the core does not bundle (``zrt_model_configs``). Kernel selection per platform
 (CUDA names at capture, the Ascend DSA kernels for Ascend hardware) is the transform
 :class:`zrt_deepseek.kernels.PlatformKernels`, which both estimators run on Ascend
@@ -79,6 +79,32 @@ def zrt_op_formulas() -> list[Any]:
     from zrt_deepseek.formulas import deepseek_formulas
 
     return deepseek_formulas()
+
+
+def _kimi_k2_config_class() -> Any:
+    from zrt_deepseek.kimi import kimi_k2_config_class
+
+    return kimi_k2_config_class()
+
+
+def _kimi_k2_model_class() -> Any:
+    from transformers import DeepseekV3ForCausalLM
+
+    return DeepseekV3ForCausalLM
+
+
+@hookimpl
+def zrt_model_types() -> list[Any]:
+    """Kimi K2's ``model_type`` (``kimi_k2``), which transformers does not register: its
+    checkpoints ship DeepSeek-V3's modelling code (``auto_map`` →
+    ``modeling_deepseek.DeepseekV3ForCausalLM``), so it is built as transformers'
+    DeepSeek-V3 with the config's own dimensions."""
+    from zrt_core.plugin import ModelType
+
+    return [ModelType(
+        name="kimi_k2", config_class=_kimi_k2_config_class, model_class=_kimi_k2_model_class,
+        description="Moonshot Kimi K2 (DeepseekV3ForCausalLM): MLA, 384 routed experts "
+                    "top-8 and one shared, one dense layer")]
 
 
 @hookimpl
