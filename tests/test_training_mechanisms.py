@@ -228,6 +228,18 @@ def test_mlperf_records_take_nvidias_submission_settings() -> None:
     assert other.bf16_layers == (0, 1) and other.nvls
 
 
+def test_megatron_bridge_kimi_k2_records_train_with_muon() -> None:
+    # Megatron-Bridge's Kimi K2 perf configs default to optimizer_type="muon" (dist_muon);
+    # the summaries note it under the table. Other models keep AdamW.
+    base = {"id": "t", "workload": "train", "hardware": "nvidia_gb300_nvl72", "num_gpus": 8,
+            "seq_len": 64, "global_batch": 16, "micro_batch": 1,
+            "source": "NVIDIA Megatron-Bridge performance summary, NeMo 26.06 (...)",
+            "model": {"name": "Kimi K2", "hf_config": TINY}, "parallel": {"tp": 1}}
+    assert case_from_record(base).train.optimizer == "muon"
+    other = {**base, "model": {"name": "Qwen3-30B-A3B", "hf_config": TINY}}
+    assert case_from_record(other).train.optimizer == "adamw"
+
+
 def test_ep_batch_overlap_hides_min_of_all_to_all_and_compute_for_paired_microbatches():
     from types import SimpleNamespace
 

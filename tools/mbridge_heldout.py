@@ -10,7 +10,8 @@ one record, read as the public file's Megatron-Bridge records are (their ``notes
 GPUs / (tp · pp · cp), step time = GBS · sequence / (tokens/s/GPU · GPUs), a parenthesised
 alternate a second record (``-alt``). Rows the public file has (same release, model, system, GPU
 count, batches and tokens/s) are left out, and so are models whose config the public file lacks
-(Kimi-K2, trained with Muon; Nemotron 3 Ultra). Model configs are the public file's. Nothing in
+(Nemotron 3 Ultra); Kimi K2's is zrt's bundled copy
+under its checkpoint's ``model_type`` (``kimi_k2``, which the zrt_deepseek plugin builds). Model configs are the public file's. Nothing in
 zrt is fitted on these records (``benchmarks/bench_heldout_training.py``).
 """
 
@@ -41,7 +42,11 @@ MODELS = {"llama3_8b": ("Llama 3 8B", "llama3-8B"), "llama3_70b": ("Llama 3 70B"
           "qwen3_235b_a22b": ("Qwen3-235B-A22B", "qwen3-235b-a22b"),
           "nemotron_3_nano": ("Nemotron 3 Nano 30B-A3B", "nemotron3-nano"),
           "nemotron_3_super": ("Nemotron 3 Super 120B-A12B", "nemotron3-super"),
-          "nemotron_3_5_lightning": ("Nemotron 3.5 Lightning 30B-A3B", "nemotron3.5-lightning")}
+          "nemotron_3_5_lightning": ("Nemotron 3.5 Lightning 30B-A3B", "nemotron3.5-lightning"),
+          "kimi_k2": ("Kimi K2 1T (32B active)", "kimi-k2")}
+#: models the public file has no config for: zrt's bundled copy (src/zrt_core/data/models/
+#: bundled.yaml), under the checkpoint's own model_type
+BUNDLED = {"Kimi K2 1T (32B active)": ("kimi-k2", "kimi_k2")}
 KINDS = {"Pre-Training Performance": "pre-training", "SFT Performance": "sft",
          "LoRA Performance": "lora"}
 MOE_NOTE = ("Source notes: MoE: token distribution force-balanced across experts; dropless unless "
@@ -83,6 +88,11 @@ def rows(text: str, page: str):
 
 def records(pages: dict[str, str], public: list[dict[str, Any]]) -> list[dict[str, Any]]:
     configs = {r["model"]["name"]: r["model"]["hf_config"] for r in public}
+    bundled = {m["key"]: m["hf_config"] for m in yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "src" / "zrt_core" / "data" / "models"
+         / "bundled.yaml").read_text(encoding="utf-8"))}
+    for name, (key, model_type) in BUNDLED.items():
+        configs[name] = {**bundled[key], "model_type": model_type}
     seen = set()
     for r in public:
         if r["id"].startswith("mbridge-"):
@@ -176,6 +186,9 @@ def _record(release, kind, heading, page, system, base, variant, vals, is_alt, c
         notes.append("Token-drop MoE run.")
     if var:
         notes.append(f"Model variant: {model_cell}.")
+    if base == "kimi_k2":
+        notes.append("Source notes: Muon optimizer was used for pre-training Kimi-K2 (the "
+                     "table's note).")
     if "w/o mtp" in var.lower():
         config["num_nextn_predict_layers"] = 0
     elif "w/ mtp" in var.lower():

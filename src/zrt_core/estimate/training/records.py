@@ -82,6 +82,18 @@ NVFP4_BF16_TAIL = 14 / 88
 #: ``num_layers_at_end_in_bf16 = 14``, v0.4.0 onwards) and GPT-OSS 20B
 #: (``perf_recipes/gpt_oss/common.py``, ``_gpt_oss_20b_nvfp4_precision``: 4).
 MBRIDGE_NVFP4_BF16_END = {"nemotron_3_super": 14, "gpt_oss_20b": 4}
+#: Megatron-Bridge perf-config models trained with Muon: Kimi K2's
+#: (``scripts/performance/configs/kimi/kimi_llm_pretrain.py``, v0.4.0 onwards:
+#: ``optimizer_type: str = "muon"``, the summaries' note "Muon optimizer was used for
+#: pre-training Kimi-K2").
+MBRIDGE_MUON_MODELS = ("kimi_k2",)
+
+
+def _mbridge_model(record: Mapping[str, Any]) -> str | None:
+    """The Megatron-Bridge perf-config key of a record's model name (None if unknown)."""
+    from zrt_core.recipes import model_key
+
+    return model_key(str((record.get("model") or {}).get("name", "")))
 
 
 #: Sources whose runs used Megatron-LM as of 2021-22, before overlapped gradient reduction,
@@ -237,6 +249,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       recompute_modules=recompute_modules, zero=int(zero), fsdp=fsdp,
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
+    if "Megatron-Bridge" in str(record.get("source", "")) and _mbridge_model(record) in \
+            MBRIDGE_MUON_MODELS:
+        train = evolve(train, optimizer="muon")
+        assumptions.append("Muon optimizer (Megatron-Bridge's Kimi K2 perf configs: "
+                           "optimizer_type='muon', dist_muon)")
     if report is not None and pp > 1 and vp == 1:
         schedule = str(report["pp_schedule"])
         microbatches = global_batch // max(1, int(micro_batch) * dp)
@@ -344,9 +361,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
             why = ("NVIDIA's MLPerf Training NVFP4 configs: first_last_layers_bf16 off, "
                    "num_layers_at_start/end_in_bf16 0")
         elif "Megatron-Bridge" in source:
-            from zrt_core.recipes import model_key
-
-            key = model_key(str((record.get("model") or {}).get("name", "")))
+            key = _mbridge_model(record)
             bf16_layers = (0, min(layers, MBRIDGE_NVFP4_BF16_END.get(str(key), 0)))
             why = ("Megatron-Bridge's recipe for this model: num_layers_at_end_in_bf16"
                    if bf16_layers[1] else "Megatron-Bridge's nvfp4 recipe, "
