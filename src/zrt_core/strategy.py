@@ -27,6 +27,9 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 #: Training precisions: ``fp8`` is TransformerEngine's ``DelayedScaling``, ``fp8_cs`` its
 #: ``Float8CurrentScaling`` (Megatron ``--fp8-recipe tensorwise``, Megatron-Bridge ``fp8_cs``).
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "fp8_cs", "mxfp8", "nvfp4")
+#: Megatron's fused linear layers a LoRA adapter can sit beside (Megatron-Bridge
+#: ``LoRA.target_modules``; its default is all four)
+LORA_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe", "dualpipev")
 OPTIMIZERS = ("adam", "adamw", "muon", "sgd")
 QUANT = ("none", "int8", "int4", "fp8", "fp4")
@@ -86,6 +89,31 @@ def _recompute_modules(inst: Any, _attribute: Any, value: Any) -> None:
     if inst.recompute != "selective":
         raise SpecError(f"recompute modules need recompute=selective, not {inst.recompute}",
                         "add --recompute selective, or drop --recompute-modules")
+
+
+def _lora_modules_in(value: Any) -> tuple[str, ...] | None:
+    if value is None or isinstance(value, tuple):
+        return value
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, list):
+        return tuple(value)
+    raise SpecError(f"lora_modules must be a list of module names, got {value!r}",
+                    f"e.g. [linear_qkv]; names: {', '.join(LORA_MODULES)}")
+
+
+def _lora_modules(inst: Any, _attribute: Any, value: Any) -> None:
+    if value is None:
+        return
+    if not value:
+        raise SpecError("lora_modules is empty", f"name at least one of {', '.join(LORA_MODULES)}")
+    for m in value:
+        if m not in LORA_MODULES:
+            raise SpecError(f"unknown LoRA target module {m!r}",
+                            f"use Megatron's names: {', '.join(LORA_MODULES)}")
+    if not inst.lora_rank:
+        raise SpecError("LoRA target modules need a LoRA rank",
+                        "add --lora-rank R, or drop --lora-modules")
 
 
 def _flag(_inst: Any, attribute: Any, value: Any) -> None:
@@ -230,6 +258,9 @@ class TrainSpec:
     #: LoRA fine-tuning: frozen base weights and adapters of this rank on every decoder
     #: linear layer (:mod:`zrt_core.transforms.lora`); 0 trains every weight
     lora_rank: int = field(default=0, validator=_rank)
+    #: the linear layers that carry an adapter (:data:`LORA_MODULES`); None: all four
+    lora_modules: tuple[str, ...] | None = field(
+        default=None, converter=_lora_modules_in, validator=_lora_modules)
     #: FSDP2's ``reshard_after_forward``: True frees the gathered parameters after each
     #: layer's forward (gathered again for backward), False keeps them until backward, an
     #: int N keeps a 1/N shard for backward; None is the framework's default (docs/fsdp.md)
@@ -262,7 +293,8 @@ class TrainSpec:
         return {k: getattr(self, k) for k in (
             "micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules", "zero",
             "fsdp", "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
-            "reshard_after_forward", "hsdp", "grad_reduce_in_fp32", "quantized_params",
+            "lora_modules", "reshard_after_forward", "hsdp", "grad_reduce_in_fp32",
+            "quantized_params",
             "freeze_language_model")}
 
 

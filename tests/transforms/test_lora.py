@@ -56,6 +56,20 @@ def test_frozen_weights_lose_their_gradients_and_adapters_join_each_linear_layer
     assert sum(n.flops for n in _lora(lb.nodes)) == 2 * sum(flops)
 
 
+def test_adapters_only_on_the_named_linear_layers(graphs):
+    # Megatron-Bridge's LoRA perf configs: peft.target_modules = ["linear_qkv"]. Only the
+    # Q/K/V group gets an adapter: X·A = 16384 and H·B = 32768 FLOPs (above); the other
+    # layers stay frozen without adapters, their input gradients kept
+    _, fwd, bwd = graphs
+    lf, lb = LoRA(RANK, ("linear_qkv",)).apply_pair(fwd, bwd)
+    assert sorted(n.flops for n in _lora(lf.nodes)) == [16384, 32768]
+    assert len(_lora(lb.nodes)) == 4
+    # linear_fc1 and linear_fc2: gate/up (K 64, N 256) and down (K 128, N 64)
+    lf2, _ = LoRA(RANK, ("linear_fc1", "linear_fc2")).apply_pair(fwd, bwd)
+    assert sorted(n.flops for n in _lora(lf2.nodes)) == sorted([16384, 65536,
+                                                                2 * 32 * 128 * 4, 16384])
+
+
 def test_only_the_adapters_reduce_gradients_and_keep_optimizer_states(graphs):
     _, fwd, bwd = graphs
     lf, _ = LoRA(RANK).apply_pair(fwd, bwd)

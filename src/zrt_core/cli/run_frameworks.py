@@ -18,7 +18,7 @@ FLAG_NAMES = {"tp": "--tp", "pp": "--pp", "vp": "--vp", "cp": "--cp", "ep": "--e
               "seq_len": "--seq-len", "recompute": "--recompute", "zero": "--zero",
               "fsdp": "--fsdp", "optimizer": "--optimizer", "precision": "--precision",
               "pp_schedule": "--pp-schedule", "offload_optimizer": "--offload-optimizer",
-              "lora_rank": "--lora-rank", "hsdp": "--hsdp",
+              "lora_rank": "--lora-rank", "lora_modules": "--lora-modules", "hsdp": "--hsdp",
               "grad_reduce_in_fp32": "--grad-reduce-in-bf16",
               "quantized_params": "--fp8-param-gather",
               "freeze_language_model": "--freeze-language-model",

@@ -67,6 +67,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="LoRA fine-tuning: frozen base weights, rank-R adapters on every "
                         "decoder linear layer (Megatron-Bridge's default is 32; without it "
                         "every weight trains)")
+    g.add_argument("--lora-modules", type=lambda v: tuple(m.strip() for m in v.split(",")
+                                                         if m.strip()),
+                   default=None, metavar="LIST",
+                   help="with --lora-rank: the linear layers that carry adapters, "
+                        "comma-separated Megatron names (linear_qkv, linear_proj, linear_fc1, "
+                        "linear_fc2); default all four (Megatron-Bridge's LoRA default; its "
+                        "performance configs use linear_qkv)")
     g.add_argument("--freeze-language-model", action="store_true",
                    help="the decoder's weights do not train (Megatron-Bridge's "
                         "freeze_language_model, as its Qwen3-VL recipes run): no weight "
@@ -153,6 +160,7 @@ def run_train(args: argparse.Namespace) -> int:
         "seq_len": args.seq_len, "recompute": args.recompute, "zero": args.zero,
         "fsdp": args.fsdp, "optimizer": args.optimizer, "precision": args.precision,
         "offload_optimizer": args.offload_optimizer, "lora_rank": args.lora_rank,
+        "lora_modules": args.lora_modules,
         "reshard_after_forward": args.reshard_after_forward, "hsdp": args.hsdp,
         "grad_reduce_in_fp32": args.grad_reduce_in_fp32,
         "quantized_params": args.quantized_params,

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
 #: ``zrt run --train`` flags a spec document has no key for, with their defaults: a
 #: different value cannot go to a server, and is refused rather than dropped.
-_LOCAL_ONLY = {"lora_rank": 0, "freeze_language_model": False, "host_link_gbps": None,
+_LOCAL_ONLY = {"lora_rank": 0, "lora_modules": None, "freeze_language_model": False,
+               "host_link_gbps": None,
                "attention": "flash", "embedding_loss_stages": False,
                "decoder_first_pipeline_num_layers": None,
                "decoder_last_pipeline_num_layers": None,

@@ -21,7 +21,7 @@ PARALLEL_FIELDS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind",
 TRAIN_FIELDS = ("micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules",
                 "zero", "fsdp",
                 "optimizer", "precision", "pp_schedule", "offload_optimizer", "lora_rank",
-                "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                "lora_modules", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                 "pipeline_model_parallel_layout", "embedding_loss_stages",
                 "reshard_after_forward", "hsdp")
 INFER_FIELDS = ("batch", "input_len", "output_len", "quant", "kv_dtype", "engine", "dtype")
@@ -147,6 +147,7 @@ def request_from_values(values: Mapping[str, Any]) -> RunRequest:
         "optimizer": v.get("optimizer") or "adamw", "precision": v.get("precision") or "bf16",
         "offload_optimizer": bool(v.get("offload_optimizer")),
         "lora_rank": int(v.get("lora_rank") or 0),
+        "lora_modules": None if v.get("lora_modules") is None else tuple(v["lora_modules"]),
         "reshard_after_forward": v.get("reshard_after_forward"), "hsdp": v.get("hsdp"),
         "grad_reduce_in_fp32": bool(v.get("grad_reduce_in_fp32", True)),
         "quantized_params": bool(v.get("quantized_params", False)),

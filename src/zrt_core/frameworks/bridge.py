@@ -151,6 +151,11 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
     task = choice(args.get("--task", "pretrain"), "--task", where,
                   {"pretrain": 0, "sft": 0, "peft": DEFAULT_LORA_RANK})
     values["lora_rank"] = task
+    if task:
+        # every LoRA performance config (v0.3.0 on) overrides cfg.peft.target_modules
+        values["lora_modules"] = ("linear_qkv",)
+        notes.append("--task peft: adapters on linear_qkv only (the performance configs' "
+                     "peft.target_modules)")
     if "--optimizer_type" in args:
         values["optimizer"] = choice(args["--optimizer_type"], "--optimizer_type", where,
                                      {"adam": "adamw", "muon": "muon"})
@@ -237,6 +242,10 @@ def write(request: RunRequest, header: Header) -> str:
                         "use adamw or muon")
     words.append(f"--optimizer_type {optimizer}")
     if train.lora_rank:
+        if train.lora_modules not in (None, ("linear_qkv",)):
+            raise SpecError("Megatron-Bridge's performance configs put LoRA adapters on "
+                            f"linear_qkv only, not {', '.join(train.lora_modules)}",
+                            "use --lora-modules linear_qkv, or emit another framework")
         words.append("--task peft")
     if train.pp_schedule not in ("1f1b", "interleaved"):
         raise SpecError(f"Megatron-Bridge has no flag for the {train.pp_schedule} schedule",

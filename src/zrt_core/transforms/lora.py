@@ -53,13 +53,18 @@ def is_adapter_param(name: str | None) -> bool:
 
 @frozen
 class LoRA:
-    """Frozen base weights plus rank-``rank`` adapters on every decoder linear layer."""
+    """Frozen base weights plus rank-``rank`` adapters on the decoder linear layers named in
+    ``modules`` (Megatron's ``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2``;
+    None: every one)."""
 
     rank: int = field(default=DEFAULT_LORA_RANK, validator=validators.gt(0))
+    modules: tuple[str, ...] | None = None
     name: str = "lora"
 
     def apply_pair(self, forward: OpGraph, backward: OpGraph) -> tuple[OpGraph, OpGraph]:
         groups = _linear_groups(forward)
+        if self.modules is not None:
+            groups = [g for g in groups if megatron_module(g) in self.modules]
         next_tensor = 1 + max((t.tensor_id for g in (forward, backward) for n in g.nodes
                                for t in (*n.inputs, *n.outputs) if t.tensor_id is not None),
                               default=0)
@@ -124,7 +129,7 @@ class LoRA:
                           (anchor.id, i + 3), (i, i + 4)]
         fwd = forward.with_nodes(_interleave(fwd_nodes, fwd_after), fwd_edges)
         bwd = backward.with_nodes(_interleave(bwd_nodes, bwd_after), bwd_edges)
-        meta = {"lora_rank": self.rank}
+        meta = {"lora_rank": self.rank, "lora_modules": self.modules}
         return (evolve(fwd, meta={**forward.meta, **meta}),
                 evolve(bwd, meta={**backward.meta, **meta}))
 
@@ -163,6 +168,33 @@ def _linear_groups(forward: OpGraph) -> list[list[OpNode]]:
             continue
         groups.setdefault((n.layer_index, root(acts[0].tensor_id)), []).append(n)
     return list(groups.values())
+
+
+#: Weight-name parts of the HuggingFace families' linear layers, per Megatron fused layer
+#: (first match wins; ``c_proj``/``dense`` are told apart by the attention part of the path).
+_MODULE_NAMES = (
+    ("linear_qkv", ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn", "query_key_value",
+                    "wqkv", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")),
+    ("linear_fc1", ("gate_proj", "up_proj", "gate_up_proj", "c_fc", "fc1", "w1", "w3",
+                    "dense_h_to_4h")),
+    ("linear_fc2", ("down_proj", "fc2", "w2", "dense_4h_to_h")),
+    ("linear_proj", ("o_proj", "out_proj")),
+)
+_ATTENTION_PARTS = ("attn", "attention")
+
+
+def megatron_module(gemms: Sequence[OpNode]) -> str | None:
+    """Which of Megatron's fused linear layers a group of weight GEMMs is, from its weights'
+    names (HuggingFace's per family); None when the names say nothing."""
+    names = [str(t.param) for n in gemms for t in n.inputs if t.param is not None]
+    parts = [p for name in names for p in name.lower().split(".")]
+    for module, keys in _MODULE_NAMES:
+        if any(p in keys for p in parts):
+            return module
+    if any(p in ("c_proj", "dense") for p in parts):
+        in_attention = any(a in p for p in parts for a in _ATTENTION_PARTS)
+        return "linear_proj" if in_attention else "linear_fc2"
+    return None
 
 
 def _dgrads_by_seq(nodes: Sequence[OpNode]) -> dict[int, OpNode]:

@@ -412,8 +412,8 @@ def _transform(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph, ctx: Tra
         # gathers' and the gradient sync's groups) and the sharding plan (never vp or the
         # schedule: they only split and order the stages)
         layer_key = (*_sharding_key(parallel, train, attention, ctx), train.recompute,
-                     train.recompute_modules, train.lora_rank, train.freeze_language_model,
-                     plan, rules, mtp, cross_entropy)
+                     train.recompute_modules, train.lora_rank, train.lora_modules,
+                     train.freeze_language_model, plan, rules, mtp, cross_entropy)
 
         def layers(made: list[str]) -> tuple[OpGraph, OpGraph, tuple[str, ...]]:
             return _layer_graphs(captured, fwd0, bwd0, ctx, made, attention=attention,
@@ -509,7 +509,8 @@ def _layer_graphs(captured: TrainingCapture, fwd0: OpGraph, bwd0: OpGraph,
     # (recompute reads the forward, never changes it)
     fwd, bwd = recipe(notes) if reuse is None else reuse.shared(
         captured, ("recipe", *_sharding_key(ctx.parallel, train, attention, ctx),
-                   plan, mtp, cross_entropy, train.lora_rank, train.freeze_language_model),
+                   plan, mtp, cross_entropy, train.lora_rank, train.lora_modules,
+                   train.freeze_language_model),
         notes, recipe)
     bwd = apply_all(bwd, [Recompute(train.recompute, fwd, rules,
                                     modules=train.recompute_modules)], ctx)
@@ -548,10 +549,12 @@ def _recipe_graphs(fwd: OpGraph, bwd: OpGraph, fwd0: OpGraph, ctx: TransformCont
     if train.lora_rank:
         from zrt_core.transforms.lora import LoRA
 
-        fwd, bwd = LoRA(train.lora_rank).apply_pair(fwd, bwd)
+        fwd, bwd = LoRA(train.lora_rank, train.lora_modules).apply_pair(fwd, bwd)
+        where = ("each decoder linear layer" if train.lora_modules is None
+                 else "the decoder's " + ", ".join(train.lora_modules))
         notes.append(f"LoRA: frozen base weights (no weight-gradient GEMMs), rank-"
-                     f"{train.lora_rank} bf16 adapters on each decoder linear layer, only "
-                     "they reduce gradients and keep optimizer states")
+                     f"{train.lora_rank} bf16 adapters on {where}, only they reduce "
+                     "gradients and keep optimizer states")
     return fwd, bwd
 
 
