@@ -110,6 +110,13 @@ def test_records_read_lora_from_peft_or_the_id():
     assert case_from_record({**base, "peft": {"method": "lora", "rank": 16}}).train.lora_rank == 16
     assert case_from_record({**base, "id": "x-sft-y"}).train.lora_rank == 0
     assert case_from_record({**base, "peft": "none"}).train.lora_rank == 0
+    # the adapters' layers: the record's peft.target_modules, else Megatron-Bridge's perf
+    # configs' linear_qkv for its rows, else all four (None)
+    assert case_from_record(base).train.lora_modules is None
+    bridge = {**base, "source": "NVIDIA Megatron-Bridge performance summary, NeMo 26.06"}
+    assert case_from_record(bridge).train.lora_modules == ("linear_qkv",)
+    given = {**bridge, "peft": {"method": "lora", "target_modules": ["linear_fc1"]}}
+    assert case_from_record(given).train.lora_modules == ("linear_fc1",)
 
 
 @pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack

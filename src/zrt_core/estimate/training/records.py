@@ -233,6 +233,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append("precision=bf16 (16-bit mixed precision)")
     precision = str(precision).lower()  # as serving records are read: FP8 is fp8
     lora_rank = _lora_rank(record, assumptions)
+    lora_modules = _lora_modules(record, lora_rank, assumptions)
     if fsdp and pp == 1:
         # Megatron-FSDP (Megatron-Bridge's FSDP rows, all without a pipeline): parameters
         # released after forward and gathered again for backward, FSDP2's
@@ -248,7 +249,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       seq_len=seq_len, recompute=str(recompute),
                       recompute_modules=recompute_modules, zero=int(zero), fsdp=fsdp,
                       optimizer="adamw", precision=str(precision),
-                      pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank)
+                      pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank,
+                      lora_modules=lora_modules)
     if "Megatron-Bridge" in str(record.get("source", "")) and _mbridge_model(record) in \
             MBRIDGE_MUON_MODELS:
         train = evolve(train, optimizer="muon")
@@ -582,10 +584,31 @@ def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
         return DEFAULT_LORA_RANK
     if peft is None and "lora" in str(record.get("id", "")).lower().split("-"):
         assumptions.append(f"LoRA fine-tuning (the id says lora): rank {DEFAULT_LORA_RANK} "
-                           "adapters on linear_qkv/proj/fc1/fc2, base weights frozen "
-                           "(Megatron-Bridge's LoRA defaults)")
+                           "adapters, base weights frozen (Megatron-Bridge's LoRA default "
+                           "rank)")
         return DEFAULT_LORA_RANK
     return 0
+
+
+def _lora_modules(record: Mapping[str, Any], rank: int, assumptions: list[str]
+                  ) -> tuple[str, ...] | None:
+    """The linear layers a LoRA record's adapters sit beside: its ``peft.target_modules``,
+    else Megatron-Bridge's performance configs' (every LoRA perf config from v0.3.0
+    overrides ``cfg.peft.target_modules = ["linear_qkv"]``,
+    ``scripts/performance/configs/llama*/llama3_llm_finetune.py``), else all four (the
+    library's ``LoRA`` default); None for full training."""
+    if not rank:
+        return None
+    peft = record.get("peft")
+    if isinstance(peft, Mapping) and peft.get("target_modules") is not None:
+        return tuple(peft["target_modules"])
+    if "Megatron-Bridge" in str(record.get("source", "")):
+        assumptions.append("LoRA adapters on linear_qkv only (Megatron-Bridge's LoRA perf "
+                           "configs: peft.target_modules = ['linear_qkv'])")
+        return ("linear_qkv",)
+    assumptions.append("LoRA adapters on linear_qkv, linear_proj, linear_fc1 and linear_fc2 "
+                       "(Megatron-Bridge's LoRA default target_modules)")
+    return None
 
 
 def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
