@@ -117,6 +117,10 @@ def test_records_read_lora_from_peft_or_the_id():
     assert case_from_record(bridge).train.lora_modules == ("linear_qkv",)
     given = {**bridge, "peft": {"method": "lora", "target_modules": ["linear_fc1"]}}
     assert case_from_record(given).train.lora_modules == ("linear_fc1",)
+    # NVIDIA's MLPerf Llama 2 70B LoRA: rank 16 on linear_qkv and linear_proj
+    mlperf = case_from_record({**base, "source": "MLPerf Training v5.0 closed, Llama 2 70B "
+                                                 "LoRA, NVIDIA"}).train
+    assert (mlperf.lora_rank, mlperf.lora_modules) == (16, ("linear_qkv", "linear_proj"))
 
 
 @pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack

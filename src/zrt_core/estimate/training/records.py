@@ -583,11 +583,24 @@ def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
                              "only LoRA (peft: lora) is")
         return DEFAULT_LORA_RANK
     if peft is None and "lora" in str(record.get("id", "")).lower().split("-"):
+        if "MLPerf Training" in str(record.get("source", "")):
+            assumptions.append(f"LoRA fine-tuning (the id says lora): rank {MLPERF_LORA_RANK} "
+                               "adapters, base weights frozen (NVIDIA's MLPerf Llama 2 70B "
+                               "LoRA configs: adapter_dim 16)")
+            return MLPERF_LORA_RANK
         assumptions.append(f"LoRA fine-tuning (the id says lora): rank {DEFAULT_LORA_RANK} "
                            "adapters, base weights frozen (Megatron-Bridge's LoRA default "
                            "rank)")
         return DEFAULT_LORA_RANK
     return 0
+
+
+#: NVIDIA's MLPerf Training Llama 2 70B LoRA submissions: rank 16 on the attention's
+#: linear layers (v4.0 ``megatron_gpt_peft_tuning_config.yaml``: ``adapter_dim`` 16,
+#: ``target_modules: ['attention']``; v5.0 ``train.py``: ``LoRA(dim=16,
+#: target_modules=["linear_proj", "linear_qkv"])``; mlcommons/training_results_v4.0, v5.0).
+MLPERF_LORA_RANK = 16
+MLPERF_LORA_MODULES = ("linear_qkv", "linear_proj")
 
 
 def _lora_modules(record: Mapping[str, Any], rank: int, assumptions: list[str]
@@ -606,6 +619,10 @@ def _lora_modules(record: Mapping[str, Any], rank: int, assumptions: list[str]
         assumptions.append("LoRA adapters on linear_qkv only (Megatron-Bridge's LoRA perf "
                            "configs: peft.target_modules = ['linear_qkv'])")
         return ("linear_qkv",)
+    if "MLPerf Training" in str(record.get("source", "")):
+        assumptions.append("LoRA adapters on linear_qkv and linear_proj (NVIDIA's MLPerf "
+                           "LoRA configs)")
+        return MLPERF_LORA_MODULES
     assumptions.append("LoRA adapters on linear_qkv, linear_proj, linear_fc1 and linear_fc2 "
                        "(Megatron-Bridge's LoRA default target_modules)")
     return None
