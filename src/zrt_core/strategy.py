@@ -68,15 +68,24 @@ def _text(_inst: Any, attribute: Any, value: Any) -> None:
                         "e.g. bfloat16 or fp8")
 
 
-def _modules(value: Any) -> tuple[str, ...] | None:
-    if value is None or isinstance(value, tuple):
-        return value
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    if isinstance(value, list):
-        return tuple(value)
-    raise SpecError(f"recompute_modules must be a list of module names, got {value!r}",
-                    f"e.g. [moe_act, layernorm]; names: {', '.join(RECOMPUTE_MODULES)}")
+def _names(field_name: str, names: tuple[str, ...], example: str):
+    """A converter: a comma-separated string or a list of module names as a tuple (None
+    stays None); anything else is one line naming ``field_name`` and the allowed names."""
+
+    def convert(value: Any) -> tuple[str, ...] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list):
+            return tuple(value)
+        raise SpecError(f"{field_name} must be a list of module names, got {value!r}",
+                        f"e.g. {example}; names: {', '.join(names)}")
+
+    return convert
+
+
+_modules = _names("recompute_modules", RECOMPUTE_MODULES, "[moe_act, layernorm]")
 
 
 def _recompute_modules(inst: Any, _attribute: Any, value: Any) -> None:
@@ -91,15 +100,7 @@ def _recompute_modules(inst: Any, _attribute: Any, value: Any) -> None:
                         "add --recompute selective, or drop --recompute-modules")
 
 
-def _lora_modules_in(value: Any) -> tuple[str, ...] | None:
-    if value is None or isinstance(value, tuple):
-        return value
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    if isinstance(value, list):
-        return tuple(value)
-    raise SpecError(f"lora_modules must be a list of module names, got {value!r}",
-                    f"e.g. [linear_qkv]; names: {', '.join(LORA_MODULES)}")
+_lora_modules_in = _names("lora_modules", LORA_MODULES, "[linear_qkv]")
 
 
 def _lora_modules(inst: Any, _attribute: Any, value: Any) -> None:
