@@ -67,9 +67,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="LoRA fine-tuning: frozen base weights, rank-R adapters on every "
                         "decoder linear layer (Megatron-Bridge's default is 32; without it "
                         "every weight trains)")
-    g.add_argument("--lora-modules", type=lambda v: tuple(m.strip() for m in v.split(",")
-                                                         if m.strip()),
-                   default=None, metavar="LIST",
+    g.add_argument("--lora-modules", default=None, metavar="LIST",
                    help="with --lora-rank: the linear layers that carry adapters, "
                         "comma-separated Megatron names (linear_qkv, linear_proj, linear_fc1, "
                         "linear_fc2); default all four (Megatron-Bridge's LoRA default; its "

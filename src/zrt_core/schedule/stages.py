@@ -230,10 +230,11 @@ def plan_stages(num_layers: int, stages: int, pp: int, split: StageSplit | str |
                 "account_for_embedding/loss_in_pipeline_split)",
                 "choose pp and vp that divide layers + 2, or give the split as "
                 "--decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout")
-        entries = "E" + "t" * num_layers + "m" * mtp_depths + "L"
-        if len(entries) % stages == 0:
-            per = len(entries) // stages
-            layout = render_layout([entries[i * per:(i + 1) * per] for i in range(stages)])
+        entries = num_layers + mtp_depths + 2  # embedding, decoder, MTP, loss
+        # an even split of the entries: the balanced layout with no stage one entry longer
+        layout = balanced_layout(num_layers, stages, mtp_depths) \
+            if entries % stages == 0 else None
+        if layout is not None:
             try:
                 plan = _from_layout(layout, num_layers, stages, pp, mtp_depths,
                                     mtp_layers_per_depth, rank_major)
@@ -248,7 +249,7 @@ def plan_stages(num_layers: int, stages: int, pp: int, split: StageSplit | str |
                     "layer each (Megatron-Bridge's DeepSeek-V3 recipes give such layouts)"))
         raise LayoutError(
             f"{even_rule}, nor do {num_layers + 2} with the embedding and the loss counted, "
-            f"nor {len(entries)} layout entries (embedding, decoder"
+            f"nor {entries} layout entries (embedding, decoder"
             + (", MTP" if mtp_depths else "") + " layers, loss): Megatron-Core refuses it "
             "without a pipeline layout",
             "give the layout the run used (pipeline_model_parallel_layout, "

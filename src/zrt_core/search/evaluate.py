@@ -96,7 +96,7 @@ class TrainEvaluator:
                                  captured=captured, num_gpus=cand.gpus,
                                  keep_timelines=keep_timelines,
                                  reuse=self.reuse if self.reuse_layers else None,
-                                 stage_split=self._split(cand, captured),
+                                 stage_split=self._split(cand),
                                  mtp=self.mtp_spec(captured))
 
     def dims(self, micro_batch: int, precision: str) -> Any:
@@ -110,7 +110,7 @@ class TrainEvaluator:
             dims = ModelDims.from_config(dict(captured.config))
         return dims
 
-    def _split(self, cand: TrainCandidate, captured: Any) -> str:
+    def _split(self, cand: TrainCandidate) -> str:
         """``"even"`` where the layers split evenly over the candidate's stages (the plan
         ``"auto"`` gives too, without the report's layout note), else ``"auto"``."""
         layers = self.dims(cand.micro_batch, cand.precision).layers

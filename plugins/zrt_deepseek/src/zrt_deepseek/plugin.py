@@ -2,7 +2,8 @@
 
 Contributes DeepSeek's production attention to capture: model patches
 (``zrt_model_patches``) that rewrite transformers' reference attention into the kernels
-engines run, Kimi K2's ``model_type`` built as DeepSeek-V3 (``zrt_model_types``), the FLOP/byte formulas of those kernels (``zrt_op_formulas``) and DeepSeek
+engines run, Kimi K2's ``model_type`` built as DeepSeek-V3 (``zrt_model_types``), the
+FLOP/byte formulas of those kernels (``zrt_op_formulas``) and DeepSeek
 configs the core does not bundle (``zrt_model_configs``). Kernel selection per platform
 (CUDA names at capture, the Ascend DSA kernels for Ascend hardware) is the transform
 :class:`zrt_deepseek.kernels.PlatformKernels`, which both estimators run on Ascend

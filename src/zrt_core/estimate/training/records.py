@@ -205,10 +205,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         zero = 1
         assumptions.append("zero=1 (distributed optimizer)")
     fsdp = bool(raw.get("fsdp") or False)
+    source = str(record.get("source", ""))
     recipe = record_recipe(record)
-    if recipe is None and "Megatron-Bridge" in str(record.get("source", "")):
+    if recipe is None and "Megatron-Bridge" in source:
         _note_layout_conflict(record, assumptions)
-    report = deepseek_report(str(record.get("source", "")))
+    report = deepseek_report(source)
     dispatcher = record_dispatcher(record, recipe, assumptions)
     if report is not None and ep > 1 and "ep_dispatcher" in report \
             and raw.get("ep_dispatcher") is None:
@@ -217,12 +218,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                         dp=dp, sp=None if sp is None else bool(sp), ep_dispatcher=dispatcher)
     recompute = record.get("recompute")
     recompute_modules = None
-    if recompute is None and report is not None and report.get("recompute_modules"):
+    if report is not None and report.get("recompute_modules") \
+            and recompute in (None, "selective"):
         recompute, recompute_modules = "selective", tuple(report["recompute_modules"])
     elif recompute is None:
         recompute, recompute_modules = record_recompute(recipe, assumptions)
-    elif recompute == "selective" and report is not None and report.get("recompute_modules"):
-        recompute_modules = tuple(report["recompute_modules"])
     micro_batch = record.get("micro_batch")
     if micro_batch is None:
         micro_batch = 1
@@ -251,14 +251,13 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank,
                       lora_modules=lora_modules)
-    if "Megatron-Bridge" in str(record.get("source", "")) and _mbridge_model(record) in \
-            MBRIDGE_MUON_MODELS:
+    if "Megatron-Bridge" in source and _mbridge_model(record) in MBRIDGE_MUON_MODELS:
         train = evolve(train, optimizer="muon")
         assumptions.append("Muon optimizer (Megatron-Bridge's Kimi K2 perf configs: "
                            "optimizer_type='muon', dist_muon)")
     if report is not None and pp > 1 and vp == 1:
         schedule = str(report["pp_schedule"])
-        microbatches = global_batch // max(1, int(micro_batch) * dp)
+        microbatches = train.num_microbatches(parallel)
         if schedule == "dualpipe" and (pp % 2 or microbatches % 2):
             # DualPipe feeds half the micro-batches from each end: an odd pp or count
             # cannot run it, so such a layout is priced as 1F1B
@@ -266,7 +265,6 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                                f"{microbatches} micro-batches are not both even")
         else:
             train = evolve(train, pp_schedule=schedule)
-    source = str(record.get("source", ""))
     if _frozen_language_model(record, source, assumptions):
         train = evolve(train, freeze_language_model=True)
     if "Megatron-Bridge" in source and precision not in ("fp16", "fp32"):
@@ -332,10 +330,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     if any(s in source for s in TP_ONLY_AMAX_SOURCES):
         amax_reduction = "tp"
         assumptions.append("fp8 amax reduction over TP only (tp_only_amax_red)")
+    mtp = mtp_from_config(config)
     stage_split = _record_stage_split(raw, layers, pp, vp, assumptions, recipe)
     if report is not None and stage_split == "auto":
-        stage_split = _report_stage_split(config, layers, pp, vp, assumptions)
-    mtp = mtp_from_config(config)
+        stage_split = _report_stage_split(layers, pp, vp, mtp.depths if mtp else 0,
+                                          assumptions)
     if mtp is None and isinstance(stage_split, StageSplit) and stage_split.layout:
         # the run's own layout places MTP layers (m) the config does not declare (Qwen3-Next
         # and Qwen3.5 keep theirs out of transformers' config): the layout is what ran
@@ -520,7 +519,7 @@ def _record_stage_split(raw: Mapping[str, Any], layers: int, pp: int, vp: int,
     return "even"
 
 
-def _report_stage_split(config: Mapping[str, Any], layers: int, pp: int, vp: int,
+def _report_stage_split(layers: int, pp: int, vp: int, mtp_depths: int,
                         assumptions: list[str]) -> str | StageSplit:
     """A DeepSeek report's run over stages Megatron-Core's rules cannot split (DeepSeek-V2's
     60 layers over 16 ranks): their framework places layers itself, taken as the balanced
@@ -528,12 +527,10 @@ def _report_stage_split(config: Mapping[str, Any], layers: int, pp: int, vp: int
     from zrt_core.errors import ZrtError
     from zrt_core.schedule.stages import balanced_layout, plan_stages
 
-    mtp = mtp_from_config(config)
-    depths = mtp.depths if mtp is not None else 0
     try:
-        plan_stages(layers, pp * vp, pp, "auto", mtp_depths=depths)
+        plan_stages(layers, pp * vp, pp, "auto", mtp_depths=mtp_depths)
     except ZrtError:
-        layout = balanced_layout(layers, pp * vp, depths)
+        layout = balanced_layout(layers, pp * vp, mtp_depths)
         if layout is not None:
             assumptions.append(f"pipeline layout {layout}: the report's framework places "
                                "layers itself; taken as the balanced layout")
@@ -572,6 +569,7 @@ def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
     from zrt_core.transforms.lora import DEFAULT_LORA_RANK
 
     peft = record.get("peft")
+    source = str(record.get("source", ""))
     if isinstance(peft, Mapping):
         if str(peft.get("method", "lora")).lower() != "lora":
             raise ModelError(f"record {record.get('id')}: peft method {peft.get('method')!r} "
@@ -583,7 +581,7 @@ def _lora_rank(record: Mapping[str, Any], assumptions: list[str]) -> int:
                              "only LoRA (peft: lora) is")
         return DEFAULT_LORA_RANK
     if peft is None and "lora" in str(record.get("id", "")).lower().split("-"):
-        if "MLPerf Training" in str(record.get("source", "")):
+        if "MLPerf Training" in source:
             assumptions.append(f"LoRA fine-tuning (the id says lora): rank {MLPERF_LORA_RANK} "
                                "adapters, base weights frozen (NVIDIA's MLPerf Llama 2 70B "
                                "LoRA configs: adapter_dim 16)")
@@ -615,11 +613,12 @@ def _lora_modules(record: Mapping[str, Any], rank: int, assumptions: list[str]
     peft = record.get("peft")
     if isinstance(peft, Mapping) and peft.get("target_modules") is not None:
         return tuple(peft["target_modules"])
-    if "Megatron-Bridge" in str(record.get("source", "")):
+    source = str(record.get("source", ""))
+    if "Megatron-Bridge" in source:
         assumptions.append("LoRA adapters on linear_qkv only (Megatron-Bridge's LoRA perf "
                            "configs: peft.target_modules = ['linear_qkv'])")
         return ("linear_qkv",)
-    if "MLPerf Training" in str(record.get("source", "")):
+    if "MLPerf Training" in source:
         assumptions.append("LoRA adapters on linear_qkv and linear_proj (NVIDIA's MLPerf "
                            "LoRA configs)")
         return MLPERF_LORA_MODULES
