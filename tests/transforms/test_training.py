@@ -291,6 +291,28 @@ def test_block_scaled_recipes_need_blackwell_units_and_fall_back_with_a_note() -
     assert (nv.recipe, nv.quantized_bytes(1024, "nvfp4")) == ("nvfp4", 576.0)
 
 
+def test_per_tensor_fp8_writes_no_transposed_copy_on_blackwell_and_block_scaling_does(
+        ) -> None:
+    # TransformerEngine creates the transposed FP8 copy only where FP8 GEMMs take the TN
+    # layout alone (quantizer.cpp: create_transpose = columnwise_usage &&
+    # !nvte_is_non_tn_fp8_gemm_supported(), true from SM 10.0): Hopper writes two copies,
+    # datacenter Blackwell (fp4 units) one; MXFP8's column-scaled copy stays
+    fwd, _bwd = _graphs()
+    blackwell = _hw(fp4=400)
+    assert (precision_plan("fp8", _hw()).copies, precision_plan("fp8", blackwell).copies,
+            precision_plan("fp8_cs", blackwell).copies,
+            precision_plan("mxfp8", blackwell).copies) == (2, 1, 1, 2)
+    casts = [n for n in Precision(precision_plan("fp8_cs", blackwell)).apply(fwd, _ctx()).nodes
+             if n.op == "precision.quantize"]
+    # x (8×8 bf16): the amax pass and the cast read 2 × 128 B, one 64 B copy written; the
+    # gelu output (8×32): its amax comes from the activation kernel, 1 × 512 B read, 256 B
+    assert [(c.bytes_read, c.bytes_written) for c in casts] == [(256, 64), (512, 256)]
+    mx = [n for n in Precision(precision_plan("mxfp8", blackwell)).apply(fwd, _ctx()).nodes
+          if n.op == "precision.quantize"]
+    # two copies of 64 values + 2 E8M0 scales each = 132 B; of 256 values + 8 scales = 528 B
+    assert [(c.bytes_read, c.bytes_written) for c in mx] == [(128, 132), (512, 528)]
+
+
 def test_nvfp4_casts_read_three_times_and_hadamard_transform_the_weight_gradient_copy(
         ) -> None:
     fwd, _bwd = _graphs()

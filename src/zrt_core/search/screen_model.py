@@ -467,7 +467,8 @@ def screen_layout(cand: Any, g: GroupModel, *, global_batch: int, seq_len: int, 
             params += dense + expert
         weights = params * pbytes
         if plan.low_precision:
-            weights += 2 * plan.quantized_bytes(int(dense + expert), plan.gemm_dtype or "")
+            weights += plan.copies * plan.quantized_bytes(int(dense + expert),
+                                                          plan.gemm_dtype or "")
         buffers = 0.0
         if shard_params and reshard != "none":
             buffers = 2 * split.largest[r] * pbytes

@@ -138,8 +138,10 @@ def _optimizer(inventory: ParamInventory, templates: Mapping[int, Any],
                                                         last=False, pp=pp)
             w -= (layer_dense + layer_expert) * pbytes
         if plan.low_precision:
-            # TransformerEngine keeps row- and column-wise low-precision weight copies
-            w += 2 * plan.quantized_bytes(int(all_dense + all_expert), plan.gemm_dtype or "")
+            # TransformerEngine keeps low-precision weight copies: row-wise, and column-wise
+            # where the recipe and device need one (PrecisionPlan.columnwise_copy)
+            w += plan.copies * plan.quantized_bytes(int(all_dense + all_expert),
+                                                    plan.gemm_dtype or "")
         weights.append(w)
         # A checkpoint holds each trained weight once (in the activation dtype) and its
         # optimizer states; Megatron's fully parallel save (and FSDP's sharded state dict)

@@ -162,7 +162,8 @@ def optimizer_graph(
             full = cast.dense + cast.expert  # every weight of the rank is cast, unsharded
             node("precision.weight_cast", Category.ELEMENTWISE, layer, kind, flops=3 * full,
                  read=full * pbytes,
-                 written=2 * plan.quantized_bytes(full, plan.gemm_dtype or "float8_e4m3fn"),
+                 written=plan.copies * plan.quantized_bytes(full,
+                                                           plan.gemm_dtype or "float8_e4m3fn"),
                  attrs={QUANTIZE_ATTR: True, "recipe": plan.recipe})
         if (train.zero in (1, 2)) and not train.fsdp:
             for full_elements, grp, shard in ((group.dense, dense_group, dense_shard),

@@ -58,6 +58,14 @@ class PrecisionPlan:
         ``activation_dtype`` (Megatron's ``--first-last-layers-bf16`` with
         ``--num-layers-at-start-in-bf16`` / ``--num-layers-at-end-in-bf16``).
     :param note: why the recipe differs from the one asked for, if it does.
+    :param columnwise_copy: each cast tensor and weight gets a second, column-wise copy
+        for the backward GEMMs. MXFP8 and NVFP4 always write one (their block scales run
+        along the other dimension). Per-tensor FP8 writes one (TE's ``cast_transpose``)
+        only where FP8 GEMMs take the TN layout alone: on datacenter Blackwell (SM 10.x)
+        ``nvte_is_non_tn_fp8_gemm_supported()`` is true, and TE's ``Float8Quantizer`` /
+        ``Float8CurrentScalingQuantizer`` create no transpose
+        (``create_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()``,
+        ``pytorch/csrc/quantizer.cpp``); the backward GEMMs read the row-wise copy.
     """
 
     requested: str
@@ -71,10 +79,17 @@ class PrecisionPlan:
     note: str = ""
     hadamard: bool = False
     high_precision_layers: frozenset[int] = field(default=frozenset(), converter=frozenset)
+    columnwise_copy: bool = True
 
     @property
     def low_precision(self) -> bool:
         return self.gemm_dtype is not None
+
+    @property
+    def copies(self) -> int:
+        """Low-precision copies of each cast tensor and weight: row-wise, and column-wise
+        where :attr:`columnwise_copy`."""
+        return 1 + int(self.columnwise_copy)
 
     @property
     def cast_reads(self) -> int:
@@ -153,9 +168,12 @@ def precision_plan(precision: str, hardware: HardwareSpec, *,
     note = "; ".join(notes)
     keep = frozenset(high_precision_layers)
     if recipe in ("fp8", "fp8_cs"):
+        # datacenter Blackwell (taken, as for MX above, as a device with fp4 units) runs
+        # FP8 GEMMs in every layout: no transposed copy (PrecisionPlan.columnwise_copy)
         return PrecisionPlan(precision, "fp8", "bfloat16", gemm_dtype="float8_e4m3fn",
                              grad_dtype="float8_e5m2", note=note, high_precision_layers=keep,
-                             amax_pass=recipe == "fp8_cs")
+                             amax_pass=recipe == "fp8_cs",
+                             columnwise_copy=not compute.supports("fp4"))
     if recipe == "mxfp8":
         return PrecisionPlan(precision, "mxfp8", "bfloat16", gemm_dtype="mxfp8",
                              grad_dtype="mxfp8", block=32, scale_bytes=1, note=note,
@@ -178,8 +196,9 @@ class Precision:
     output layer is not a TE module). Each distinct activation or output-gradient tensor
     feeding such GEMMs gets one cast kernel (``precision.quantize``, category elementwise,
     ``attrs["quantize"] = True``): it reads the bf16 tensor (twice with an amax pass) and
-    writes the row-wise and column-wise (transposed) low-precision copies with their
-    scales — TE's fused ``cast_transpose``. Weights are cast once per step (TE caches them
+    writes the row-wise low-precision copy with its scales, and the column-wise one where
+    the plan keeps it (TE's fused ``cast_transpose``; :attr:`PrecisionPlan.columnwise_copy`).
+    Weights are cast once per step (TE caches them
     across micro-batches), in the optimizer graph. Saved GEMM inputs are the low-precision
     copies, so activation memory shrinks accordingly.
     """
@@ -251,8 +270,9 @@ class Precision:
         plan = self.plan
         elements = t.numel
         read = elements * dtype_bytes(t.dtype) * plan.reads(amax_fused)
-        # row-wise and column-wise (transposed) copies, each with its scales
-        written = 2 * plan.quantized_bytes(elements, dtype)
+        # the row-wise copy and (PrecisionPlan.columnwise_copy) the column-wise one, each
+        # with its scales
+        written = plan.copies * plan.quantized_bytes(elements, dtype)
         flops = 3 * elements  # scale, round, (and amax) per value
         if plan.hadamard:
             flops += 32 * elements  # a 16-point Hadamard transform per value
