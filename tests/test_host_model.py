@@ -12,6 +12,7 @@ from zrt_core.estimate.host import (
     exposed_host_s,
     launches,
     layer_host,
+    paired_host_s,
     phase_host,
 )
 from zrt_core.ir.graph import OpGraph, OpNode
@@ -81,6 +82,32 @@ def test_exposed_host_without_syncs_runs_ahead_over_the_micro_batch() -> None:
     assert (f, b) == (0.0, pytest.approx(240e-6))
     # off
     assert exposed_host_s(HostModel(), [0, 0], fwd, bwd, 2e-4, 2e-4) == (0.0, 0.0)
+
+
+def test_batch_level_ep_overlap_interleaves_the_backward_launches_with_the_forward_syncs(
+        ) -> None:
+    # Megatron-Core's combined 1F1B issues forward layer k and the partner micro-batch's
+    # backward layer L−1−k as one sequence; the forward's routing sync splits each pair into
+    # [forward before the sync] and [forward after it + the backward layer]
+    g, c = moe_layer()
+    fwd = layer_host(g, c, moe_sync=True)  # before: 2 launches, 20 µs; after: 6, 80 µs
+    bwd = phase_host(g, c)  # 8 launches, 100 µs per layer
+    model = HostModel(launch_s=12e-6)
+    # per pair: 2 × 12 = 24 µs of host against 20 → 4; (6 + 8) × 12 = 168 against 180 → 0;
+    # two pairs: 8 µs, split as the launches are (16 forward, 16 backward): 4 and 4
+    f, b = paired_host_s(model, [0, 0], fwd, bwd, forward_s=2e-4, backward_s=2e-4)
+    assert (f, b) == (pytest.approx(4e-6), pytest.approx(4e-6))
+    # unpaired, the forward's segments are [2], [6 + 2], [6] launches: 24 − 20 = 4 µs, then
+    # 96 < 100 and 72 < 80; the backward runs ahead (192 µs against 200): 4 µs in all
+    assert exposed_host_s(model, [0, 0], fwd, bwd, 2e-4, 2e-4) == (pytest.approx(4e-6), 0.0)
+    # the embedding/head side (None) is a segment of its own, forward and backward
+    # (forward: 8 launches, 100 µs, no sync; backward: 8 launches of free kernels)
+    side = {**fwd, None: layer_host(g, c, moe_sync=False)[0]}
+    f2, b2 = paired_host_s(model, [None, 0], side, {**bwd, None: (8, 0.0)}, 2e-4, 1e-4)
+    # layer pair: 24 − 20 = 4 and 168 − 180 < 0; side: forward 8 × 12 = 96 − 100 < 0,
+    # backward 96 − 0 = 96 → 100 µs, split 16 : 16 launches
+    assert (f2, b2) == (pytest.approx(50e-6), pytest.approx(50e-6))
+    assert paired_host_s(HostModel(), [0, 0], fwd, bwd, 2e-4, 2e-4) == (0.0, 0.0)
 
 
 def test_the_cast_feeding_a_grouped_gemm_launches_per_expert() -> None:

@@ -173,3 +173,56 @@ def exposed_host_s(model: HostModel, layers: Sequence[int | None],
         return 0.0, extra
     fwd_extra = sum(max(0.0, h - g * scale_f) for h, g in segments)
     return fwd_extra, max(0.0, host_b - backward_s)
+
+
+def paired_host_s(model: HostModel, layers: Sequence[int | None],
+                  fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, tuple[int,
+                                                                                    float]],
+                  forward_s: float, backward_s: float) -> tuple[float, float]:
+    """(forward, backward) host time the device waits for in one micro-batch of a stage when
+    Megatron-Core's batch-level EP overlap pairs it with another
+    (``--overlap-moe-expert-parallel-comm``; :func:`exposed_host_s` otherwise).
+
+    The combined 1F1B issues one micro-batch's forward layer ``k`` and the other's backward
+    layer ``L − 1 − k`` as one interleaved sequence of sub-modules
+    (``TransformerLayerSchedulePlan.run``: combine backward, attention forward, MLP backward,
+    dispatch forward, MLP weight gradients, dispatch backward, MLP forward, combine
+    forward, attention backward; ``megatron/core/models/common/model_chunk_schedule_plan.py``),
+    and the forward's dropless dispatch stops the host there for its routing counts. The
+    backward's launches can no longer run ahead of the device over the whole micro-batch:
+    a layer pair is two segments, each lasting ``max(host, device)`` — the forward layer
+    up to its sync (with the few launches of the backward's combine), then the rest of the
+    forward layer with the backward layer (its MLP, dispatch and attention). The embedding
+    and head sides run outside the paired loop, each as its own segment. The exposed time
+    is split over forward and backward as their launches are."""
+    c = model.launch_s
+    if c <= 0.0:
+        return 0.0, 0.0
+    gpu_f = sum(fwd[li].gpu_before_s + fwd[li].gpu_after_s for li in layers if li in fwd)
+    gpu_b = sum(bwd[li][1] for li in layers if li in bwd)
+    scale_f = forward_s / gpu_f if gpu_f > 0 else 1.0
+    scale_b = backward_s / gpu_b if gpu_b > 0 else 1.0
+    inner = [li for li in layers if li is not None]
+    exposed = 0.0
+    for k, li in enumerate(inner):
+        lf = fwd.get(li) or LayerHost(0, 0.0)
+        kb, tb = bwd.get(inner[len(inner) - 1 - k], (0, 0.0))
+        if lf.syncs:
+            exposed += max(0.0, lf.launches_before * c - lf.gpu_before_s * scale_f)
+            kf, tf = lf.launches_after, lf.gpu_after_s
+        else:
+            kf, tf = lf.launches_before, lf.gpu_before_s
+        exposed += max(0.0, (kf + kb) * c - (tf * scale_f + tb * scale_b))
+    launches_f = launches_b = 0
+    for li in layers:
+        lf = fwd.get(li)
+        kf = (lf.launches_before + lf.launches_after) if lf is not None else 0
+        kb, tb = bwd.get(li, (0, 0.0))
+        launches_f += kf
+        launches_b += kb
+        if li is None:
+            tf = (lf.gpu_before_s + lf.gpu_after_s) if lf is not None else 0.0
+            exposed += max(0.0, kf * c - tf * scale_f) + max(0.0, kb * c - tb * scale_b)
+    total = launches_f + launches_b
+    share_f = launches_f / total if total else 0.5
+    return exposed * share_f, exposed * (1.0 - share_f)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from zrt_core.cost.pricing import OUTSIDE_LAYERS
 from zrt_core.errors import SpecError
-from zrt_core.estimate.host import HostModel, exposed_host_s, launch_tables
+from zrt_core.estimate.host import HostModel, exposed_host_s, launch_tables, paired_host_s
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -156,13 +156,21 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
                 reps = [None, *reps] if first else [*reps, None]
             host_f, host_b = exposed_host_s(host_model, reps, fwd_host, bwd_host,
                                             ft.makespan_s, bt.makespan_s)
+            host_pair = paired_host_s(host_model, reps, fwd_host, bwd_host, ft.makespan_s,
+                                      bt.makespan_s) if rules.ep_batch_overlap else None
             hit = (ft, bt, st, recompute, min(wgrad, bt.makespan_s), act, trans, ff, bf,
-                   dp_busy, by_category, by_kind, host_f, host_b)
+                   dp_busy, by_category, by_kind, host_f, host_b, host_pair)
             cache[signature] = hit
             if memo is not None:  # all but st and dp_busy (the gradient reduction's)
                 memo[signature] = (*hit[:2], *hit[3:9], *hit[10:])
         (ft, bt, st, recompute, wgrad, act, trans, ff, bf, dp_busy, by_category, by_kind,
-         host_f, host_b) = hit
+         host_f, host_b, host_pair) = hit
+        if host_pair is not None and microbatches > 1:
+            # the micro-batches batch-level EP overlap pairs (as _ep_batch_overlap counts
+            # them) issue their launches interleaved with their partner's
+            paired = max(0, microbatches - parallel.pp) / microbatches
+            host_f = (1.0 - paired) * host_f + paired * host_pair[0]
+            host_b = (1.0 - paired) * host_b + paired * host_pair[1]
         # what follows depends on the stage's signature alone: once per distinct stage
         derived = per_signature.get(signature)
         if derived is None:
