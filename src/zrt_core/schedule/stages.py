@@ -160,6 +160,18 @@ def balanced_layout(num_layers: int, stages: int, mtp_depths: int = 0) -> str | 
     return render_layout(chunks)
 
 
+def auto_splits(num_layers: int, pp: int, vp: int, mtp_depths: int = 0) -> bool:
+    """Whether Megatron-Core splits ``num_layers`` decoder layers (and ``mtp_depths`` MTP
+    depths) over pp × vp stages with no split given: :func:`plan_stages` with ``"auto"``
+    (even, else the embedding and the loss counted as layers, else the balanced layout)
+    accepts it."""
+    try:
+        plan_stages(num_layers, pp * vp, pp, "auto", mtp_depths=mtp_depths)
+    except LayoutError:
+        return False
+    return True
+
+
 def plan_stages(num_layers: int, stages: int, pp: int, split: StageSplit | str | None = None,
                 *, mtp_depths: int = 0, mtp_layers_per_depth: int = 1,
                 rank_major: bool = True) -> StagePlan:

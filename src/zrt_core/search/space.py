@@ -290,13 +290,9 @@ def _splits(layers: int, pp: int, vp: int, mtp: int) -> bool:
     """Whether Megatron-Core runs ``layers`` decoder layers (and ``mtp`` MTP depths) over pp ×
     vp stages with the split the search's estimates use (``stage_split="auto"``: even, else
     the embedding and the loss counted as layers, else the balanced layout)."""
-    from zrt_core.schedule.stages import plan_stages
+    from zrt_core.schedule.stages import auto_splits
 
-    try:
-        plan_stages(layers, pp * vp, pp, "auto", mtp_depths=mtp)
-    except LayoutError:
-        return False
-    return True
+    return auto_splits(layers, pp, vp, mtp)
 
 
 def _recipe_rule(space: TrainSpace, dims: ModelDims, ep_ok: bool, tp: int, cp: int, pp: int,

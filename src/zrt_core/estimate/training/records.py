@@ -524,12 +524,9 @@ def _report_stage_split(layers: int, pp: int, vp: int, mtp_depths: int,
     """A DeepSeek report's run over stages Megatron-Core's rules cannot split (DeepSeek-V2's
     60 layers over 16 ranks): their framework places layers itself, taken as the balanced
     layout (:func:`~zrt_core.schedule.stages.balanced_layout`); else ``auto``."""
-    from zrt_core.errors import ZrtError
-    from zrt_core.schedule.stages import balanced_layout, plan_stages
+    from zrt_core.schedule.stages import auto_splits, balanced_layout
 
-    try:
-        plan_stages(layers, pp * vp, pp, "auto", mtp_depths=mtp_depths)
-    except ZrtError:
+    if not auto_splits(layers, pp, vp, mtp_depths):
         layout = balanced_layout(layers, pp * vp, mtp_depths)
         if layout is not None:
             assumptions.append(f"pipeline layout {layout}: the report's framework places "
