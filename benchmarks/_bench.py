@@ -27,3 +27,44 @@ def result(what: str, measured: float | None, target: float, unit: str, *,
     print(f"RESULT {script}: {what} = {shown} {unit} (target {sign} {target:g} {unit}) "
           f"{'PASS' if ok else 'MISS'}", flush=True)
     return ok
+
+
+def held_out_step_times(path: Path, groups: tuple[str, ...], keys_of, what: str,
+                        target: float = 0.10) -> int:
+    """Predict a held-out training file and print its step-time MAPE and bias per group,
+    overall, and the records not predicted; then its ``RESULT`` line against ``target``
+    (issue 9's training target, 10%). ``keys_of(result, record)`` gives one key per name
+    in ``groups`` for a predicted record."""
+    from zrt_core.validate import Validator, load_records
+
+    def line(name: str, errs: list[float]) -> str:
+        mape = sum(abs(e) for e in errs) / len(errs)
+        bias = sum(errs) / len(errs)
+        return f"{name:36s} {len(errs):4d} {mape:7.1%} {bias:+8.1%}"
+
+    records = load_records(path)
+    by_id = {r.id: r for r in records}
+    run = Validator().run(records, path=str(path))
+    by: dict[str, dict[str, list[float]]] = {g: {} for g in groups}
+    every: list[float] = []
+    failed: list[str] = []
+    for r in run.results:
+        err = r.error.get("step_time_s")
+        if err is None:
+            failed.append(f"{r.id}: {r.message}")
+            continue
+        for group, key in zip(groups, keys_of(r, by_id[r.id]), strict=True):
+            by[group].setdefault(key, []).append(err)
+        every.append(err)
+    for group, rows in by.items():
+        print(f"{group:36s} {'n':>4s} {'MAPE':>7s} {'bias':>8s}")
+        for key in sorted(rows):
+            print(line(key, rows[key]))
+        print()
+    if every:
+        print(line("all", every))
+    for failure in failed:
+        print(f"not predicted: {failure}")
+    mape = sum(abs(e) for e in every) / len(every) if every else None
+    result(what, None if mape is None else 100 * mape, 100 * target, "%")
+    return 0
