@@ -58,6 +58,18 @@ class LayerHost:
     gpu_after_s: float = 0.0
     syncs: bool = False
 
+    @property
+    def launches(self) -> int:
+        return self.launches_before + self.launches_after
+
+    @property
+    def gpu_s(self) -> float:
+        return self.gpu_before_s + self.gpu_after_s
+
+
+#: A layer the forward tables do not hold: nothing launched, nothing run.
+_NO_HOST = LayerHost(0, 0.0)
+
 
 def _op(node) -> str:
     return node.op.split(".")[1] if node.op.count(".") else node.op
@@ -198,14 +210,14 @@ def paired_host_s(model: HostModel, layers: Sequence[int | None],
     c = model.launch_s
     if c <= 0.0:
         return 0.0, 0.0
-    gpu_f = sum(fwd[li].gpu_before_s + fwd[li].gpu_after_s for li in layers if li in fwd)
-    gpu_b = sum(bwd[li][1] for li in layers if li in bwd)
+    gpu_f = sum(fwd.get(li, _NO_HOST).gpu_s for li in layers)
+    gpu_b = sum(bwd.get(li, (0, 0.0))[1] for li in layers)
     scale_f = forward_s / gpu_f if gpu_f > 0 else 1.0
     scale_b = backward_s / gpu_b if gpu_b > 0 else 1.0
     inner = [li for li in layers if li is not None]
     exposed = 0.0
     for k, li in enumerate(inner):
-        lf = fwd.get(li) or LayerHost(0, 0.0)
+        lf = fwd.get(li, _NO_HOST)
         kb, tb = bwd.get(inner[len(inner) - 1 - k], (0, 0.0))
         if lf.syncs:
             exposed += max(0.0, lf.launches_before * c - lf.gpu_before_s * scale_f)
@@ -213,16 +225,13 @@ def paired_host_s(model: HostModel, layers: Sequence[int | None],
         else:
             kf, tf = lf.launches_before, lf.gpu_before_s
         exposed += max(0.0, (kf + kb) * c - (tf * scale_f + tb * scale_b))
-    launches_f = launches_b = 0
-    for li in layers:
-        lf = fwd.get(li)
-        kf = (lf.launches_before + lf.launches_after) if lf is not None else 0
-        kb, tb = bwd.get(li, (0, 0.0))
-        launches_f += kf
-        launches_b += kb
-        if li is None:
-            tf = (lf.gpu_before_s + lf.gpu_after_s) if lf is not None else 0.0
-            exposed += max(0.0, kf * c - tf * scale_f) + max(0.0, kb * c - tb * scale_b)
+    if None in layers:  # the embedding / head side: a forward and a backward segment
+        side = fwd.get(None, _NO_HOST)
+        kb, tb = bwd.get(None, (0, 0.0))
+        exposed += max(0.0, side.launches * c - side.gpu_s * scale_f) + \
+            max(0.0, kb * c - tb * scale_b)
+    launches_f = sum(fwd.get(li, _NO_HOST).launches for li in layers)
+    launches_b = sum(bwd.get(li, (0, 0.0))[0] for li in layers)
     total = launches_f + launches_b
     share_f = launches_f / total if total else 0.5
     return exposed * share_f, exposed * (1.0 - share_f)

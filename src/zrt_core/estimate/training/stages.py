@@ -168,7 +168,7 @@ def _stages(fwd: OpGraph, bwd: OpGraph, bwd_sync: OpGraph, costs: Mapping[str, M
         if host_pair is not None and microbatches > 1:
             # the micro-batches batch-level EP overlap pairs (as _ep_batch_overlap counts
             # them) issue their launches interleaved with their partner's
-            paired = max(0, microbatches - parallel.pp) / microbatches
+            paired = _paired_share(parallel.pp, microbatches)
             host_f = (1.0 - paired) * host_f + paired * host_pair[0]
             host_b = (1.0 - paired) * host_b + paired * host_pair[1]
         # what follows depends on the stage's signature alone: once per distinct stage
@@ -426,6 +426,12 @@ def _ep_pairs_hidden_s(ft: Any, bt: Any, a_f: float, a_b: float,
     return hidden
 
 
+def _paired_share(pp: int, m: int) -> float:
+    """The share of a stage's ``m`` micro-batches that batch-level EP overlap pairs: the
+    warm-up forwards and cool-down backwards of a ``pp``-stage pipeline have no partner."""
+    return max(0, m - pp) / m
+
+
 def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, m: int,
                       sm_share: float = 0.0) -> tuple[float, float]:
     """EP all-to-all time hidden per micro-batch by batch-level overlap (forward, backward).
@@ -451,7 +457,7 @@ def _ep_batch_overlap(rules: OverlapRules, ft: Timeline, bt: Timeline, pp: int, 
     total = a_f + a_b
     if total <= 0:
         return 0.0, 0.0
-    paired = max(0, m - pp) / m
+    paired = _paired_share(pp, m)
     per_pair = _ep_pairs_hidden_s(ft, bt, a_f, a_b, sm_share)
     if per_pair is None:
         per_pair = min(total * (1.0 - sm_share), ft.compute_s + bt.compute_s)
