@@ -280,3 +280,37 @@ def test_a_fused_activation_keeps_its_input_so_moe_act_frees_only_its_output(hos
     none = runs[None].memory.activation_bytes_per_microbatch
     act = runs[("moe_act",)].memory.activation_bytes_per_microbatch
     assert none - act == 2 * 32 * 64 * 2
+
+
+# Nemotron 3 Super's latent MoE in miniature: the routed experts work in a 16-wide latent
+# space between fc1_latent_proj and fc2_latent_proj (a GEMM after the combine); layer 0 is
+# Mamba, layer 1 the MoE (4 experts of FFN 32, top-2, relu² activation)
+LATENT_MOE = {"model_type": "nemotron_h", "hybrid_override_pattern": "ME",
+              "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 32,
+              "mlp_hidden_act": "relu2", "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16,
+              "ssm_state_size": 8, "n_groups": 1, "conv_kernel": 4, "expand": 1,
+              "chunk_size": 8, "n_routed_experts": 4, "n_shared_experts": 1,
+              "num_experts_per_tok": 2, "moe_intermediate_size": 32, "moe_latent_size": 16,
+              "moe_shared_expert_intermediate_size": 32, "n_group": 1, "topk_group": 1,
+              "norm_topk_prob": True, "routed_scaling_factor": 1.0, "vocab_size": 128,
+              "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_moe_act_on_a_latent_moe_reruns_the_activation_only(host) -> None:
+    # moe_act re-runs what TEGroupedMLP wraps in CheckpointWithoutOutput: relu² on the fc1
+    # output, 16 tokens · top-2 = 32 rows of 32, relu and square 1 FLOP each: 2·32·32 = 2048.
+    # The combine and fc2_latent_proj after it are outside (re-running the combine would add
+    # its 2 FLOPs per routed element, 2·32·16 = 1024, and an all-to-all under EP). It frees
+    # the activation's output, 32·32 bf16 = 2048 B; the fc1 output it re-runs from was kept
+    # already (the fused activation's input).
+    captured = capture_for_training(LATENT_MOE, 1, S, host=host, use_cache=False)
+    runs = {m: estimate_training(LATENT_MOE, "nvidia_h100_sxm", Parallel(),
+                                 _train(recompute="selective" if m else "none",
+                                        recompute_modules=m),
+                                 host=host, captured=captured)
+            for m in (None, ("moe_act",))}
+    assert runs[("moe_act",)].hardware_flops - runs[None].hardware_flops == 2 * 32 * 32
+    assert runs[None].memory.activation_bytes_per_microbatch - \
+        runs[("moe_act",)].memory.activation_bytes_per_microbatch == 32 * 32 * 2

@@ -217,17 +217,26 @@ def _pre_moe_norms(layer: LayerFlow) -> list[OpNode]:
 
 
 def _moe_act(layer: LayerFlow) -> list[OpNode]:
-    """Between the grouped expert FC1 and FC2 (``bias_act_func``): the activation and what
-    feeds FC2 from it; no GEMM. Expert GEMMs: matmuls fed by the token dispatch."""
+    """Between the grouped expert FC1 and FC2 (``bias_act_func``, the one function
+    ``TEGroupedMLP.forward`` wraps in ``CheckpointWithoutOutput`` under ``moe_act``): the
+    activation and what feeds FC2 from it; no GEMM. FC1: the matmuls under the MoE module
+    fed by the token dispatch with no such matmul before them; FC2: those whose only such
+    matmuls upstream are FC1. A GEMM after the combine (a latent MoE's ``fc2_latent_proj``)
+    is neither, so the combine and its all-to-all stay out of the region."""
     if layer.moe_prefix is None:
         return []
     dispatch = [n for n in layer.nodes if n.category == Category.MOE_DISPATCH]
     after = layer.descendants(dispatch)
     experts = [n for n in layer.ordered(after) if n.category == Category.MATMUL
                and _under(n.module_path, layer.moe_prefix)]
-    if len(experts) < 2:
+    ids = {n.id for n in experts}
+    upstream = {n.id: layer.ancestors([n]) & ids for n in experts}
+    fc1 = [n for n in experts if not upstream[n.id]]
+    fc1_ids = {n.id for n in fc1}
+    fc2 = [n for n in experts if upstream[n.id] and upstream[n.id] <= fc1_ids]
+    if not fc1 or not fc2:
         return []
-    between = layer.descendants(experts) & layer.ancestors(experts)
+    between = layer.descendants(fc1) & layer.ancestors(fc2)
     return layer.ordered(i for i in between
                          if layer.nodes[layer.pos[i]].category != Category.MATMUL)
 
