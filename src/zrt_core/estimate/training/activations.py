@@ -74,6 +74,66 @@ def _kernel_inputs(forward: OpGraph, internal: set[int]) -> dict[int, list[Any]]
     return out
 
 
+def _split_conv1d_scans(forward: OpGraph, base: dict[int, int]) -> dict[int, list[Any]]:
+    """Megatron-Core's Mamba-2 mixer in training (``use_mamba_mem_eff_path``, on by default):
+    the depthwise ``conv1d``, its activation and the SSD chunk scan run as one autograd
+    function (mamba_ssm's ``mamba_split_conv1d_scan_combined``, ``MambaMixer._ssm_training``)
+    that keeps the in-projection output and re-runs the convolution and its activation in
+    its backward, "which reduces the size of forward activations stored for backprop". The
+    tensors made between a Mamba mixer's convolution and its scan (``zrt.ssd_chunk_scan``:
+    the convolution and activation outputs, the scan's x, B, C) → the convolution's activation
+    input, kept instead."""
+    producer: dict[int, OpNode] = {}
+    for n in forward.nodes:
+        for t in n.outputs:
+            if t.tensor_id is not None:
+                producer.setdefault(t.tensor_id, n)
+    out: dict[int, list[Any]] = {}
+    for scan in forward.nodes:
+        if not scan.op.startswith("zrt.ssd_chunk_scan") or scan.op.startswith(
+                "zrt.ssd_chunk_scan_backward"):
+            continue
+        # walk back from the scan's inputs through the mixer's own ops to its convolution
+        chain: list[OpNode] = []
+        convs: list[OpNode] = []
+        todo = [producer[t.tensor_id] for t in scan.inputs
+                if t.tensor_id is not None and t.tensor_id in producer]
+        seen: set[int] = set()
+        while todo:
+            n = todo.pop()
+            if n.id in seen or n.module_path != scan.module_path \
+                    or n.layer_index != scan.layer_index:
+                continue
+            seen.add(n.id)
+            if "convolution" in n.op:
+                convs.append(n)
+                chain.append(n)
+                continue
+            if n.category == Category.MATMUL:
+                continue
+            chain.append(n)
+            todo.extend(producer[t.tensor_id] for t in n.inputs
+                        if t.tensor_id is not None and t.tensor_id in producer)
+        if len(convs) != 1:
+            continue
+        conv = convs[0]
+        kept = [t for t in conv.inputs[:1] if t.tensor_id is not None and t.param is None]
+        after_conv = {conv.id}
+        for n in forward.nodes:  # the chain's nodes downstream of the convolution
+            if n.id in seen and n.id not in after_conv and any(
+                    producer.get(t.tensor_id) is not None
+                    and producer[t.tensor_id].id in after_conv for t in n.inputs
+                    if t.tensor_id is not None):
+                after_conv.add(n.id)
+        for n in chain:
+            if n.id not in after_conv:
+                continue
+            for t in n.outputs:
+                if t.tensor_id is not None:
+                    out[base.get(t.tensor_id, t.tensor_id)] = kept
+    return out
+
+
 def _param_gather(node: OpNode) -> bool:
     """Rows of a parameter picked by indices (``bias[expert_ids]``: the HF MoE models' per-row
     expert bias), not an embedding lookup: no activation, the backward indexes again."""
@@ -151,9 +211,14 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
     the GEMM output only). Under recompute the backward reads re-computed tensors, so only
     the checkpoints remain. The MoE combine's backward keeps no expert output (Megatron-Core
     weighs the experts' activation by the router probabilities: :data:`_NOT_SAVED_INPUTS`).
+    A Mamba-2 mixer keeps its convolution's input, not what the convolution, its activation
+    and the scan make of it (:func:`_split_conv1d_scans`).
     """
     base, meta, internal = _forward_tensors(forward)
     kernel_inputs = _kernel_inputs(forward, internal)
+    recomputed_by_scan = _split_conv1d_scans(forward, base)
+    internal = internal | set(recomputed_by_scan)
+    kernel_inputs.update(recomputed_by_scan)
     gathered = {t.tensor_id for n in forward.nodes if _param_gather(n) for t in n.outputs}
     # a fused kernel the backward re-runs (recompute copies keep their members' tensor ids)
     # makes its internals again from the re-run inputs: nothing of the original is kept
