@@ -233,6 +233,39 @@ def test_megatron_cross_entropy_runs_fp32_passes_over_the_logits() -> None:
     assert list(f2.edges) == [(1, 2), (2, 3), (3, 4), (4, 5), (5, 6)]
 
 
+
+def test_megatron_cross_entropy_keeps_the_softmax_once() -> None:
+    # autograd saves a detach of the log-softmax; the fused node made that view, and the
+    # unfused chain keeps it as one, so the saved fp32 [8, 16] softmax counts once:
+    # 8·16·4 B = 512 B, beside the int64 labels 8·8 B = 64 B (the alias counted apart would
+    # add another 512 B); the toy backward reads its incoming fp32 loss gradient (4 B) without
+    # making it
+    from attrs import evolve
+
+    from zrt_core.estimate.training import saved_activation_bytes
+
+    F, Bk = Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD
+    logits, labels = _t((TOKENS, 16), 30), _t((TOKENS,), 31, dtype="int64")
+    up, soft, alias = (_t((TOKENS, 16), 37, dtype="float32"),
+                       _t((TOKENS, 16), 32, dtype="float32"),
+                       _t((TOKENS, 16), 36, dtype="float32"))
+    loss = _t((), 33, dtype="float32")
+    members = (_node(1, "aten._to_copy.default", Category.COPY, F, (logits,), (up,),
+                     layer=None),
+               _node(2, "aten._log_softmax.default", "loss", F, (up,), (soft,), layer=None),
+               _node(3, "aten.detach.default", Category.VIEW, F, (soft,), (alias,),
+                     layer=None),
+               _node(4, "aten.nll_loss_forward.default", "loss", F, (soft, labels), (loss,),
+                     layer=None))
+    ce = evolve(_node(0, "fused.cross_entropy", "loss", F, (logits, labels), (soft, loss),
+                      layer=None), fused_from=members)
+    bwd = OpGraph(Bk, [_node(0, "fused.cross_entropy_backward", "loss", Bk,
+                             (_t((), 35, dtype="float32"), soft, labels, alias),
+                             (_t((TOKENS, 16), 34),), layer=None)])
+    f2, b2 = unfused_cross_entropy(OpGraph(F, [ce]), bwd)
+    assert saved_activation_bytes(f2, b2) == {"head": TOKENS * 16 * 4 + TOKENS * 8 + 4}
+
+
 # -- precision -----------------------------------------------------------------------------
 
 

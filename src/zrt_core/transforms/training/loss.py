@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from attrs import evolve
+
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -28,6 +30,28 @@ MEGATRON_CE_FORWARD = (("megatron.ce.to_float", 2, 4), ("megatron.ce.max", 4, 0)
                        ("megatron.ce.sub_max", 4, 4), ("megatron.ce.exp", 4, 4),
                        ("megatron.ce.sum", 4, 0), ("megatron.ce.softmax", 4, 4))
 MEGATRON_CE_BACKWARD = (("megatron.ce.grad", 4, 4), ("megatron.ce.to_half", 4, 2))
+
+
+def _members(node: OpNode) -> list[OpNode]:
+    if not node.fused_from:
+        return [node]
+    return [m for f in node.fused_from for m in _members(f)]
+
+
+def _aliases(fused: OpNode) -> list[OpNode]:
+    """The views a fused kernel made of its own inputs and outputs (autograd's ``detach`` of
+    the log-softmax it saves, the flattened target), kept as zero-cost view nodes after the
+    chain that replaces it: the backward reads them, and the saved-activation count must
+    see them as the tensors they alias, not as further tensors."""
+    known = {t.tensor_id for t in (*fused.inputs, *fused.outputs) if t.tensor_id is not None}
+    out = []
+    for m in _members(fused):
+        if m.category != Category.VIEW or not m.inputs or any(
+                t.tensor_id not in known for t in m.inputs[:1]):
+            continue
+        out.append(m)
+        known.update(t.tensor_id for t in m.outputs if t.tensor_id is not None)
+    return out
 
 
 def unfused_cross_entropy(forward: OpGraph, backward: OpGraph) -> tuple[OpGraph, OpGraph]:
@@ -78,6 +102,10 @@ def unfused_cross_entropy(forward: OpGraph, backward: OpGraph) -> tuple[OpGraph,
             edges = [(a, first) if b == n.id else (final, b) if a == n.id else (a, b)
                      for a, b in edges]
             nodes.extend(made)
+            for alias in _aliases(n):
+                nodes.append(evolve(alias, id=next_id))
+                edges.append((final, next_id))
+                next_id += 1
             changed = True
         return graph.with_nodes(nodes, edges) if changed else graph
 
