@@ -60,31 +60,38 @@ EXTRA_FLOPS = {"core_attn": CORE_ATTN, "mla_up_proj": MLA_UP_PROJ, "layernorm": 
 
 # -- activation bytes each frees (bf16 = 2 bytes; one micro-batch) --------------------------
 FREED = {
-    # fused attention keeps no softmax; its output stays saved (the projection reads it)
-    "core_attn": 0,
+    # fused attention keeps no softmax; its output stays saved (the projection reads it
+    # before the re-run); its softmax statistics (fp32 [4 heads, 16], 256 B) are made again:
+    # 2 layers
+    "core_attn": 2 * 4 * S * 4,
     # per layer: q/kv latent-norm outputs 16·32 + 16·16, the kv up-proj output 16·64, k and q
     # 4·16·16 each, freed; the latents 16·32 + 16·24 (the checkpoint's inputs) were kept
-    # already, as the inputs of the fused latent norms
-    "mla_up_proj": 2 * 2 * (S * 32 + S * 16 + S * 64 + 2 * 4 * S * 16),
-    # the norm output 16·64 freed; its input (the residual stream), the checkpoint's input,
-    # was kept already as the fused norm's input
-    "layernorm": 2 * S * 64,
+    # already, as the inputs of the fused latent norms; the two latent norms' fp32 rstd
+    # [16, 1] are made again too
+    "mla_up_proj": 2 * (2 * (S * 32 + S * 16 + S * 64 + 2 * 4 * S * 16) + 2 * 4 * S),
+    # the norm output 16·64 and its fp32 rstd [16, 1] freed; its input (the residual
+    # stream), the checkpoint's input, was kept already as the fused norm's input
+    "layernorm": 2 * S * 64 + 4 * S,
     # the SwiGLU output 32·32
     "moe_act": 2 * 32 * 32,
-    # the norm and SwiGLU outputs 16·64 each freed; the layer's residual (the checkpoint's
-    # input) was kept already as the fused norm's input
-    "mlp": 2 * 2 * S * 64,
-    # the shared expert's SwiGLU output 16·32
-    "shared_experts": 2 * S * 32,
+    # the norm and SwiGLU outputs 16·64 each, the gate and up GEMM outputs 16·64 each (the
+    # SwiGLU's inputs, made again with it) and the norm's fp32 rstd [16, 1] freed; the
+    # layer's residual (the checkpoint's input) was kept already as the fused norm's input
+    "mlp": 2 * 2 * S * 64 + 2 * 2 * S * 64 + 4 * S,
+    # the shared expert's SwiGLU output 16·32 and its gate and up outputs 16·32 each
+    "shared_experts": 2 * S * 32 + 2 * 2 * S * 32,
     # router fp32 input 16·64·4 B, top-k indices 32·8 B, two fp32 [16, 2] probs, dispatched
     # tokens 32·64·2 B, the permutation map 32·8 B, SwiGLU 32·32·2 B, shared SwiGLU
     # 16·32·2 B; the router's fp32 bias buffer (4·4 B) now kept. The FC2 output is not saved
     # with or without recompute (the combine weighs nothing: the probabilities enter the
     # activation, Megatron-Core >= 0.13; docs/training-model.md)
     # and the inputs the top-k weights' fused normalisation keeps without recompute (the
-    # gathered fp32 probabilities [16, 2] and their sum [16, 1]: 16·3·4 B)
+    # gathered fp32 probabilities [16, 2] and their sum [16, 1]: 16·3·4 B); and what the
+    # re-run makes again that fused kernels kept as their inputs: the grouped FC1 output
+    # 32·64·2 B (the SwiGLU's), the shared expert's gate and up outputs 2·16·32·2 B, the
+    # router's fp32 sigmoid scores 16·4·4 B
     "moe": (S * 64 * 4 + 32 * 8 + 2 * 32 * 4 + 32 * 64 * 2 + 32 * 8 + 32 * 32 * 2
-            + S * 32 * 2 - 4 * 4 + S * 3 * 4),
+            + S * 32 * 2 - 4 * 4 + S * 3 * 4 + 32 * 64 * 2 + 2 * S * 32 * 2 + S * 4 * 4),
 }
 
 

@@ -224,7 +224,7 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
     # makes its internals again from the re-run inputs: nothing of the original is kept
     rerun = {t.tensor_id for n in backward.nodes if n.attrs.get(RECOMPUTE_ATTR)
              for m in _members(n) for t in m.outputs}
-    produced = {t.tensor_id for n in backward.nodes for t in n.outputs
+    produced = {t.tensor_id for n in backward.nodes for m in _members(n) for t in m.outputs
                 if t.tensor_id is not None}
     first_layer = next((i for i, n in enumerate(backward.nodes)
                         if n.layer_index is not None), len(backward.nodes))

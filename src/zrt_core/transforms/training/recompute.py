@@ -192,9 +192,12 @@ class Recompute:
               renamed: dict[int, int]) -> list[OpNode]:
         made = []
         for i, n in enumerate(nodes):
-            for t in n.outputs:
-                if t.tensor_id is not None and t.param is None:
-                    renamed[t.tensor_id] = t.tensor_id + tensor_offset
+            # a fused node's members (their internal tensors, the views a fused backward
+            # reads) are re-made with it: renamed too, so the backward reads the copies
+            for m in _members(n):
+                for t in m.outputs:
+                    if t.tensor_id is not None and t.param is None:
+                        renamed[t.tensor_id] = t.tensor_id + tensor_offset
             attrs = {k: v for k, v in n.attrs.items() if k != "seq_nr"}
             attrs[RECOMPUTE_ATTR] = True
             if "seq_nr" in n.attrs:
@@ -202,9 +205,8 @@ class Recompute:
             if n.category == Category.COLLECTIVE and "overlap" not in attrs:
                 attrs["overlap"] = _forward_hint(n, self.rules)
             made.append(evolve(
-                n, id=node_offset + i, phase=Phase.TRAIN_BACKWARD, attrs=attrs,
-                inputs=tuple(_renamed(t, renamed) for t in n.inputs),
-                outputs=tuple(_renamed(t, renamed) for t in n.outputs)))
+                _renamed_node(n, renamed), id=node_offset + i, phase=Phase.TRAIN_BACKWARD,
+                attrs=attrs))
         return made
 
 
@@ -219,6 +221,19 @@ def _forward_hint(node: OpNode, rules: OverlapRules | None) -> str:
     if plan.mode == ASYNC:
         return "async"
     return "none"
+
+
+def _members(n: OpNode) -> list[OpNode]:
+    if not n.fused_from:
+        return [n]
+    return [m for f in n.fused_from for m in _members(f)]
+
+
+def _renamed_node(n: OpNode, renamed: Mapping[int, int]) -> OpNode:
+    """``n`` reading and writing the renamed tensors, its fused members too."""
+    return evolve(n, inputs=tuple(_renamed(t, renamed) for t in n.inputs),
+                  outputs=tuple(_renamed(t, renamed) for t in n.outputs),
+                  fused_from=tuple(_renamed_node(m, renamed) for m in n.fused_from))
 
 
 def _renamed(t: TensorMeta, renamed: Mapping[int, int]) -> TensorMeta:
