@@ -366,3 +366,30 @@ def test_num_requests_replays_the_finite_set(host, captured):
                               host=host, captured=captured, engine="vllm")
     assert any("not replayed" in n for n in vllm.notes)
     assert "benchmark_s" not in vllm.throughput
+
+
+def test_the_executors_host_work_bounds_an_iteration(host, captured):
+    # With 1 ms of host work a scheduled request (the toy GPU's own steps take well under
+    # a millisecond), every iteration is host-bound: a decode iteration of C requests takes
+    # C ms, a mixed one C + its admitted prompts ms, and a note says so. Without the field
+    # (0: not modelled) the GPU's steps stand.
+    from attrs import evolve
+
+    infer = InferSpec(input_len=32, output_len=32)
+    toy = _toy(1.6)
+    slow = evolve(toy, efficiency=evolve(toy.efficiency, serving_host_request_us=1000.0))
+    fast = estimate_inference(None, toy, Parallel(), infer, host=host, captured=captured)
+    r = estimate_inference(None, slow, Parallel(), infer, host=host, captured=captured)
+    t, c = r.throughput, r.batch
+    assert t["decode_iteration_ms"] == pytest.approx(c * 1.0, rel=1e-12)
+    prompts = t["prompt_tokens_per_mixed_iteration"] / 32
+    assert t["mixed_iteration_ms"] == pytest.approx((c + prompts) * 1.0, rel=1e-12)
+    assert fast.throughput["decode_iteration_ms"] < c * 1.0
+    assert any(n.startswith("host-bound: a decode iteration") or
+               n.startswith("host-bound: a mixed iteration") for n in r.notes)
+    assert not any(n.startswith("host-bound") for n in fast.notes)
+    # latency mode: a static batch of 4 decodes in at least 4 ms
+    lat = estimate_inference(None, slow, Parallel(), InferSpec(input_len=32, output_len=16,
+                                                               batch=4),
+                             host=host, captured=captured)
+    assert lat.tpot_s == pytest.approx(4e-3, rel=1e-12)

@@ -93,3 +93,15 @@ def test_a_set_that_cannot_start_or_runs_too_long_is_refused():
     with pytest.raises(SpecError, match="iterations to replay"):
         simulate_requests(requests=1_000_000, input_len=1, output_len=1000, max_batch=1,
                           max_num_tokens=8, kv_sequences=1, cost=FLAT)
+
+
+def test_an_iteration_takes_at_least_the_executors_host_work():
+    # 0.1 ms of host work a scheduled request: 100 decodes + 2 prompts take max(18.002 ms on
+    # the GPU, 102 x 0.1 = 10.2 ms) = 18.002 ms; 300 decodes (cached 5000) max(body 10 +
+    # 200 x 0.05 = 20, head 1 + 200 x 0.001 = 1.2, attention 4: 25.2 ms; 30 ms) = 30 ms
+    cost = IterationCost(ref_tokens=100, body_s=10e-3, body_per_token_s=0.05e-3,
+                         head_s=1e-3, head_per_row_s=0.001e-3, attention_s=4e-3,
+                         ref_cached_tokens=5000.0, prompt_attention_s=0.5e-3,
+                         host_request_s=0.1e-3)
+    assert cost.time_s(100, 2, 20, 5000.0) == pytest.approx(18.002e-3, rel=1e-12)
+    assert cost.time_s(300, 0, 20, 5000.0) == pytest.approx(30e-3, rel=1e-12)

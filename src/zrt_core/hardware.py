@@ -268,6 +268,12 @@ class Efficiency:
         ``eager_host_infer_fixed_us`` and ``eager_host_decode_fixed_us`` the same for the
         backward, an inference forward and a decode step.
         ``zrt calibrate`` fits the per-op and fixed costs on four depths of its probe.
+    :param serving_host_request_us: host time per scheduled request of one iteration of a
+        serving engine's executor loop on this machine's host CPU (TensorRT-LLM's PyTorch
+        ``PyExecutor``: scheduling, input preparation, sampling and response handling, in
+        Python, per request); its overlap scheduler runs that work beside the previous
+        iteration's GPU work, so an iteration takes at least this × its requests
+        (docs/inference-model.md); 0: not modelled.
 
     docs/cost-model.md gives the formulas and how each value was chosen.
     """
@@ -308,6 +314,7 @@ class Efficiency:
     eager_host_backward_fixed_us: float = 0.0
     eager_host_infer_fixed_us: float = 0.0
     eager_host_decode_fixed_us: float = 0.0
+    serving_host_request_us: float = 0.0
 
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

@@ -64,6 +64,10 @@ class EngineProfile:
         (vLLM's default); without it (trtllm-bench's default) an iteration admits whole
         prompts only, and a prompt longer than the free budget is still split (the engine
         enables chunked context when a prompt exceeds ``max_num_tokens``).
+    :param host_floor: the engine's executor does host work per scheduled request each
+        iteration beside the GPU's (TensorRT-LLM's PyTorch ``PyExecutor`` with its overlap
+        scheduler): an iteration takes at least the hardware's ``serving_host_request_us``
+        × its requests. False for vLLM (not modelled: no published per-request figure).
     :param nvls: the engine's TP all-reduce goes through NCCL, which uses NVLink SHARP where
         the pack offers it. False for both engines: TensorRT-LLM's AllReduce op runs its
         own one-shot/two-shot kernels over NVLink peer memory for messages that fit its
@@ -83,6 +87,7 @@ class EngineProfile:
     gemm_derate: Mapping[str, float] = field(factory=dict, converter=_ro)
     description: str = ""
     nvls: bool = False
+    host_floor: bool = False
 
     def hardware(self, hw: HardwareSpec) -> HardwareSpec:
         """``hw`` with this engine's GEMM derates applied to its kernel efficiencies, and
@@ -188,7 +193,7 @@ def trtllm_bench_settings(*, total_params: int, weight_bytes_per_param: float,
 ENGINES: dict[str, EngineProfile] = {
     "trtllm": EngineProfile(
         name="trtllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=32,
-        chunked_prefill=False,
+        chunked_prefill=False, host_floor=True,
         # no derate: the hardware packs' GEMM efficiencies (matmul_sustained, the B200's
         # NVFP4 rate) are fitted across serving and training records alike
         # (docs/cost-model.md; they replace the former fp8 0.90 / fp4 0.58)

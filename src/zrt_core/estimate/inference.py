@@ -150,6 +150,10 @@ class _Estimator:
         self._priced: dict[tuple[str, int, int], list[CostedGraph]] = {}
         self.notes: list[str] = []
         self.caches = cache_states(captured.graph(Phase.DECODE), captured.graph(Phase.PREFILL))
+        #: host time per scheduled request of one executor iteration (0: not modelled)
+        self.host_request_s = (hw.efficiency.serving_host_request_us * 1e-6
+                               if self.engine.host_floor else 0.0)
+        self._host_bound: list[tuple[str, float, float, float]] = []
 
     def _transforms(self) -> list[Any]:
         out: list[Any] = []
@@ -309,8 +313,9 @@ class _Estimator:
                  ) -> InferenceReport:
         isl, osl = self.infer.input_len, self.infer.output_len
         mem, max_batch = self._memory_report(memory, batch * isl, batch)
-        ttft = self._step_time(Phase.PREFILL, batch)
-        tpot = self._step_time(Phase.DECODE, batch, mean_cache)
+        ttft = self._host_floor("prefill", self._step_time(Phase.PREFILL, batch), batch)
+        tpot = self._host_floor("decode", self._step_time(Phase.DECODE, batch, mean_cache),
+                                batch)
         total = ttft + max(osl - 1, 0) * tpot
         per_replica = batch * osl / total if total > 0 else 0.0
         throughput = {"model": "static batch: prefill together, then decode steps",
@@ -363,15 +368,17 @@ class _Estimator:
         chunk = _prompt_chunk(c, budget_tokens, isl, self.engine.chunked_prefill)
         n_mixed = min(osl, c * isl / chunk)
         prefill_budget = chunk
-        t_gen = self._stage_max(Phase.DECODE, c, mean_cache)
+        t_gen = self._host_floor("decode", self._stage_max(Phase.DECODE, c, mean_cache), c)
         mix_stages = self._mixed_iteration(c, chunk, mean_cache)
-        t_mix = max(mix_stages) if pp > 1 else sum(mix_stages)
+        t_mix = self._host_floor("mixed", max(mix_stages) if pp > 1 else sum(mix_stages),
+                                 c + chunk / isl)
         period = pp * (n_mixed * t_mix + (osl - n_mixed) * t_gen)
         per_replica = c * pp * osl / period if period > 0 else 0.0
         tpot = period / osl
         # a prompt is done after its chunks' iterations; the first token then has passed
         # every pipeline stage once
-        ttft = t_mix * max(0, math.ceil(isl / prefill_budget) - 1) + sum(mix_stages)
+        ttft = t_mix * max(0, math.ceil(isl / prefill_budget) - 1) + (
+            sum(mix_stages) if pp > 1 else t_mix)
         if pp == 1 and n_mixed >= osl and prefill_budget >= isl:
             # every steady-state iteration carries prompt chunks and a whole prompt fits in
             # one: the first token and every later one each wait one mixed iteration
@@ -432,7 +439,8 @@ class _Estimator:
         mix["body"] -= self._hidden(mixed[0])
         cost = IterationCost.from_steps(
             gen, mix, ref_tokens=c, prompt_tokens=chunk, mean_context=mean_cache,
-            prompt_attention_s=_roles(self.priced(Phase.PREFILL, 1), 1)[0]["attention"])
+            prompt_attention_s=_roles(self.priced(Phase.PREFILL, 1), 1)[0]["attention"],
+            host_request_s=self.host_request_s)
         # each data-parallel replica (attention DP rank) schedules its share of the set
         return simulate_requests(
             requests=math.ceil(infer.num_requests / self.p.dp), input_len=infer.input_len,
@@ -445,6 +453,25 @@ class _Estimator:
     def _stage_max(self, phase: str, batch: int, cache_len: int = 0) -> float:
         times = self._stage_list(phase, batch, cache_len)
         return max(times) if self.p.pp > 1 else sum(times)
+
+    def _host_floor(self, what: str, device_s: float, requests: float) -> float:
+        """An iteration of ``requests`` scheduled requests takes at least the executor's
+        host work for them (its overlap scheduler runs that work beside the previous
+        iteration's GPU work: docs/inference-model.md, "The host's share")."""
+        host_s = self.host_request_s * requests
+        if host_s > device_s:
+            self._host_bound.append((what, device_s, host_s, requests))
+        return max(device_s, host_s)
+
+    def _host_note(self) -> None:
+        if not self._host_bound:
+            return
+        what, device_s, host_s, requests = self._host_bound[0]
+        self.notes.append(
+            f"host-bound: a {what} iteration's {requests:,.0f} requests take "
+            f"{host_s * 1e3:.2f} ms of the executor's host work "
+            f"({self.hw.efficiency.serving_host_request_us:g} µs a request on this host) "
+            f"against {device_s * 1e3:.2f} ms on the GPU; the iteration takes the longer")
 
     def _mixed_iteration(self, gen: int, prompt_tokens: int, cache_len: int
                          ) -> list[float]:
@@ -498,6 +525,7 @@ class _Estimator:
                 max_batch: int, mem: MemoryReport, prefill_key: tuple[str, int, int],
                 decode_key: tuple[str, int, int], throughput: Mapping[str, Any]
                 ) -> InferenceReport:
+        self._host_note()
         p = self.p
         world = p.world_size
         total = per_replica * p.dp

@@ -45,6 +45,8 @@ class IterationCost:
     :param head_s: the head at ``ref_tokens`` rows; ``head_per_row_s`` its slope.
     :param attention_s: decode attention with ``ref_cached_tokens`` cached tokens in all.
     :param prompt_attention_s: one prompt's prefill attention.
+    :param host_request_s: the executor's host time per scheduled request: an iteration
+        takes at least this × its requests (docs/inference-model.md, "The host's share").
     """
 
     ref_tokens: int
@@ -55,11 +57,13 @@ class IterationCost:
     attention_s: float
     ref_cached_tokens: float
     prompt_attention_s: float
+    host_request_s: float = 0.0
 
     @classmethod
     def from_steps(cls, gen: Mapping[str, float], mixed: Mapping[str, float], *,
                    ref_tokens: int, prompt_tokens: int, mean_context: int,
-                   prompt_attention_s: float) -> IterationCost:
+                   prompt_attention_s: float, host_request_s: float = 0.0
+                   ) -> IterationCost:
         """From the ``body`` / ``head`` / ``attention`` split of the decode step at
         ``ref_tokens`` sequences (``gen``) and of the same step with ``prompt_tokens``
         more tokens (``mixed``), every sequence at ``mean_context`` cached tokens."""
@@ -69,7 +73,7 @@ class IterationCost:
                    head_s=gen["head"], head_per_row_s=(mixed["head"] - gen["head"]) / span,
                    attention_s=gen["attention"],
                    ref_cached_tokens=float(ref_tokens * mean_context),
-                   prompt_attention_s=prompt_attention_s)
+                   prompt_attention_s=prompt_attention_s, host_request_s=host_request_s)
 
     def body(self, tokens: float) -> float:
         line = self.body_s + (tokens - self.ref_tokens) * self.body_per_token_s
@@ -90,8 +94,9 @@ class IterationCost:
             return 0.0
         attention = (self.attention_s * cached_tokens / self.ref_cached_tokens
                      if self.ref_cached_tokens > 0 else 0.0)
-        return (self.body(gen + prompts * isl) + self.head(gen + prompts) + attention
-                + prompts * self.prompt_attention_s)
+        device = (self.body(gen + prompts * isl) + self.head(gen + prompts) + attention
+                  + prompts * self.prompt_attention_s)
+        return max(device, self.host_request_s * (gen + prompts))
 
 
 @frozen
