@@ -278,15 +278,19 @@ def test_a_fused_activation_keeps_its_input_so_moe_act_frees_only_its_output(hos
     # the per-row bias gathered from the expert-bias parameter is no activation. With
     # moe_act the output (32 rows × 64, bf16) is freed and nothing is added: 2 layers ·
     # 32 · 64 · 2 B = 8192 B less
-    captured = capture_for_training(GPT_OSS, 1, S, host=host, use_cache=False)
-    runs = {m: estimate_training(GPT_OSS, "nvidia_h100_sxm", Parallel(),
-                                 _train(recompute="selective" if m else "none",
-                                        recompute_modules=m),
-                                 host=host, captured=captured)
-            for m in (None, ("moe_act",))}
-    none = runs[None].memory.activation_bytes_per_microbatch
-    act = runs[("moe_act",)].memory.activation_bytes_per_microbatch
-    assert none - act == 2 * 32 * 64 * 2
+    none, act = _without_and_with_moe_act(GPT_OSS, host)
+    assert none.memory.activation_bytes_per_microbatch - \
+        act.memory.activation_bytes_per_microbatch == 2 * 32 * 64 * 2
+
+
+def _without_and_with_moe_act(config, host):
+    """One micro-batch of ``config`` on one H100 without recompute, then with ``moe_act``."""
+    captured = capture_for_training(config, 1, S, host=host, use_cache=False)
+    return tuple(estimate_training(config, "nvidia_h100_sxm", Parallel(),
+                                   _train(recompute="selective" if m else "none",
+                                          recompute_modules=m),
+                                   host=host, captured=captured)
+                 for m in (None, ("moe_act",)))
 
 
 # Nemotron 3 Super's latent MoE in miniature: the routed experts work in a 16-wide latent
@@ -312,12 +316,7 @@ def test_moe_act_on_a_latent_moe_reruns_the_activation_only(host) -> None:
     # its 2 FLOPs per routed element, 2·32·16 = 1024, and an all-to-all under EP). It frees
     # the activation's output, 32·32 bf16 = 2048 B; the fc1 output it re-runs from was kept
     # already (the fused activation's input).
-    captured = capture_for_training(LATENT_MOE, 1, S, host=host, use_cache=False)
-    runs = {m: estimate_training(LATENT_MOE, "nvidia_h100_sxm", Parallel(),
-                                 _train(recompute="selective" if m else "none",
-                                        recompute_modules=m),
-                                 host=host, captured=captured)
-            for m in (None, ("moe_act",))}
-    assert runs[("moe_act",)].hardware_flops - runs[None].hardware_flops == 2 * 32 * 32
-    assert runs[None].memory.activation_bytes_per_microbatch - \
-        runs[("moe_act",)].memory.activation_bytes_per_microbatch == 32 * 32 * 2
+    none, act = _without_and_with_moe_act(LATENT_MOE, host)
+    assert act.hardware_flops - none.hardware_flops == 2 * 32 * 32
+    assert none.memory.activation_bytes_per_microbatch - \
+        act.memory.activation_bytes_per_microbatch == 32 * 32 * 2
