@@ -213,6 +213,13 @@ class OpNode:
     def arithmetic_intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else float("inf")
 
+    @property
+    def members(self) -> tuple[OpNode, ...]:
+        """The ops a fused node replaced, recursively (the node itself when unfused)."""
+        if not self.fused_from:
+            return (self,)
+        return tuple(m for f in self.fused_from for m in f.members)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id,

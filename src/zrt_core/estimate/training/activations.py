@@ -12,7 +12,6 @@ from zrt_core.ir.graph import (
     OpNode,
     dtype_bytes,
 )
-from zrt_core.transforms.training.common import RECOMPUTE_ATTR
 
 if TYPE_CHECKING:
     pass
@@ -23,12 +22,7 @@ if TYPE_CHECKING:
 
 def _members(node: OpNode) -> list[OpNode]:
     """A node, or the ops a fused node replaced (recursively)."""
-    if not node.fused_from:
-        return [node]
-    out: list[OpNode] = []
-    for m in node.fused_from:
-        out.extend(_members(m))
-    return out
+    return list(node.members)
 
 
 _RANDOM_OPS = ("bernoulli", "rand", "dropout", "normal", "uniform")
@@ -220,10 +214,8 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
     internal = internal | set(recomputed_by_scan)
     kernel_inputs.update(recomputed_by_scan)
     gathered = {t.tensor_id for n in forward.nodes if _param_gather(n) for t in n.outputs}
-    # a fused kernel the backward re-runs (recompute copies keep their members' tensor ids)
-    # makes its internals again from the re-run inputs: nothing of the original is kept
-    rerun = {t.tensor_id for n in backward.nodes if n.attrs.get(RECOMPUTE_ATTR)
-             for m in _members(n) for t in m.outputs}
+    # what a backward node or a fused member makes; a recompute copy renames its members'
+    # tensors too, so the backward from the copy on reads them there, nothing original
     produced = {t.tensor_id for n in backward.nodes for m in _members(n) for t in m.outputs
                 if t.tensor_id is not None}
     first_layer = next((i for i, n in enumerate(backward.nodes)
@@ -248,9 +240,8 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
             if root in internal:
                 # the fused kernel's backward recomputes it from the kernel's inputs: those
                 # are kept instead
-                if root not in rerun:
-                    reads.extend((-2, i) for i in kernel_inputs.get(root, ())
-                                 if base.get(i.tensor_id, i.tensor_id) not in seen)
+                reads.extend((-2, i) for i in kernel_inputs.get(root, ())
+                             if base.get(i.tensor_id, i.tensor_id) not in seen)
                 continue
             entry = seen.get(root)
             if entry is None:

@@ -50,10 +50,8 @@ def _tensor_ids(graphs: Iterable[OpGraph]) -> int:
     """One past the largest tensor id in the graphs (new tensors are numbered from it)."""
     top = -1
     for g in graphs:
-        todo = list(g.nodes)
-        while todo:  # fused nodes' members too: their internal tensors have ids as well
-            n = todo.pop()
-            todo.extend(n.fused_from)
+        # fused nodes' members too: their internal tensors have ids as well
+        for n in (m for node in g.nodes for m in (node, *node.members)):
             for t in (*n.inputs, *n.outputs):
                 if t.tensor_id is not None and t.tensor_id > top:
                     top = t.tensor_id

@@ -32,12 +32,6 @@ MEGATRON_CE_FORWARD = (("megatron.ce.to_float", 2, 4), ("megatron.ce.max", 4, 0)
 MEGATRON_CE_BACKWARD = (("megatron.ce.grad", 4, 4), ("megatron.ce.to_half", 4, 2))
 
 
-def _members(node: OpNode) -> list[OpNode]:
-    if not node.fused_from:
-        return [node]
-    return [m for f in node.fused_from for m in _members(f)]
-
-
 def _aliases(fused: OpNode) -> list[OpNode]:
     """The views a fused kernel made of its own inputs and outputs (autograd's ``detach`` of
     the log-softmax it saves, the flattened target), kept as zero-cost view nodes after the
@@ -45,7 +39,7 @@ def _aliases(fused: OpNode) -> list[OpNode]:
     see them as the tensors they alias, not as further tensors."""
     known = {t.tensor_id for t in (*fused.inputs, *fused.outputs) if t.tensor_id is not None}
     out = []
-    for m in _members(fused):
+    for m in fused.members:
         if m.category != Category.VIEW or not m.inputs or any(
                 t.tensor_id not in known for t in m.inputs[:1]):
             continue

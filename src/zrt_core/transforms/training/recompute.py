@@ -194,7 +194,7 @@ class Recompute:
         for i, n in enumerate(nodes):
             # a fused node's members (their internal tensors, the views a fused backward
             # reads) are re-made with it: renamed too, so the backward reads the copies
-            for m in _members(n):
+            for m in n.members:
                 for t in m.outputs:
                     if t.tensor_id is not None and t.param is None:
                         renamed[t.tensor_id] = t.tensor_id + tensor_offset
@@ -221,12 +221,6 @@ def _forward_hint(node: OpNode, rules: OverlapRules | None) -> str:
     if plan.mode == ASYNC:
         return "async"
     return "none"
-
-
-def _members(n: OpNode) -> list[OpNode]:
-    if not n.fused_from:
-        return [n]
-    return [m for f in n.fused_from for m in _members(f)]
 
 
 def _renamed_node(n: OpNode, renamed: Mapping[int, int]) -> OpNode:
