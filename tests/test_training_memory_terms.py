@@ -214,3 +214,46 @@ def test_mamba_mixer_keeps_the_convolution_input_not_what_the_scan_reads(monkeyp
     mem_eff = saved()
     monkeypatch.setattr(activations, "_split_conv1d_scans", lambda forward, base: {})
     assert saved() - mem_eff == 80 * 19 * 2 + 80 * 16 * 2
+
+
+@pytest.mark.parametrize(("release", "kernel"), [("26.04", "te_inplace"),
+                                                 ("25.09", "te_inplace"),
+                                                 ("26.08", "fused")])
+def test_megatron_bridge_releases_keep_the_loss_gradient_in_the_logits(release: str,
+                                                                       kernel: str) -> None:
+    # TE's fused loss up to 2.17 writes the gradient into the bf16 logits and keeps them;
+    # 26.08's container TE is not pinned at the bundled snapshot: the fp32 kernel
+    case = case_from_record(_record(f"NVIDIA Megatron-Bridge performance summary, NeMo "
+                                    f"{release} (performance-summary.md)"))
+    assert case.cross_entropy == kernel
+    assert (kernel == "te_inplace") == any("TE 2.17" in a for a in case.assumptions)
+
+
+def test_te_inplace_loss_keeps_the_logits_dtype_gradient_once() -> None:
+    # the fused loss saves its [8, 16] fp32 log-softmax (and autograd's detach of it): 512 B
+    # as the fused (fp32) kernel; TE's in-place kernel keeps the bf16 logits instead, 8·16·2
+    # = 256 B; the int64 labels 8·8 B and the toy's incoming 4 B loss gradient either way
+    from attrs import evolve
+
+    from zrt_core.transforms.training import inplace_cross_entropy
+
+    F, Bk = Phase.TRAIN_FORWARD, Phase.TRAIN_BACKWARD
+    logits, labels = _t((8, 16), 30), _t((8,), 31, dtype="int64")
+    up, soft, alias = (_t((8, 16), 37, dtype="float32"), _t((8, 16), 32, dtype="float32"),
+                       _t((8, 16), 36, dtype="float32"))
+    loss = _t((), 33, dtype="float32")
+    members = (_node(1, "aten._to_copy.default", Category.COPY, F, (logits,), (up,)),
+               _node(2, "aten._log_softmax.default", "loss", F, (up,), (soft,)),
+               _node(3, "aten.detach.default", Category.VIEW, F, (soft,), (alias,)),
+               _node(4, "aten.nll_loss_forward.default", "loss", F, (soft, labels), (loss,)))
+    ce = evolve(_node(0, "fused.cross_entropy", "loss", F, (logits, labels), (soft, loss)),
+                fused_from=members)
+    bwd = OpGraph(Bk, [_node(0, "fused.cross_entropy_backward", "loss", Bk,
+                             (_t((), 35, dtype="float32"), soft, labels, alias),
+                             (_t((8, 16), 34),))])
+    fwd = OpGraph(F, [ce])
+    assert saved_activation_bytes(fwd, bwd) == {0: 8 * 16 * 4 + 8 * 8 + 4}
+    f2, b2 = inplace_cross_entropy(fwd, bwd)
+    assert saved_activation_bytes(f2, b2) == {0: 8 * 16 * 2 + 8 * 8 + 4}
+    # only what is kept changes: the kernels' traffic stays the fused loss's
+    assert (f2.nodes[0].bytes, b2.nodes[0].bytes) == (ce.bytes, bwd.nodes[0].bytes)

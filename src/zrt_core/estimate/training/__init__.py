@@ -201,6 +201,7 @@ from zrt_core.transforms.training import (  # noqa: F401  (the old module's impo
     add_mtp_layers,
     dp_groups,
     grad_dtype,
+    inplace_cross_entropy,
     mark_weight_grads,
     optimizer_graph,
     param_inventory,

@@ -61,6 +61,7 @@ from zrt_core.transforms.training import (
     UnfusedAttention,
     add_mtp_layers,
     grad_dtype,
+    inplace_cross_entropy,
     mark_weight_grads,
     param_inventory,
     precision_plan,
@@ -144,9 +145,12 @@ def estimate_training(
         --num-layers-at-end-in-bf16 last``).
     :param mtp: multi-token prediction modules the recipe trains (:class:`MtpSpec`,
         :func:`mtp_from_config`); they run on the last pipeline stage.
-    :param cross_entropy: ``fused`` (one loss kernel: TransformerEngine's, Megatron's
-        ``--cross-entropy-loss-fusion``) or ``megatron`` (``vocab_parallel_cross_entropy``'s
-        fp32 passes over the logits: :func:`~zrt_core.transforms.training.
+    :param cross_entropy: ``fused`` (one loss kernel keeping an fp32 softmax or gradient:
+        Megatron's ``--cross-entropy-loss-fusion`` native kernel, TransformerEngine's from
+        2.18), ``te_inplace`` (TransformerEngine's up to 2.17, which writes the gradient into
+        the 16-bit logits and keeps them: :func:`~zrt_core.transforms.training.
+        inplace_cross_entropy`) or ``megatron`` (``vocab_parallel_cross_entropy``'s fp32
+        passes over the logits: :func:`~zrt_core.transforms.training.
         unfused_cross_entropy`).
     :param amax_reduction: under fp8 delayed scaling, the group TransformerEngine all-reduces
         each autocast region's amaxes over (``reduce_amax``): ``dp_tp`` (Megatron-Core's
@@ -528,6 +532,10 @@ def _recipe_graphs(fwd: OpGraph, bwd: OpGraph, fwd0: OpGraph, ctx: TransformCont
         fwd, bwd = unfused_cross_entropy(fwd, bwd)
         notes.append("cross-entropy as Megatron's vocab_parallel_cross_entropy without loss "
                      "fusion: fp32 passes over the logits (52 bytes per logit)")
+    elif cross_entropy == "te_inplace":
+        fwd, bwd = inplace_cross_entropy(fwd, bwd)
+        notes.append("cross-entropy as TransformerEngine's fused kernel up to TE 2.17: the "
+                     "gradient written into the 16-bit logits, which are kept for backward")
     if mtp is not None and mtp.depths:
         kinds = mtp.kinds or tuple(
             t.kind for t in fwd.templates.values()

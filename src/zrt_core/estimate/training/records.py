@@ -89,6 +89,25 @@ MBRIDGE_NVFP4_BF16_END = {"nemotron_3_super": 14, "gpt_oss_20b": 4}
 MBRIDGE_MUON_MODELS = ("kimi_k2",)
 
 
+#: Megatron-Bridge releases whose perf configs run TransformerEngine's fused loss
+#: (``cross_entropy_fusion_impl = "te"``: each 25.09 ``scripts/performance/configs/*.yaml``,
+#: ``utils/helpers.py`` in v0.2.0, ``utils/overrides.py`` from v0.3.0 to v0.5.0) in a container
+#: whose TE keeps the gradient in the logits (``ctx.save_for_backward(inp.detach())`` up to
+#: TE 2.17; TE 2.9 in 25.11, 2.12 in 26.02, 2.14 in 26.04, 2.16 in 26.06:
+#: ``docs/releases/software-versions.md``). 26.08's container TE is not listed at the
+#: bundled snapshot, and its Nemotron-H recipes switch to the native kernel: ``fused``.
+MBRIDGE_TE_INPLACE_LOSS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01",
+                           "26.06", "26.06.01")
+
+
+def _release(source: str) -> str | None:
+    """The NeMo release a Megatron-Bridge record's source names ("NeMo 26.04")."""
+    import re
+
+    found = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?)\b", source)
+    return found.group(1) if found else None
+
+
 def _mbridge_model(record: Mapping[str, Any]) -> str | None:
     """The Megatron-Bridge perf-config key of a record's model name (None if unknown)."""
     from zrt_core.recipes import model_key
@@ -326,6 +345,11 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         cross_entropy = "megatron"
         assumptions.append("cross-entropy unfused (Megatron-LM / NeMo default before "
                            "--cross-entropy-loss-fusion; Megatron-Bridge recipes fuse it)")
+    elif "Megatron-Bridge" in source and _release(source) in MBRIDGE_TE_INPLACE_LOSS:
+        cross_entropy = "te_inplace"
+        assumptions.append("fused loss as TransformerEngine's kernel up to TE 2.17 "
+                           "(cross_entropy_fusion_impl='te' in the release's perf configs): "
+                           "the gradient kept in the 16-bit logits")
     amax_reduction = "dp_tp"
     if any(s in source for s in TP_ONLY_AMAX_SOURCES):
         amax_reduction = "tp"

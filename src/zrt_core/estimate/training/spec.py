@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 #: NCCL's buffers and the caching allocator's fragmentation.
 USABLE_MEMORY_FRACTION = 0.95
 ATTENTION_KERNELS = ("flash", "unfused")
-CROSS_ENTROPY_KERNELS = ("fused", "megatron")
+CROSS_ENTROPY_KERNELS = ("fused", "megatron", "te_inplace")
 _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "overlap",
                 "other")
 

@@ -56,6 +56,7 @@ from zrt_core.transforms.training.data_parallel import (  # noqa: F401
 from zrt_core.transforms.training.loss import (  # noqa: F401
     MEGATRON_CE_BACKWARD,
     MEGATRON_CE_FORWARD,
+    inplace_cross_entropy,
     unfused_cross_entropy,
 )
 from zrt_core.transforms.training.optimizer import (  # noqa: F401

@@ -105,3 +105,51 @@ def unfused_cross_entropy(forward: OpGraph, backward: OpGraph) -> tuple[OpGraph,
 
     return (expand(forward, "fused.cross_entropy", MEGATRON_CE_FORWARD),
             expand(backward, "fused.cross_entropy_backward", MEGATRON_CE_BACKWARD))
+
+
+def inplace_cross_entropy(forward: OpGraph, backward: OpGraph) -> tuple[OpGraph, OpGraph]:
+    """TransformerEngine's ``parallel_cross_entropy`` up to TE 2.17 (``cross_entropy_fusion_impl
+    = "te"``): the forward computes the loss and writes the logits' gradient into the logits
+    themselves, and saves them (``ctx.save_for_backward(inp.detach())``,
+    ``pytorch/cross_entropy.py``); the backward scales that gradient in place. So the saved
+    tensor is ``[tokens, vocab / tp]`` in the logits' dtype, not an fp32 log-softmax (TE 2.18,
+    PR #3193, stores an fp32 gradient instead: the ``fused`` kernel). Only what is kept
+    changes: the nodes' traffic stays the fused kernel's (docs/training-model.md says why)."""
+
+    def logits_of(n: OpNode) -> TensorMeta | None:
+        return max((t for t in n.inputs if len(t.shape) >= 2), key=lambda t: t.numel,
+                   default=None)
+
+    saved: dict[int, str] = {}  # the fused node's big fp32 output (and its views) → dtype
+    fwd_nodes = []
+    for n in forward.nodes:
+        logits = logits_of(n) if n.op == "fused.cross_entropy" else None
+        if logits is None:
+            fwd_nodes.append(n)
+            continue
+        for t in n.outputs:
+            if t.numel == logits.numel and t.tensor_id is not None:
+                saved[t.tensor_id] = logits.dtype
+        for m in n.members:  # autograd's detach of what it saves is the same tensor
+            if m.category == Category.VIEW and m.inputs and m.inputs[0].tensor_id in saved:
+                saved.update((t.tensor_id, logits.dtype) for t in m.outputs
+                             if t.tensor_id is not None)
+        fwd_nodes.append(evolve(_retyped(n, saved), attrs={**n.attrs, "loss": "te_inplace"}))
+    bwd_nodes = []
+    for n in backward.nodes:
+        if n.op != "fused.cross_entropy_backward":
+            bwd_nodes.append(n)
+            continue
+        bwd_nodes.append(evolve(_retyped(n, saved), attrs={**n.attrs, "loss": "te_inplace"}))
+    return forward.with_nodes(fwd_nodes, forward.edges), \
+        backward.with_nodes(bwd_nodes, backward.edges)
+
+
+def _retyped(n: OpNode, dtypes: dict[int, str]) -> OpNode:
+    """``n`` (and its fused members) with the tensors ``dtypes`` names in those dtypes."""
+    def one(t: TensorMeta) -> TensorMeta:
+        return evolve(t, dtype=dtypes[t.tensor_id]) if t.tensor_id in dtypes else t
+
+    return evolve(n, inputs=tuple(one(t) for t in n.inputs),
+                  outputs=tuple(one(t) for t in n.outputs),
+                  fused_from=tuple(_retyped(m, dtypes) for m in n.fused_from))
