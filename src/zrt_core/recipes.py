@@ -221,18 +221,24 @@ def _settings(recipe: Recipe) -> tuple[Any, ...]:
     return tuple(v for f, v in attrs.asdict(recipe, recurse=False).items() if f not in skip)
 
 
+def release_of(source: str) -> str | None:
+    """The NeMo release a Megatron-Bridge record's source names ("NeMo 26.04" → "26.04")."""
+    found = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?)\b", source)
+    return found.group(1) if found else None
+
+
 def _same_run(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None) -> list[Recipe]:
     """Rows of a validation record's release, model, GPU, precision, GPU count and global
     batch, whatever their layout."""
     rows = _bundled() if rows is None else rows
-    found = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?)\b", str(record.get("source", "")))
+    release = release_of(str(record.get("source", "")))
     gpu = HARDWARE_GPU.get(str(record.get("hardware")))
     model = model_key(str((record.get("model") or {}).get("name", "")))
     precisions = RECORD_PRECISION.get(str(record.get("precision")), ())
-    if found is None or gpu is None or model is None or not precisions:
+    if release is None or gpu is None or model is None or not precisions:
         return []
     return [r for r in rows
-            if r.release == found.group(1) and r.model == model and r.gpu == gpu
+            if r.release == release and r.model == model and r.gpu == gpu
             and r.precision in precisions and r.num_gpus == record.get("num_gpus")
             and r.gbs == record.get("global_batch")]
 

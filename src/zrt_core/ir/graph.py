@@ -9,7 +9,7 @@ torch: listing, costing and reporting a saved graph stays fast.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +219,13 @@ class OpNode:
         if not self.fused_from:
             return (self,)
         return tuple(m for f in self.fused_from for m in f.members)
+
+    def with_tensors(self, change: Callable[[TensorMeta], TensorMeta]) -> OpNode:
+        """This node, and the ops it fused, with ``change`` applied to every input and
+        output tensor (renamed ids, another dtype)."""
+        return evolve(self, inputs=tuple(change(t) for t in self.inputs),
+                      outputs=tuple(change(t) for t in self.outputs),
+                      fused_from=tuple(m.with_tensors(change) for m in self.fused_from))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

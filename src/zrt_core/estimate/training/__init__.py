@@ -57,7 +57,6 @@ from zrt_core.estimate.host import (  # noqa: F401  (the old module's imported n
 from zrt_core.estimate.training.activations import (  # noqa: F401
     _RANDOM_OPS,
     _forward_tensors,
-    _members,
     saved_activation_bytes,
     transient_bytes,
 )

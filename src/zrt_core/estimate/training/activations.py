@@ -20,11 +20,6 @@ if TYPE_CHECKING:
 # -- activations and transient memory --------------------------------------------------------
 
 
-def _members(node: OpNode) -> list[OpNode]:
-    """A node, or the ops a fused node replaced (recursively)."""
-    return list(node.members)
-
-
 _RANDOM_OPS = ("bernoulli", "rand", "dropout", "normal", "uniform")
 
 #: Backward ops whose input at this position is no saved activation in Megatron-Core: since
@@ -58,7 +53,7 @@ def _kernel_inputs(forward: OpGraph, internal: set[int]) -> dict[int, list[Any]]
     for n in forward.nodes:
         if not n.fused_from:
             continue
-        made = {t.tensor_id for m in _members(n) for t in m.outputs} & internal
+        made = {t.tensor_id for m in n.members for t in m.outputs} & internal
         if not made:
             continue
         kept = [t for t in n.inputs if t.tensor_id is not None and t.param is None
@@ -164,7 +159,7 @@ def _forward_tensors(forward: OpGraph) -> tuple[dict[int, int], dict[int, Any], 
                 read.add(t.tensor_id)
     for n in forward.nodes:
         boundary = {t.tensor_id for t in n.outputs}
-        members = _members(n)
+        members = n.members
         fused = bool(n.fused_from)
         random = fused and any(any(r in m.op for r in _RANDOM_OPS) for m in members)
         for m in members:
@@ -216,7 +211,7 @@ def saved_activation_bytes(forward: OpGraph, backward: OpGraph) -> dict[int | st
     gathered = {t.tensor_id for n in forward.nodes if _param_gather(n) for t in n.outputs}
     # what a backward node or a fused member makes; a recompute copy renames its members'
     # tensors too, so the backward from the copy on reads them there, nothing original
-    produced = {t.tensor_id for n in backward.nodes for m in _members(n) for t in m.outputs
+    produced = {t.tensor_id for n in backward.nodes for m in n.members for t in m.outputs
                 if t.tensor_id is not None}
     first_layer = next((i for i, n in enumerate(backward.nodes)
                         if n.layer_index is not None), len(backward.nodes))

@@ -100,14 +100,6 @@ MBRIDGE_TE_INPLACE_LOSS = ("25.09", "25.11", "26.02", "26.02.01", "26.04", "26.0
                            "26.06", "26.06.01")
 
 
-def _release(source: str) -> str | None:
-    """The NeMo release a Megatron-Bridge record's source names ("NeMo 26.04")."""
-    import re
-
-    found = re.search(r"NeMo (\d\d\.\d\d(?:\.\d\d)?)\b", source)
-    return found.group(1) if found else None
-
-
 def _mbridge_model(record: Mapping[str, Any]) -> str | None:
     """The Megatron-Bridge perf-config key of a record's model name (None if unknown)."""
     from zrt_core.recipes import model_key
@@ -340,12 +332,14 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         layers = ModelDims.from_config(config).layers
     except ModelError:
         layers = 0
+    from zrt_core.recipes import release_of
+
     cross_entropy = "fused"
     if not any(s in source for s in FUSED_CROSS_ENTROPY_SOURCES):
         cross_entropy = "megatron"
         assumptions.append("cross-entropy unfused (Megatron-LM / NeMo default before "
                            "--cross-entropy-loss-fusion; Megatron-Bridge recipes fuse it)")
-    elif "Megatron-Bridge" in source and _release(source) in MBRIDGE_TE_INPLACE_LOSS:
+    elif "Megatron-Bridge" in source and release_of(source) in MBRIDGE_TE_INPLACE_LOSS:
         cross_entropy = "te_inplace"
         assumptions.append("fused loss as TransformerEngine's kernel up to TE 2.17 "
                            "(cross_entropy_fusion_impl='te' in the release's perf configs): "

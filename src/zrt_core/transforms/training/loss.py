@@ -130,9 +130,9 @@ def inplace_cross_entropy(forward: OpGraph, backward: OpGraph) -> tuple[OpGraph,
         for t in n.outputs:
             if t.numel == logits.numel and t.tensor_id is not None:
                 saved[t.tensor_id] = logits.dtype
-        for m in n.members:  # autograd's detach of what it saves is the same tensor
-            if m.category == Category.VIEW and m.inputs and m.inputs[0].tensor_id in saved:
-                saved.update((t.tensor_id, logits.dtype) for t in m.outputs
+        for alias in _aliases(n):  # autograd's detach of what it saves is the same tensor
+            if alias.inputs[0].tensor_id in saved:
+                saved.update((t.tensor_id, logits.dtype) for t in alias.outputs
                              if t.tensor_id is not None)
         fwd_nodes.append(evolve(_retyped(n, saved), attrs={**n.attrs, "loss": "te_inplace"}))
     bwd_nodes = []
@@ -147,9 +147,5 @@ def inplace_cross_entropy(forward: OpGraph, backward: OpGraph) -> tuple[OpGraph,
 
 def _retyped(n: OpNode, dtypes: dict[int, str]) -> OpNode:
     """``n`` (and its fused members) with the tensors ``dtypes`` names in those dtypes."""
-    def one(t: TensorMeta) -> TensorMeta:
-        return evolve(t, dtype=dtypes[t.tensor_id]) if t.tensor_id in dtypes else t
-
-    return evolve(n, inputs=tuple(one(t) for t in n.inputs),
-                  outputs=tuple(one(t) for t in n.outputs),
-                  fused_from=tuple(_retyped(m, dtypes) for m in n.fused_from))
+    return n.with_tensors(lambda t: evolve(t, dtype=dtypes[t.tensor_id])
+                          if t.tensor_id in dtypes else t)

@@ -205,7 +205,8 @@ class Recompute:
             if n.category == Category.COLLECTIVE and "overlap" not in attrs:
                 attrs["overlap"] = _forward_hint(n, self.rules)
             made.append(evolve(
-                _renamed_node(n, renamed), id=node_offset + i, phase=Phase.TRAIN_BACKWARD,
+                n.with_tensors(lambda t: _renamed(t, renamed)), id=node_offset + i,
+                phase=Phase.TRAIN_BACKWARD,
                 attrs=attrs))
         return made
 
@@ -221,13 +222,6 @@ def _forward_hint(node: OpNode, rules: OverlapRules | None) -> str:
     if plan.mode == ASYNC:
         return "async"
     return "none"
-
-
-def _renamed_node(n: OpNode, renamed: Mapping[int, int]) -> OpNode:
-    """``n`` reading and writing the renamed tensors, its fused members too."""
-    return evolve(n, inputs=tuple(_renamed(t, renamed) for t in n.inputs),
-                  outputs=tuple(_renamed(t, renamed) for t in n.outputs),
-                  fused_from=tuple(_renamed_node(m, renamed) for m in n.fused_from))
 
 
 def _renamed(t: TensorMeta, renamed: Mapping[int, int]) -> TensorMeta:
