@@ -32,7 +32,6 @@ Nothing in zrt is fitted on these records (``benchmarks/bench_heldout_nemo.py``)
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 from pathlib import Path
