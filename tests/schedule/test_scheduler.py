@@ -18,7 +18,15 @@ from zrt_core.schedule.scheduler import (
     schedule_region,
     weight_grad_s,
 )
-from zrt_core.schedule.timeline import ASYNC, DEFERRED, NEXT_STEP, PIPELINED, PREFETCH, SYNC
+from zrt_core.schedule.timeline import (
+    ASYNC,
+    DEFERRED,
+    NEXT_STEP,
+    PIPELINED,
+    PREFETCH,
+    PREFETCH_BEHIND,
+    SYNC,
+)
 
 
 def node(i: int, op: str, category: str = "matmul", *, phase: str = "train_forward",
@@ -306,6 +314,35 @@ def test_param_gather_without_prefetch_is_serial() -> None:
                         OverlapRules(overlap_param_gather=False))
     assert tl.makespan_s == 15.0
     assert dict(tl.exposed_comm_s) == {"dp": 6.0}
+
+
+def backward_with_gather_and_reduce() -> OpGraph:
+    # FSDP backward: each layer's parameters gathered again (2), its backward (4), its
+    # gradients reduce-scattered (3), the gather and the reduction on the same dp stream
+    bwd = "train_backward"
+    ns = [comm(0, "dp", "all_gather", phase=bwd, layer=0),
+          node(1, "layer_bwd", phase=bwd, layer=0),
+          comm(2, "dp", "reduce_scatter", phase=bwd, layer=0)]
+    return OpGraph(phase="train_backward", nodes=ns, edges=[(0, 1), (1, 2)],
+                   templates=[LayerTemplate("dense", 0, (0, 1, 2))])
+
+
+@pytest.mark.parametrize(("behind", "mode", "makespan"), [
+    # FSDP2 / Megatron-FSDP: layer k's gather, issued when layer k-1 starts, goes before
+    # k-1's reduce-scatter: gathers 0-2, 2-4, 9-11; layers 2-6, 6-10, 11-15; reductions
+    # 6-9, 11-14, 15-18 (tests/schedule/test_timeline.py works the same numbers).
+    (False, PREFETCH, 18.0),
+    # DeepSpeed's ZeRO-3 of 2021: each gather waits for the reduce-scatter before it:
+    # layers 2-6, 11-15, 20-24; the last reduce-scatter 24-27.
+    (True, PREFETCH_BEHIND, 27.0),
+])
+def test_backward_gather_and_reduce_share_the_dp_stream(behind: bool, mode: str,
+                                                        makespan: float) -> None:
+    tl = schedule_phase(backward_with_gather_and_reduce(), costs({0: 2.0, 1: 4.0, 2: 3.0}),
+                        OverlapRules(gather_behind_reduce=behind))
+    assert tl.makespan_s == makespan
+    assert {e.mode for e in tl.events if e.name == "comm.all_gather"} == {mode}
+    check_identity(tl)
 
 
 def test_optimizer_param_gather_runs_under_the_next_step() -> None:

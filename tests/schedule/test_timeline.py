@@ -8,6 +8,7 @@ from zrt_core.errors import SpecError
 from zrt_core.schedule.timeline import (
     DEFERRED,
     PREFETCH,
+    PREFETCH_BEHIND,
     SYNC,
     Event,
     Region,
@@ -110,6 +111,36 @@ def test_prefetch_is_issued_during_the_previous_region() -> None:
     assert [(e.start_s, e.end_s, e.layer_index) for e in tl.carried] == [
         (0.0, 2.0, 0), (2.0, 4.0, 1)]
     assert tl.makespan_s == 8.0
+
+
+def _backward_layer(gather_mode: str) -> Region:
+    # a backward layer: the next layer's gather (2) prefetched, its own compute (4), its
+    # gradient reduce-scatter (3) deferred from the end of the compute, on the same stream
+    return Region.from_events("l", [ev("ag", "comm.dp", 0, 2, mode=gather_mode),
+                                    ev("mm", "compute", 0, 4),
+                                    ev("rs", "comm.dp", 4, 7, mode=DEFERRED)])
+
+
+def test_prefetched_gather_takes_the_stream_before_the_previous_reduce_scatter() -> None:
+    tl = Timeline.compose([(_backward_layer(PREFETCH), i) for i in range(3)])
+    # gather 0 at 0-2, layer 0 at 2-6. Gather 1 is issued when layer 0 starts (2), before
+    # layer 0's reduce-scatter (issued at 6): 2-4; the reduce-scatter 6-9; layer 1 at 6-10.
+    # Gather 2 (issued at 6) waits for the stream: 9-11; reduce-scatter 1 11-14; layer 2
+    # at 11-15; reduce-scatter 2 15-18 is the exposed tail.
+    assert [p.offset_s for p in tl.placements] == [2.0, 6.0, 11.0]
+    assert [(e.name, e.start_s, e.end_s) for e in tl.carried] == [
+        ("ag", 0.0, 2.0), ("ag", 2.0, 4.0), ("rs", 6.0, 9.0), ("ag", 9.0, 11.0),
+        ("rs", 11.0, 14.0), ("rs", 15.0, 18.0)]
+    assert tl.makespan_s == 18.0
+
+
+def test_gather_behind_the_reduce_scatter_waits_for_it() -> None:
+    tl = Timeline.compose([(_backward_layer(PREFETCH_BEHIND), i) for i in range(3)])
+    # DeepSpeed's 2021 ZeRO-3: gather 1 queues behind layer 0's reduce-scatter (6-9): 9-11,
+    # layer 1 at 11-15; its reduce-scatter 15-18, gather 2 18-20, layer 2 at 20-24,
+    # reduce-scatter 2 24-27.
+    assert [p.offset_s for p in tl.placements] == [2.0, 11.0, 20.0]
+    assert tl.makespan_s == 27.0
 
 
 def test_shift_moves_everything_and_counts_the_gap_as_idle() -> None:

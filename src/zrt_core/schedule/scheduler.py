@@ -29,6 +29,7 @@ from zrt_core.schedule.timeline import (
     NEXT_STEP,
     PIPELINED,
     PREFETCH,
+    PREFETCH_BEHIND,
     SYNC,
     Event,
     Region,
@@ -84,6 +85,11 @@ class OverlapRules:
     :param overlap_param_gather: ZeRO-3/FSDP parameter all-gathers are prefetched one layer
         ahead; the distributed optimizer's post-step all-gather runs under the next step's
         forward (``--overlap-param-gather``).
+    :param gather_behind_reduce: a prefetched parameter all-gather queues behind the
+        gradient reductions issued before it (DeepSpeed's ZeRO-3 of early 2021, whose every
+        all-gather first waited for the earlier communication: deepspeedai/DeepSpeed
+        PR #1188); otherwise it is served in issue order, ahead of the previous layer's
+        reduce-scatter (FSDP2, Megatron-FSDP; :meth:`Timeline.compose`).
     :param serial: every collective blocks the compute stream — serving engines (vLLM,
         SGLang, TensorRT-LLM) in prefill and decode; with ``ep_async`` the EP all-to-alls
         are the exception (``--moe-shared-expert-overlap`` in serving: the shared experts
@@ -97,6 +103,7 @@ class OverlapRules:
     ep_batch_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    gather_behind_reduce: bool = False
     serial: bool = False
 
     @classmethod
@@ -140,7 +147,9 @@ class OverlapRules:
         if hint == "backward":
             return CommPlan(DEFERRED) if self.overlap_grad_reduce else CommPlan(SYNC)
         if hint == "prefetch":
-            return CommPlan(PREFETCH) if self.overlap_param_gather else CommPlan(SYNC)
+            if not self.overlap_param_gather:
+                return CommPlan(SYNC)
+            return CommPlan(PREFETCH_BEHIND if self.gather_behind_reduce else PREFETCH)
         if hint == "next_step":
             return CommPlan(NEXT_STEP) if self.overlap_param_gather else CommPlan(SYNC)
 
@@ -162,7 +171,9 @@ class OverlapRules:
             if kind == "all_gather":
                 if not self.overlap_param_gather:
                     return CommPlan(SYNC)
-                return CommPlan(NEXT_STEP if phase == Phase.OPTIMIZER else PREFETCH)
+                if phase == Phase.OPTIMIZER:
+                    return CommPlan(NEXT_STEP)
+                return CommPlan(PREFETCH_BEHIND if self.gather_behind_reduce else PREFETCH)
             if kind in ("reduce_scatter", "all_reduce") and phase == Phase.TRAIN_BACKWARD:
                 return CommPlan(DEFERRED) if self.overlap_grad_reduce else CommPlan(SYNC)
             return CommPlan(SYNC)
@@ -302,7 +313,7 @@ def schedule_region(
             on_comm.add(node.id)
             stream = comm_stream(_group(node))
             free = stream_free.get(stream, 0.0)
-            if mode == PREFETCH:
+            if mode in (PREFETCH, PREFETCH_BEHIND):
                 # Issued during the previous region (Timeline.compose places it); here the
                 # consumers do not wait for it.
                 start = free

@@ -32,11 +32,14 @@ COMM_PREFIX = "comm."
 
 # Communication modes (see docs/overlap-rules.md). A region waits for SYNC, ASYNC and
 # PIPELINED collectives through its dependencies; DEFERRED and NEXT_STEP ones are off its
-# critical path; PREFETCH ones are issued during the previous region.
-SYNC, ASYNC, PIPELINED, DEFERRED, PREFETCH, NEXT_STEP = (
-    "sync", "async", "pipelined", "deferred", "prefetch", "next_step")
-MODES = (SYNC, ASYNC, PIPELINED, DEFERRED, PREFETCH, NEXT_STEP)
-CARRIED = frozenset({DEFERRED, PREFETCH, NEXT_STEP})
+# critical path; PREFETCH ones are issued during the previous region, ahead of what that
+# region defers; PREFETCH_BEHIND ones likewise, but queued behind what it defers (an engine
+# that waits for its earlier communication before it issues a gather).
+SYNC, ASYNC, PIPELINED, DEFERRED, PREFETCH, NEXT_STEP, PREFETCH_BEHIND = (
+    "sync", "async", "pipelined", "deferred", "prefetch", "next_step", "prefetch_behind")
+MODES = (SYNC, ASYNC, PIPELINED, DEFERRED, PREFETCH, NEXT_STEP, PREFETCH_BEHIND)
+PREFETCHED = frozenset({PREFETCH, PREFETCH_BEHIND})
+CARRIED = frozenset({DEFERRED, PREFETCH, NEXT_STEP, PREFETCH_BEHIND})
 
 
 def comm_stream(group: str) -> str:
@@ -193,7 +196,7 @@ class Region:
         """Split events by mode and account the body (see the module docstring)."""
         body, carried, prefetch = [], [], []
         for e in events:
-            if e.mode == PREFETCH:
+            if e.mode in PREFETCHED:
                 prefetch.append(e)
             elif e.mode in CARRIED:
                 carried.append(e)
@@ -259,29 +262,55 @@ class Timeline:
         Deferred collectives (bucketed gradient reduction) start at their offset in their
         region or when their stream frees, whichever is later; whatever runs past the last
         body is the exposed tail.
+
+        A stream serves its collectives in issue order: region k's prefetched gathers
+        (PREFETCH) are issued when region k-1 starts, before anything region k-1 defers
+        (its gradient reduce-scatter is issued when its backward produces the gradients),
+        so they take the stream first. FSDP2 issues the next layer's unshard in the
+        pre-backward hook, ahead of the layer's own ``post_backward`` reduce-scatter
+        (``torch/distributed/fsdp/_fully_shard/_fsdp_state.py``), and Megatron-FSDP
+        prefetches the next bucket's all-gather before the current one's gradients are
+        reduced (``megatron_fsdp.py``: ``side_stream_for_param_gather`` beside the
+        reduce-scatter's ``side_stream_for_buffer_copy_and_grad_accum``). PREFETCH_BEHIND
+        gathers queue behind region k-1's deferred collectives instead: DeepSpeed's ZeRO-3
+        of early 2021, whose every all-gather first waited for the communication before it
+        (``torch.cuda.synchronize()``, deepspeedai/DeepSpeed PR #1188).
         """
         items = [(p, None) if isinstance(p, Region) else p for p in parts]
         stream_free: dict[str, float] = defaultdict(float)
         placements: list[Placement] = []
         carried: list[Event] = []
+        # the previous region's deferred collectives, issued after this region's prefetch
+        pending: list[tuple[Event, float, int | None]] = []
+
+        def place_pending() -> None:
+            for e, offset_s, at_layer in pending:
+                start = max(offset_s + e.start_s, stream_free[e.stream])
+                end = start + e.duration_s
+                stream_free[e.stream] = end
+                carried.append(e.placed(start, end, at_layer))
+            pending.clear()
+
         previous_start = previous_end = 0.0
         for region, layer in items:
             issue = previous_start
             ready = previous_end
-            for e in region.prefetch:
-                start = max(issue, stream_free[e.stream])
-                end = start + e.duration_s
-                stream_free[e.stream] = end
-                carried.append(e.placed(start, end, layer))
-                ready = max(ready, end)
+            for behind in (False, True):
+                if behind:
+                    place_pending()
+                for e in region.prefetch:
+                    if (e.mode == PREFETCH_BEHIND) != behind:
+                        continue
+                    start = max(issue, stream_free[e.stream])
+                    end = start + e.duration_s
+                    stream_free[e.stream] = end
+                    carried.append(e.placed(start, end, layer))
+                    ready = max(ready, end)
             offset = ready
-            for e in region.carried:
-                start = max(offset + e.start_s, stream_free[e.stream])
-                end = start + e.duration_s
-                stream_free[e.stream] = end
-                carried.append(e.placed(start, end, layer))
+            pending.extend((e, offset, layer) for e in region.carried)
             placements.append(Placement(region, offset, layer))
             previous_start, previous_end = offset, offset + region.body_s
+        place_pending()
 
         makespan = max([previous_end, *(e.end_s for e in carried)], default=0.0)
         busy: dict[str, float] = defaultdict(float)

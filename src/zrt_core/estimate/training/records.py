@@ -295,10 +295,12 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         attention = "unfused"
         assumptions.append("2021-22 attention kernels (no FlashAttention)")
     zero_algorithm = None
-    if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) == 3:
+    legacy_zero3 = any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) == 3
+    if legacy_zero3:
         zero_algorithm = "pairwise"
         assumptions.append("DeepSpeed ZeRO-3 of 2021: parameter gathers and gradient "
-                           "reduce-scatters at one scale-out link per GPU")
+                           "reduce-scatters at one scale-out link per GPU, each gather "
+                           "queued behind the reduce-scatters before it")
     if any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) != 3:
         sync_tp = any(s in source for s in SYNC_TP_BACKWARD_SOURCES)
         overlap = legacy_overlap(tp_backward_async=not sync_tp)
@@ -308,6 +310,12 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                               "--async-tensor-model-parallel-allreduce)" if sync_tp else ""))
     else:
         overlap = default_overlap(parallel, train)
+        if legacy_zero3:
+            # DeepSpeed before mid-2021 (Narayanan et al.'s runs): "each all_gather calls
+            # torch.cuda.synchronize() to guarantee previous communication op to be
+            # completed" (deepspeedai/DeepSpeed PR #1188; issues #1069, #1174), so a
+            # backward's prefetched gather waits for the reduce-scatter issued before it
+            overlap = evolve(overlap, gather_behind_reduce=True)
         notes = str(record.get("notes", ""))
         if overlap.tp_comm_overlap > 0 and (
                 any(r in notes for r in NO_TP_COMM_OVERLAP_RECIPES)
