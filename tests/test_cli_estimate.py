@@ -96,6 +96,8 @@ def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     ({"parallel": {"tp": 0}}, "bad parallel"),
     ({"train": {"seq_len": 32}}, "train.micro_batch is missing"),
     ({"infer": {"input_len": 8, "output_len": 8}}, "give exactly one of train and infer"),
+    ({"train": None, "infer": {"input_len": 8, "output_len": 8, "batch": 4,
+                               "concurrency": 8}}, "batch 4 and concurrency 8 both given"),
     ({"model": {"family": "bloom", "hidden": 8, "layers": 1, "heads": 1, "ffn": 8,
                 "vocab": 8}}, "model.family 'bloom' has no analytic model"),
 ])

@@ -393,3 +393,45 @@ def test_the_executors_host_work_bounds_an_iteration(host, captured):
                                                                batch=4),
                              host=host, captured=captured)
     assert lat.tpot_s == pytest.approx(4e-3, rel=1e-12)
+
+
+def test_concurrency_caps_the_in_flight_sequences(host, captured):
+    # 32/16 on 4 GiB: offline, 4096 sequences run (test above). 8 closed-loop clients keep
+    # 8 in flight: the same steady state at c = 8 (8 x 32 / 16 = 16 prompt tokens a step,
+    # one mixed iteration per period, 16 iterations: 1 mixed + 15 decode)
+    infer = InferSpec(input_len=32, output_len=16, concurrency=8)
+    r = estimate_inference(None, _toy(4.0), Parallel(), infer, host=host, captured=captured)
+    t = r.throughput
+    assert (r.mode, r.batch, t["concurrency"], t["clients"]) == ("concurrency", 8, 8, 8)
+    assert t["queue_wait_ms"] == 0.0
+    period = t["mixed_iteration_ms"] * t["mixed_iterations_per_period"] + t[
+        "decode_iteration_ms"] * (16 - t["mixed_iterations_per_period"])
+    assert t["period_ms"] == pytest.approx(period, rel=1e-12)
+    assert r.output_tokens_per_s == pytest.approx(8 * 16 / (period / 1e3), rel=1e-9)
+    assert r.workload["concurrency"] == 8
+
+
+def test_clients_beyond_the_engine_queue_for_a_slot(host, captured):
+    # the toy engine holds 4 sequences; 12 clients: the steady state of the offline run
+    # (3 busy slots: test_admission_limited_steady_state_identity), each request first
+    # waiting 12 / 3 - 1 = 3 periods for a slot (Little's law), added to its TTFT
+    engine = _toy_engine()
+    offline = estimate_inference(None, _toy(), Parallel(), InferSpec(input_len=32,
+                                 output_len=3), host=host, captured=captured, engine=engine)
+    r = estimate_inference(None, _toy(), Parallel(),
+                           InferSpec(input_len=32, output_len=3, concurrency=12),
+                           host=host, captured=captured, engine=engine)
+    t = r.throughput
+    assert t["concurrency"] == offline.throughput["concurrency"] == 3
+    assert r.output_tokens_per_s == pytest.approx(offline.output_tokens_per_s, rel=1e-12)
+    assert t["queue_wait_ms"] == pytest.approx(3 * t["period_ms"], rel=1e-12)
+    assert r.ttft_s == pytest.approx(offline.ttft_s + 3 * t["period_ms"] / 1e3, rel=1e-12)
+    assert any(n.startswith("concurrency 12: 12 requests a replica, but the engine runs "
+                            "at most 4 at once") for n in r.notes)
+
+
+def test_batch_and_concurrency_are_not_both_given():
+    from zrt_core.errors import SpecError
+
+    with pytest.raises(SpecError, match="batch 4 and concurrency 8 both given"):
+        InferSpec(input_len=32, output_len=16, batch=4, concurrency=8)

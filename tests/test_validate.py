@@ -146,7 +146,13 @@ def test_inference_defaults() -> None:
     assert case.infer.batch is None
     assert case.engine == "trtllm"
     fp8 = inference_case(_record(INFER))
-    assert (fp8.infer.quant, fp8.infer.kv_dtype, fp8.infer.batch) == ("fp8", "fp8", 4)
+    # concurrency 4: four closed-loop clients on in-flight batching, not a static batch
+    assert (fp8.infer.quant, fp8.infer.kv_dtype, fp8.infer.batch,
+            fp8.infer.concurrency) == ("fp8", "fp8", None, 4)
+    assert any(a.startswith("concurrency 4: at most 4 requests in flight")
+               for a in fp8.assumptions)
+    capped = inference_case(_record({**INFER, "concurrency": None, "max_batch": 16}))
+    assert (capped.infer.batch, capped.infer.concurrency) == (None, 16)
 
 
 def test_trtllm_moe_record_without_ep_spreads_experts_over_the_tp_group() -> None:

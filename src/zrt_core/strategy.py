@@ -303,8 +303,16 @@ class TrainSpec:
 class InferSpec:
     """A serving workload: prompts of ``input_len`` tokens producing ``output_len`` tokens.
 
-    :param batch: concurrent sequences; None asks for the largest batch that fits in memory
-        (offline max-throughput, as ``trtllm-bench`` and vLLM's throughput benchmark run).
+    :param batch: a static batch: its prompts prefilled together, then decoded together (a
+        latency benchmark); None asks for in-flight batching (offline max-throughput, as
+        ``trtllm-bench`` and vLLM's throughput benchmark run, or ``concurrency``).
+    :param concurrency: closed-loop clients that keep this many requests in flight on the
+        engine's in-flight batching, each sending its next request when one completes
+        (vLLM's ``benchmark_serving --max-concurrency``, SGLang's ``bench_serving
+        --max-concurrency``, ``genai-perf --concurrency``, ``trtllm-bench --concurrency``):
+        the max-throughput steady state with at most this many sequences running, spread
+        over the data-parallel replicas. None: as many as the engine holds. Not with
+        ``batch``.
     :param quant: weight (and for fp8/fp4, activation) quantisation; "none" keeps ``dtype``.
     :param kv_dtype: the KV-cache dtype; None follows the activation dtype.
     :param shared_expert_overlap: the shared experts run on their own stream beside the
@@ -324,12 +332,23 @@ class InferSpec:
     shared_expert_overlap: bool = field(default=False, validator=validators.instance_of(bool))
     num_requests: int | None = field(default=None,
                                      validator=validators.optional(_count("batch")))
+    concurrency: int | None = field(default=None,
+                                    validator=validators.optional(_count("batch")))
+
+    def __attrs_post_init__(self) -> None:
+        if self.batch is not None and self.concurrency is not None:
+            raise SpecError(f"batch {self.batch} and concurrency {self.concurrency} both "
+                            "given: a static batch has no clients in flight",
+                            "give batch for a latency benchmark (prompts prefilled "
+                            "together) or concurrency for closed-loop clients on in-flight "
+                            "batching, not both")
 
     def to_json(self) -> dict[str, Any]:
         return {"input_len": self.input_len, "output_len": self.output_len, "batch": self.batch,
                 "quant": self.quant, "dtype": self.dtype, "kv_dtype": self.kv_dtype,
                 **({"shared_expert_overlap": True} if self.shared_expert_overlap else {}),
-                **({"num_requests": self.num_requests} if self.num_requests else {})}
+                **({"num_requests": self.num_requests} if self.num_requests else {}),
+                **({"concurrency": self.concurrency} if self.concurrency else {})}
 
 
 def train_spec_defaults(parallel: Parallel, **fields: Any) -> TrainSpec:

@@ -29,7 +29,8 @@ MODEL_KEYS = ("name", "config")
 PARALLEL_KEYS = ("tp", "pp", "vp", "cp", "ep", "etp", "dp", "sp", "cp_kind", "moe_load")
 TRAIN_KEYS = ("micro_batch", "global_batch", "seq_len", "recompute", "recompute_modules", "zero",
               "fsdp", "optimizer", "precision", "pp_schedule", "offload_optimizer")
-INFER_KEYS = ("input_len", "output_len", "batch", "quant", "kv_dtype", "dtype", "engine")
+INFER_KEYS = ("input_len", "output_len", "batch", "concurrency", "quant", "kv_dtype", "dtype",
+              "engine")
 FRONTENDS = ("analytic", "capture")
 
 

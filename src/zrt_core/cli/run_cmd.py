@@ -66,8 +66,14 @@ def add_infer_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("inference (--infer)")
     g.add_argument("--batch", type=positive_int("--batch"), default=None, metavar="B",
-                   help="concurrent sequences (default: the largest that fits, offline "
-                        "max-throughput as trtllm-bench runs it)")
+                   help="a static batch of B prompts prefilled together, then decoded "
+                        "together (a latency benchmark; default: in-flight batching, "
+                        "offline max-throughput as trtllm-bench runs it)")
+    g.add_argument("--concurrency", type=positive_int("--concurrency"), default=None,
+                   metavar="N", help="closed-loop clients keeping N requests in flight on "
+                        "in-flight batching (benchmark_serving/bench_serving "
+                        "--max-concurrency, genai-perf --concurrency): throughput, TTFT and "
+                        "TPOT of that steady state; not with --batch")
     g.add_argument("--num-requests", type=positive_int("--num-requests"), default=None,
                    metavar="N", help="offline max-throughput over a set of N requests queued "
                         "at once, ramp-up and drain included (trtllm-bench's dataset size; "
@@ -202,6 +208,7 @@ def run_infer(args: argparse.Namespace) -> int:
     infer = InferSpec(input_len=args.input_len, output_len=args.output_len,
                       batch=args.batch, quant=args.quant, kv_dtype=kv,
                       num_requests=getattr(args, "num_requests", None),
+                      concurrency=getattr(args, "concurrency", None),
                       dtype=getattr(args, "dtype", None) or "bfloat16",
                       shared_expert_overlap=bool(getattr(args, "moe_shared_expert_overlap",
                                                          False)))

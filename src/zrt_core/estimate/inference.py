@@ -20,6 +20,11 @@ Two modes:
     fills the rest of the engine's token budget with new prompts. Over ``output_len``
     iterations a slot prefills one prompt and emits ``output_len`` tokens, so
     throughput = C × output_len / (n_mixed × t_mixed + (output_len − n_mixed) × t_decode).
+``concurrency`` (``InferSpec.concurrency`` = N): closed-loop clients keeping N requests in
+    flight on the same in-flight batching: the steady state above with C also at most
+    ⌈N / dp⌉ per replica (a client's next request replaces the one that completed, so the
+    engine runs N sequences when they fit, not a static batch: TTFT is the mixed
+    iterations one prompt needs, not a batch's prefill).
 """
 
 from __future__ import annotations
@@ -351,6 +356,16 @@ class _Estimator:
                           output_tokens_per_s_per_gpu=0.0, requests_per_s=0.0,
                           memory=mem, max_batch=0, batch=0)
         concurrency = min(fit, settings.max_batch * pp)
+        clients = self.infer.concurrency
+        if clients is not None:
+            per_replica_clients = math.ceil(clients / p.dp)
+            if per_replica_clients > concurrency:
+                self.notes.append(
+                    f"concurrency {clients:,}: {per_replica_clients:,} requests a replica, "
+                    f"but the engine runs at most {concurrency:,} at once (KV cache "
+                    f"{fit:,} sequences, max batch {settings.max_batch * pp:,}); the rest "
+                    "queue")
+            concurrency = min(concurrency, per_replica_clients)
         micro = concurrency / pp  # sequences per in-flight micro-batch
         # steady state: each iteration decodes `micro` tokens and prefills micro·isl/osl
         token_limited = micro * (1 + isl / osl) > budget_tokens
@@ -388,6 +403,13 @@ class _Estimator:
                 f"fits in one, so a request's first token and each later one both take one "
                 f"mixed iteration ({t_mix * 1e3:.2f} ms); --batch B gives a static batch's "
                 "latency")
+        queued = 0.0
+        if clients is not None and math.ceil(clients / p.dp) > c * pp:
+            # closed loop (Little's law): N clients cycle through c · pp slots that each
+            # take a period to serve a request, so a request waits (N / (c · pp) − 1)
+            # periods for a slot before its prompt is admitted
+            queued = period * (math.ceil(clients / p.dp) / (c * pp) - 1)
+            ttft += queued
         mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * c * pp)
         steady = per_replica
         run = self._request_set(c, chunk, mean_cache, settings, fit)
@@ -404,6 +426,8 @@ class _Estimator:
             "engine_max_num_tokens": settings.max_num_tokens,
             "sequences_fit_in_kv": fit,
             "concurrency": c * pp,
+            **({"clients": clients, "queue_wait_ms": queued * 1e3}
+               if clients is not None else {}),
             "token_budget_limited": token_limited,
             "prompt_admission_limited": prefill_limited,
             "prompt_tokens_per_mixed_iteration": chunk,
@@ -414,7 +438,8 @@ class _Estimator:
             "mean_context": mean_cache,
             **(run.to_json(steady * p.dp) if run is not None else {}),
         }
-        return self._report("max_throughput", c * pp, ttft, tpot, per_replica, fit, mem,
+        return self._report("max_throughput" if clients is None else "concurrency", c * pp,
+                            ttft, tpot, per_replica, fit, mem,
                             (Phase.PREFILL, 1, 0), (Phase.DECODE, c, mean_cache),
                             throughput)
 
@@ -442,9 +467,12 @@ class _Estimator:
             prompt_attention_s=_roles(self.priced(Phase.PREFILL, 1), 1)[0]["attention"],
             host_request_s=self.host_request_s)
         # each data-parallel replica (attention DP rank) schedules its share of the set
+        max_batch = settings.max_batch
+        if infer.concurrency is not None:  # trtllm-bench --concurrency: requests in flight
+            max_batch = min(max_batch, math.ceil(infer.concurrency / self.p.dp))
         return simulate_requests(
             requests=math.ceil(infer.num_requests / self.p.dp), input_len=infer.input_len,
-            output_len=infer.output_len, max_batch=settings.max_batch,
+            output_len=infer.output_len, max_batch=max_batch,
             max_num_tokens=settings.max_num_tokens, kv_sequences=fit, cost=cost)
 
     def _stage_list(self, phase: str, batch: int, cache_len: int = 0) -> list[float]:

@@ -40,6 +40,7 @@ class EstimateRequest(BaseModel):
     train: dict[str, Any] | None = Field(None, description="micro_batch, seq_len, ... "
                                          "(exactly one of train and infer)")
     infer: dict[str, Any] | None = Field(None, description="input_len, output_len, batch, "
+                                         "concurrency, "
                                          "quant, kv_dtype, dtype, engine")
     frontend: Literal["analytic", "capture"] | None = None
     num_gpus: int | None = Field(None, ge=1, le=MAX_COUNT)

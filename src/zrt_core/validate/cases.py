@@ -90,8 +90,10 @@ def inference_case(record: Record) -> InferenceCase:
       :func:`zrt_core.strategy.serving_expert_tp`); a TensorRT-LLM MoE record with ``ep``
       and ``etp`` null and one TP group takes ``ep = tp`` (:func:`_trtllm_moe_ep`);
     * precision → :data:`SERVING_PRECISION` (bf16 when null);
-    * ``concurrency`` (or ``max_batch``) is the batch; null means offline max-throughput,
-      the mode ``trtllm-bench`` and vLLM's throughput benchmark run;
+    * ``concurrency`` (or ``max_batch``) caps the sequences in flight on the engine's
+      in-flight batching (closed-loop clients: ``InferSpec.concurrency``), not a static
+      batch; null means offline max-throughput, the mode ``trtllm-bench`` and vLLM's
+      throughput benchmark run;
     * the engine is vLLM when the source names it, TensorRT-LLM (``trtllm-bench``)
       otherwise.
     """
@@ -145,13 +147,21 @@ def inference_case(record: Record) -> InferenceCase:
     quant, kv = SERVING_PRECISION[precision]
     if kv:
         assumptions.append(f"KV cache {kv} (quantised checkpoint's kv_cache_quant_algo)")
-    batch = raw.get("concurrency") or raw.get("max_batch")
-    if batch is None:
+    clients = raw.get("concurrency") or raw.get("max_batch")
+    if clients is None:
         assumptions.append("batch: offline max-throughput (trtllm-bench)")
+    else:
+        if isinstance(clients, bool) or not isinstance(clients, int) or clients <= 0:
+            raise SpecError(f"record {record.id}: concurrency/max_batch must be a positive "
+                            f"integer, got {clients!r}", "see SCHEMA.md")
+        key = "concurrency" if raw.get("concurrency") else "max_batch"
+        assumptions.append(f"{key} {clients}: at most {clients} requests in flight on the "
+                           "engine's in-flight batching (closed-loop clients), not a "
+                           "static batch")
     dtype = "float16" if precision == "fp16" else "bfloat16"
     infer = InferSpec(input_len=input_len, output_len=output_len,
-                      batch=int(batch) if batch else None, quant=quant, kv_dtype=kv,
-                      dtype=dtype)
+                      concurrency=int(clients) if clients else None, quant=quant,
+                      kv_dtype=kv, dtype=dtype)
     return InferenceCase(config=config, hardware=record.hardware, parallel=parallel,
                          infer=infer, engine=engine, num_gpus=num_gpus,
                          assumptions=tuple(assumptions))
