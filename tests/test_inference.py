@@ -435,3 +435,14 @@ def test_batch_and_concurrency_are_not_both_given():
 
     with pytest.raises(SpecError, match="batch 4 and concurrency 8 both given"):
         InferSpec(input_len=32, output_len=16, batch=4, concurrency=8)
+
+
+def test_sglang_sizes_its_prefill_chunk_by_the_gpu_memory():
+    # server_args.py: chunked_prefill_size 8192 below 160 GB (H100, H200), 16384 from it
+    sglang = engine_profile("sglang")
+    kw = dict(total_params=8_000_000_000, weight_bytes_per_param=1.0,
+              kv_bytes_per_token_model=131072.0, tp=1, pp=1, input_len=1000, output_len=1000)
+    assert sglang.settings(device_gib=141.0, **kw).max_num_tokens == 8192
+    assert sglang.settings(device_gib=180.0, **kw).max_num_tokens == 16384
+    assert sglang.settings(device_gib=180.0, **kw).max_batch == 4096
+    assert sglang.chunked_prefill and sglang.memory_of_device

@@ -171,6 +171,10 @@ def test_trtllm_moe_record_without_ep_spreads_experts_over_the_tp_group() -> Non
     vllm = inference_case(_record({**raw, "source": "vLLM benchmark"}))
     dense = inference_case(_record(INFER))
     assert [c.parallel.ep for c in (stated, odd, vllm, dense)] == [1, 1, 1, 1]
+    sglang = inference_case(_record({**raw, "source": "SGLang bench_serving"}))
+    both = inference_case(_record({**raw, "source": "vLLM against SGLang"}))
+    assert [c.engine for c in (vllm, sglang, both, dense)] == [
+        "vllm", "sglang", "trtllm", "trtllm"]
     assert not any(a.startswith("ep=") for c in (stated, odd, vllm, dense)
                    for a in c.assumptions)
 

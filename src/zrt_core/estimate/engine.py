@@ -83,6 +83,9 @@ class EngineProfile:
     memory_of_device: bool = False
     fixed_max_batch: int = 0
     fixed_max_tokens: int = 0
+    #: (device GiB, max tokens) from which a larger fixed token budget applies: SGLang sizes
+    #: its chunked prefill by the GPU's memory (0: ``fixed_max_tokens`` everywhere)
+    large_device_max_tokens: tuple[float, int] = (0.0, 0)
     chunked_prefill: bool = True
     gemm_derate: Mapping[str, float] = field(factory=dict, converter=_ro)
     description: str = ""
@@ -114,6 +117,9 @@ class EngineProfile:
                  recurrent_state: bool = False) -> EngineSettings:
         """Max batch and max tokens per iteration (per pipeline stage for trtllm)."""
         if self.fixed_max_batch:
+            gib, tokens = self.large_device_max_tokens
+            if tokens and device_gib >= gib:
+                return EngineSettings(self.fixed_max_batch, tokens)
             return EngineSettings(self.fixed_max_batch, self.fixed_max_tokens)
         return trtllm_bench_settings(
             total_params=total_params, weight_bytes_per_param=weight_bytes_per_param,
@@ -204,6 +210,17 @@ ENGINES: dict[str, EngineProfile] = {
         memory_of_device=True, fixed_max_batch=1024, fixed_max_tokens=16384,
         description="vLLM V1 offline defaults (gpu_memory_utilization 0.9, max_num_seqs "
                     "1024, max_num_batched_tokens 16384, block size 16)"),
+    # SGLang's server defaults (python/sglang/srt/server_args.py): weights and KV cache in
+    # mem_fraction_static of the device (0.88 where it is not derived from the reserve),
+    # chunked prefill of 8,192 tokens below 160 GB of GPU memory ("H100, H200, A100,
+    # H20") and 16,384 from it ("B200, MI300"), page size 1; the request pool holds at
+    # most 4,096 requests (ModelRunner's req_to_token pool), so the KV cache binds first
+    "sglang": EngineProfile(
+        name="sglang", kv_fraction=0.88, runtime_reserve_gib=1.5, kv_block_tokens=1,
+        memory_of_device=True, fixed_max_batch=4096, fixed_max_tokens=8192,
+        large_device_max_tokens=(160.0, 16384),
+        description="SGLang server defaults (mem_fraction_static 0.88, chunked_prefill_size "
+                    "8192 below 160 GB of GPU memory and 16384 from it, page size 1)"),
 }
 
 

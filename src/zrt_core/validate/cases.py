@@ -94,8 +94,8 @@ def inference_case(record: Record) -> InferenceCase:
       in-flight batching (closed-loop clients: ``InferSpec.concurrency``), not a static
       batch; null means offline max-throughput, the mode ``trtllm-bench`` and vLLM's
       throughput benchmark run;
-    * the engine is vLLM when the source names it, TensorRT-LLM (``trtllm-bench``)
-      otherwise.
+    * the engine is vLLM or SGLang when the source names it (one of them), TensorRT-LLM
+      (``trtllm-bench``) otherwise.
     """
     from zrt_core.strategy import InferSpec, Parallel
 
@@ -124,7 +124,10 @@ def inference_case(record: Record) -> InferenceCase:
         dp = degree("dp")
     etp = par.get("etp")
     source = str(raw.get("source") or "")
-    engine = "vllm" if "vllm" in source.lower() else "trtllm"
+    named = [e for e in ("vllm", "sglang") if e in source.lower()]
+    engine = named[0] if len(named) == 1 else "trtllm"
+    if engine != "trtllm":
+        assumptions.append(f"engine {engine} with its defaults (the source names it)")
     config = dict(raw["model"]["hf_config"])
     if par.get("ep") is None and etp is None and engine == "trtllm" and tp > 1 and dp == 1:
         ep = _trtllm_moe_ep(config, tp)
