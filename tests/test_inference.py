@@ -446,3 +446,17 @@ def test_sglang_sizes_its_prefill_chunk_by_the_gpu_memory():
     assert sglang.settings(device_gib=180.0, **kw).max_num_tokens == 16384
     assert sglang.settings(device_gib=180.0, **kw).max_batch == 4096
     assert sglang.chunked_prefill and sglang.memory_of_device
+
+
+def test_fewer_clients_than_pipeline_stages_pass_the_stages_as_a_batch(host, captured):
+    # one client, two stages: no micro-batch for the second stage; the request is priced as
+    # the static batch of one it is (prefill, then decode steps through both stages)
+    one = InferSpec(input_len=32, output_len=16, concurrency=1)
+    r = estimate_inference(None, _toy(4.0), Parallel(pp=2), one, host=host, captured=captured)
+    batch = estimate_inference(None, _toy(4.0), Parallel(pp=2),
+                               InferSpec(input_len=32, output_len=16, batch=1), host=host,
+                               captured=captured)
+    assert r.mode == "concurrency" and r.batch == 1
+    assert (r.ttft_s, r.tpot_s, r.output_tokens_per_s) == (
+        batch.ttft_s, batch.tpot_s, batch.output_tokens_per_s)
+    assert any("cannot fill its 2 pipeline stages" in n for n in r.notes)

@@ -357,6 +357,14 @@ class _Estimator:
                           memory=mem, max_batch=0, batch=0)
         concurrency = min(fit, settings.max_batch * pp)
         clients = self.infer.concurrency
+        if clients is not None and math.ceil(clients / p.dp) < pp:
+            # fewer requests than pipeline stages: no micro-batch for every stage, each
+            # request passes the stages alone (a batch of them, prefill then decode)
+            few = math.ceil(clients / p.dp)
+            self.notes.append(f"concurrency {clients:,}: {few:,} requests a replica cannot "
+                              f"fill its {pp} pipeline stages; priced as a batch of {few:,} "
+                              "passing every stage")
+            return evolve(self._latency(few, mean_cache, memory), mode="concurrency")
         if clients is not None:
             per_replica_clients = math.ceil(clients / p.dp)
             if per_replica_clients > concurrency:
