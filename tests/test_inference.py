@@ -460,3 +460,46 @@ def test_fewer_clients_than_pipeline_stages_pass_the_stages_as_a_batch(host, cap
     assert (r.ttft_s, r.tpot_s, r.output_tokens_per_s) == (
         batch.ttft_s, batch.tpot_s, batch.output_tokens_per_s)
     assert any("cannot fill its 2 pipeline stages" in n for n in r.notes)
+
+
+MOE = dict(model_type="qwen3_moe", hidden_size=128, intermediate_size=256,
+           moe_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+           vocab_size=512, decoder_sparse_step=1, mlp_only_layers=[])
+
+
+def test_attention_dp_iterations_wait_for_the_slowest_rank(host):
+    from zrt_core.capture.api import capture
+
+    if "moe" not in _CACHE:
+        _CACHE["moe"] = CapturedModel.from_capture(capture(
+            MOE, phases=("prefill", "decode"), batch=1, seq_len=32, host=host))
+    cap = _CACHE["moe"]
+    # 64 clients a rank: one iteration in ~190 carries a prompt batch on a given rank
+    infer = InferSpec(input_len=32, output_len=64, concurrency=256)
+    adp = estimate_inference(None, _toy(4.0), Parallel(tp=1, dp=4, ep=4), infer, host=host,
+                             captured=cap)
+    t = adp.throughput
+    a = t["attention_dp"]
+    # a rank carries a prompt in p = n_mixed / osl of its iterations, some rank in
+    # q = 1 - (1 - p)^4 of them; the non-expert part of the mixed iteration's extra time
+    # is paid q of the time, the routed experts' part p of it
+    p = t["mixed_iterations_per_period"] / 64
+    assert a["rank_mixed_fraction"] == pytest.approx(p, rel=1e-12)
+    assert a["any_rank_mixed_fraction"] == pytest.approx(1 - (1 - p) ** 4, rel=1e-12)
+    assert a["delta_attention_ms"] + a["delta_experts_ms"] == pytest.approx(
+        t["mixed_iteration_ms"] - t["decode_iteration_ms"], rel=1e-9)
+    assert 0 < a["delta_experts_ms"] < a["delta_attention_ms"] + a["delta_experts_ms"]
+    iteration = (t["decode_iteration_ms"] + a["any_rank_mixed_fraction"]
+                 * a["delta_attention_ms"] + p * a["delta_experts_ms"])
+    assert a["iteration_ms"] == pytest.approx(iteration, rel=1e-12)
+    assert t["period_ms"] == pytest.approx(64 * iteration, rel=1e-12)
+    # slower than the steady state that pays each rank's own prompts only
+    assert t["period_ms"] > (t["mixed_iterations_per_period"] * t["mixed_iteration_ms"]
+                             + (64 - t["mixed_iterations_per_period"])
+                             * t["decode_iteration_ms"])
+    assert any(n.startswith("attention DP over 4 ranks") for n in adp.notes)
+    # experts inside the TP group (no attention DP): the steady state as before
+    tp = estimate_inference(None, _toy(4.0), Parallel(tp=4, ep=4), infer, host=host,
+                            captured=cap)
+    assert "attention_dp" not in tp.throughput

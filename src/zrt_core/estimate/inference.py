@@ -30,6 +30,7 @@ Two modes:
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -396,6 +397,9 @@ class _Estimator:
         t_mix = self._host_floor("mixed", max(mix_stages) if pp > 1 else sum(mix_stages),
                                  c + chunk / isl)
         period = pp * (n_mixed * t_mix + (osl - n_mixed) * t_gen)
+        adp = self._attention_dp_iterations(c, chunk, mean_cache, n_mixed, t_gen, t_mix)
+        if adp is not None:
+            period = osl * adp["iteration_s"]
         per_replica = c * pp * osl / period if period > 0 else 0.0
         tpot = period / osl
         # a prompt is done after its chunks' iterations; the first token then has passed
@@ -444,6 +448,9 @@ class _Estimator:
             "mixed_iteration_ms": t_mix * 1e3,
             "period_ms": period * 1e3,
             "mean_context": mean_cache,
+            **({"attention_dp": {(k[:-2] + "_ms" if k.endswith("_s") else k):
+                                 (v * 1e3 if k.endswith("_s") else v)
+                                 for k, v in adp.items()}} if adp is not None else {}),
             **(run.to_json(steady * p.dp) if run is not None else {}),
         }
         return self._report("max_throughput" if clients is None else "concurrency", c * pp,
@@ -482,6 +489,44 @@ class _Estimator:
             requests=math.ceil(infer.num_requests / self.p.dp), input_len=infer.input_len,
             output_len=infer.output_len, max_batch=max_batch,
             max_num_tokens=settings.max_num_tokens, kv_sequences=fit, cost=cost)
+
+    def _attention_dp_iterations(self, c: int, chunk: int, mean_cache: int, n_mixed: float,
+                                 t_gen: float, t_mix: float) -> dict[str, float] | None:
+        """The mean iteration under attention data parallelism, where the ranks run their
+        own requests but meet at every MoE layer: an iteration lasts as long as its
+        slowest rank's attention module ("the iteration time is dominated by the slowest
+        rank", TensorRT-LLM tech blog 10, *ADP Balance Strategy*), so a prompt on any one
+        of the ``dp`` ranks slows all of them, while the routed experts' extra rows are
+        shared over the expert group. A rank carries a prompt in ``p = n_mixed / osl`` of
+        its iterations, placed independently of the other ranks' (the default round-robin
+        scheduler, without ``attention_dp_config.enable_balance``), so some rank does in
+        ``q = 1 − (1 − p)^dp`` of them:
+
+            iteration = t_gen + q · Δ_attention + p · Δ_experts
+
+        with Δ the mixed iteration's extra time over the decode iteration, split into its
+        routed-expert part (the ``experts`` modules: grouped GEMMs, dispatch and combine)
+        and the rest. None where the layout has no attention DP (experts within the TP
+        group), with pipeline stages, or when no iteration or every one carries a prompt.
+        """
+        p, osl = self.p, self.infer.output_len
+        if p.dp <= 1 or p.ep * p.expert_tp <= p.tp or p.pp > 1 or not 0 < n_mixed < osl:
+            return None
+        routed = [_routed_expert_s(self.priced(Phase.DECODE, n, mean_cache)[0])
+                  for n in (c, c + chunk)]
+        delta = max(t_mix - t_gen, 0.0)
+        experts = min(max(routed[1] - routed[0], 0.0), delta)
+        rank = n_mixed / osl
+        anyone = 1.0 - (1.0 - rank) ** p.dp
+        self.notes.append(
+            f"attention DP over {p.dp} ranks: an iteration lasts as long as the slowest "
+            f"rank's attention, so a prompt on any rank ({anyone:.0%} of iterations, each "
+            f"rank's own {rank:.1%}) costs every rank its non-expert part "
+            f"({(delta - experts) * 1e3:.2f} ms); the experts' share "
+            f"({experts * 1e3:.2f} ms) is spread over the expert group")
+        return {"rank_mixed_fraction": rank, "any_rank_mixed_fraction": anyone,
+                "delta_attention_s": delta - experts, "delta_experts_s": experts,
+                "iteration_s": t_gen + anyone * (delta - experts) + rank * experts}
 
     def _stage_list(self, phase: str, batch: int, cache_len: int = 0) -> list[float]:
         return [c.total_time_s - self._hidden(c) for c in self.priced(phase, batch, cache_len)]
@@ -706,6 +751,19 @@ def _roles(costed: list[CostedGraph], pp: int) -> list[dict[str, float]]:
         out.append({"attention": attn, "head": head, "body": rest})
     del pp
     return out
+
+
+#: A routed expert's module (``mlp.experts``, ``feed_forward.experts``,
+#: ``block_sparse_moe.experts``), not a shared expert's (``shared_experts``).
+_ROUTED_EXPERTS = re.compile(r"(^|\.)experts(\.|$)")
+
+
+def _routed_expert_s(costed: CostedGraph) -> float:
+    """Time of one stage's routed-expert nodes (grouped GEMMs, their activation, dispatch,
+    combine and all-to-alls): what the expert group shares under attention DP."""
+    g = costed.graph
+    return sum(costed.cost(n).time_s * g.multiplicity(n) for n in g.nodes
+               if n.module_path and _ROUTED_EXPERTS.search(n.module_path))
 
 
 def _prompt_chunk(c: int, budget_tokens: int, isl: int, chunked: bool) -> int:
