@@ -244,9 +244,24 @@ def test_trtllm_bench_settings_follow_its_heuristic():
                               input_len=128, output_len=128, kv_fraction=0.9,
                               chunked_prefill=False)
     assert (s.max_batch, s.max_num_tokens) == (4096, 8192)
-    assert engine_profile("vllm").settings(
-        total_params=1, weight_bytes_per_param=1, kv_bytes_per_token_model=1, device_gib=1,
-        tp=1, pp=1, input_len=1, output_len=1).max_batch == 1024
+
+
+
+def test_vllm_batch_defaults_follow_the_device_and_the_entry_point():
+    # vLLM V1 EngineArgs.get_batch_defaults: 70 GiB or more and not an A100 -> 1024
+    # sequences, 16384 tokens offline (LLM class) and 8192 served; else 256 and 8192 / 2048
+    vllm = engine_profile("vllm")
+
+    def settings(device_gib: float, device: str, online: bool) -> tuple[int, int]:
+        s = vllm.settings(total_params=1, weight_bytes_per_param=1,
+                          kv_bytes_per_token_model=1, device_gib=device_gib, tp=1, pp=1,
+                          input_len=1, output_len=1, device=device, online=online)
+        return s.max_batch, s.max_num_tokens
+
+    assert settings(80, "nvidia_h100_sxm", False) == (1024, 16384)
+    assert settings(141, "nvidia_h200", True) == (1024, 8192)
+    assert settings(80, "nvidia_a100_sxm_80g", False) == (256, 8192)
+    assert settings(48, "l40s", True) == (256, 2048)
 
 
 def test_attention_dp_sizes_trtllm_bench_over_the_expert_group():

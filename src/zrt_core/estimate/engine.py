@@ -86,6 +86,13 @@ class EngineProfile:
     #: (device GiB, max tokens) from which a larger fixed token budget applies: SGLang sizes
     #: its chunked prefill by the GPU's memory (0: ``fixed_max_tokens`` everywhere)
     large_device_max_tokens: tuple[float, int] = (0.0, 0)
+    #: vLLM's batch defaults by device and entry point (``EngineArgs.get_batch_defaults``):
+    #: ``{(large device, online): (max_num_seqs, max_num_batched_tokens)}``, a large device
+    #: being one of at least ``batch_defaults_gib`` that is not an A100; empty: the fixed
+    #: values above
+    batch_defaults: Mapping[tuple[bool, bool], tuple[int, int]] = field(
+        factory=dict, converter=lambda v: MappingProxyType(dict(v)))
+    batch_defaults_gib: float = 0.0
     chunked_prefill: bool = True
     gemm_derate: Mapping[str, float] = field(factory=dict, converter=_ro)
     description: str = ""
@@ -114,8 +121,16 @@ class EngineProfile:
     def settings(self, *, total_params: int, weight_bytes_per_param: float,
                  kv_bytes_per_token_model: float, device_gib: float, tp: int, pp: int,
                  input_len: int, output_len: int, kv_extra_bytes_per_request_model: float = 0.0,
-                 recurrent_state: bool = False) -> EngineSettings:
-        """Max batch and max tokens per iteration (per pipeline stage for trtllm)."""
+                 recurrent_state: bool = False, device: str = "",
+                 online: bool = False) -> EngineSettings:
+        """Max batch and max tokens per iteration (per pipeline stage for trtllm).
+
+        :param device: the hardware id (vLLM keeps an A100's smaller defaults).
+        :param online: the engine serves clients (its API server), not an offline batch.
+        """
+        if self.batch_defaults:
+            large = device_gib >= self.batch_defaults_gib and "a100" not in device.lower()
+            return EngineSettings(*self.batch_defaults[(large, online)])
         if self.fixed_max_batch:
             gib, tokens = self.large_device_max_tokens
             if tokens and device_gib >= gib:
@@ -205,11 +220,20 @@ ENGINES: dict[str, EngineProfile] = {
         # (docs/cost-model.md; they replace the former fp8 0.90 / fp4 0.58)
         description="TensorRT-LLM as trtllm-bench runs it (kv_cache_free_gpu_mem_fraction "
                     "0.90, tokens_per_block 32, GUARANTEED_NO_EVICT)"),
+    # vLLM V1 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults): on a GPU of 70
+    # GiB or more that is not an A100, max_num_seqs 1024 and max_num_batched_tokens 16384
+    # for the offline LLM class, 8192 for the API server; elsewhere 256 sequences and
+    # 8192 / 2048 tokens ("Setting large max_num_batched_tokens for A100 reduces
+    # throughput", PR #17885)
     "vllm": EngineProfile(
         name="vllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=16,
         memory_of_device=True, fixed_max_batch=1024, fixed_max_tokens=16384,
-        description="vLLM V1 offline defaults (gpu_memory_utilization 0.9, max_num_seqs "
-                    "1024, max_num_batched_tokens 16384, block size 16)"),
+        batch_defaults={(True, False): (1024, 16384), (True, True): (1024, 8192),
+                        (False, False): (256, 8192), (False, True): (256, 2048)},
+        batch_defaults_gib=70.0,
+        description="vLLM V1 defaults (gpu_memory_utilization 0.9, block size 16; max_num_"
+                    "seqs / max_num_batched_tokens 1024 / 16384 offline and 1024 / 8192 "
+                    "served on 70 GiB and more but A100, else 256 / 8192 and 256 / 2048)"),
     # SGLang's server defaults (python/sglang/srt/server_args.py): weights and KV cache in
     # mem_fraction_static of the device (0.88 where it is not derived from the reserve),
     # chunked prefill of 8,192 tokens below 160 GB of GPU memory ("H100, H200, A100,

@@ -346,7 +346,8 @@ class _Estimator:
             kv_extra_bytes_per_request_model=kv_extra_model, recurrent_state=recurrent,
             device_gib=self.hw.memory.capacity_gb,
             tp=bench_group_size(p.tp, p.ep, p.expert_tp), pp=pp,
-            input_len=isl, output_len=osl)
+            input_len=isl, output_len=osl, device=self.hw.id,
+            online=self.infer.concurrency is not None)
         budget_tokens = settings.max_num_tokens
         mem, fit = self._memory_report(memory, budget_tokens, 0)
         if fit < 1:
