@@ -9,7 +9,7 @@ platform's kernels) → plugins' ``after_fusion`` transforms → :class:`PagedKV
 captures are reused for every layout, batch and output length; only their prompt length
 needs its own capture.
 
-Two modes:
+Three modes:
 
 ``latency`` (a batch is given): the batch's prompts are prefilled together (TTFT), then
     decode steps run at the mean context ``input_len + output_len / 2`` (TPOT);
