@@ -518,3 +518,14 @@ def test_attention_dp_iterations_wait_for_the_slowest_rank(host):
     tp = estimate_inference(None, _toy(4.0), Parallel(tp=4, ep=4), infer, host=host,
                             captured=cap)
     assert "attention_dp" not in tp.throughput
+
+
+def test_clients_that_do_not_divide_over_the_stages_all_run(host, captured):
+    # 3 clients, 2 stages: micro-batches of 2 and 1, priced at the larger (the pipeline's
+    # pace); all 3 run (none queues), so throughput = 3 x 16 / period
+    r = estimate_inference(None, _toy(4.0), Parallel(pp=2),
+                           InferSpec(input_len=32, output_len=16, concurrency=3), host=host,
+                           captured=captured)
+    t = r.throughput
+    assert (r.batch, t["concurrency"], t["queue_wait_ms"]) == (3, 3, 0.0)
+    assert r.output_tokens_per_s == pytest.approx(3 * 16 / (t["period_ms"] / 1e3), rel=1e-9)

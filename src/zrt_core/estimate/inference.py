@@ -383,6 +383,12 @@ class _Estimator:
             micro = budget_tokens / (1 + isl / osl)
             concurrency = micro * pp
         c = max(1, math.floor(micro))
+        # the clients bind and the pipeline's micro-batches cannot all hold as many: N
+        # sequences run in micro-batches of ⌈N/pp⌉ and ⌊N/pp⌋, the larger setting the pace
+        clients_bind = (clients is not None and pp > 1 and not token_limited
+                        and concurrency == math.ceil(clients / p.dp))
+        if clients_bind:
+            c = math.ceil(micro)
         # admission bound: a slot is refilled only as fast as the iterations' spare budget
         # admits prompts; if c prompts need more than osl iterations of it, fewer slots
         # are ever busy (every iteration is mixed and holds osl × admitted-per-iteration
@@ -401,7 +407,10 @@ class _Estimator:
         adp = self._attention_dp_iterations(c, chunk, mean_cache, n_mixed, t_gen, t_mix)
         if adp is not None:
             period = osl * adp["iteration_s"]
-        per_replica = c * pp * osl / period if period > 0 else 0.0
+        running = c * pp  # sequences in flight a replica
+        if clients_bind and not prefill_limited:
+            running = min(running, math.ceil(clients / p.dp))
+        per_replica = running * osl / period if period > 0 else 0.0
         tpot = period / osl
         # a prompt is done after its chunks' iterations; the first token then has passed
         # every pipeline stage once
@@ -417,13 +426,13 @@ class _Estimator:
                 f"mixed iteration ({t_mix * 1e3:.2f} ms); --batch B gives a static batch's "
                 "latency")
         queued = 0.0
-        if clients is not None and math.ceil(clients / p.dp) > c * pp:
-            # closed loop (Little's law): N clients cycle through c · pp slots that each
-            # take a period to serve a request, so a request waits (N / (c · pp) − 1)
+        if clients is not None and math.ceil(clients / p.dp) > running:
+            # closed loop (Little's law): N clients cycle through the running slots that
+            # each take a period to serve a request, so a request waits (N / running − 1)
             # periods for a slot before its prompt is admitted
-            queued = period * (math.ceil(clients / p.dp) / (c * pp) - 1)
+            queued = period * (math.ceil(clients / p.dp) / running - 1)
             ttft += queued
-        mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * c * pp)
+        mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * running)
         steady = per_replica
         run = self._request_set(c, chunk, mean_cache, settings, fit)
         if run is not None:
@@ -438,7 +447,7 @@ class _Estimator:
             "engine_max_batch": settings.max_batch,
             "engine_max_num_tokens": settings.max_num_tokens,
             "sequences_fit_in_kv": fit,
-            "concurrency": c * pp,
+            "concurrency": running,
             **({"clients": clients, "queue_wait_ms": queued * 1e3}
                if clients is not None else {}),
             "token_budget_limited": token_limited,
@@ -454,7 +463,7 @@ class _Estimator:
                                  for k, v in adp.items()}} if adp is not None else {}),
             **(run.to_json(steady * p.dp) if run is not None else {}),
         }
-        return self._report("max_throughput" if clients is None else "concurrency", c * pp,
+        return self._report("max_throughput" if clients is None else "concurrency", running,
                             ttft, tpot, per_replica, fit, mem,
                             (Phase.PREFILL, 1, 0), (Phase.DECODE, c, mean_cache),
                             throughput)
