@@ -150,21 +150,21 @@ def test_max_throughput_batch_is_limited_by_memory_and_engine(host, captured):
 
 
 def test_prompt_admission_bounds_the_busy_sequences():
-    from zrt_core.estimate.inference import _admission_limited, _prompt_chunk
+    from zrt_core.estimate.iterations import admission_limited, prompt_chunk
 
     # TensorRT-LLM 2048/128 on one H200 (70B): 3584 tokens a step, 193 sequences fit.
     # Beside 193 decoding sequences 3391 tokens are free: one whole 2048-token prompt
     # (chunked context off), and 193 prompts would need 193 > 128 iterations of it.
-    assert _prompt_chunk(193, 3584, 2048, False) == 2048
+    assert prompt_chunk(193, 3584, 2048, False) == 2048
     # n x 2048 <= 128 x chunk(n): chunk stays 2048 down to n = 1536 (3584 - 1536 = 2048),
     # so n <= 128 x 2048 / 2048 = 128
-    assert _admission_limited(193, 3584, 2048, 128, False) == 128
+    assert admission_limited(193, 3584, 2048, 128, False) == 128
     # 128/128 with room to spare: 100 sequences, 3484 free -> 27 prompts = 3456 tokens a
     # step; 100 x 128 = 12800 <= 128 x 3456, nothing changes
-    assert _admission_limited(100, 3584, 128, 128, False) == 100
+    assert admission_limited(100, 3584, 128, 128, False) == 100
     # chunked prefill splits prompts: chunk = min(free, n x isl) = 3391, and
     # 193 x 2048 = 395264 <= 128 x 3391 = 434048 -> all 193 stay busy
-    assert _admission_limited(193, 3584, 2048, 128, True) == 193
+    assert admission_limited(193, 3584, 2048, 128, True) == 193
 
 
 def _toy_engine():

@@ -30,7 +30,6 @@ Three modes:
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -56,6 +55,13 @@ from zrt_core.estimate.engine import (
     engine_profile,
 )
 from zrt_core.estimate.guards import check_flops, check_serving
+from zrt_core.estimate.iterations import (
+    admission_limited,
+    attention_dp_iteration,
+    prompt_chunk,
+    roles,
+    routed_expert_s,
+)
 from zrt_core.estimate.memory import (
     KVCacheSize,
     activation_peak_bytes,
@@ -74,7 +80,6 @@ from zrt_core.transforms.parallel import (
     DataParallelReplicas,
     ParallelTransform,
     PipelinePlan,
-    op_base,
     replace_graph,
     stage_graph,
 )
@@ -393,10 +398,10 @@ class _Estimator:
         # admits prompts; if c prompts need more than osl iterations of it, fewer slots
         # are ever busy (every iteration is mixed and holds osl × admitted-per-iteration
         # sequences)
-        admitted = _admission_limited(c, budget_tokens, isl, osl, self.engine.chunked_prefill)
+        admitted = admission_limited(c, budget_tokens, isl, osl, self.engine.chunked_prefill)
         prefill_limited = admitted < c
         c = admitted
-        chunk = _prompt_chunk(c, budget_tokens, isl, self.engine.chunked_prefill)
+        chunk = prompt_chunk(c, budget_tokens, isl, self.engine.chunked_prefill)
         n_mixed = min(osl, c * isl / chunk)
         prefill_budget = chunk
         t_gen = self._host_floor("decode", self._stage_max(Phase.DECODE, c, mean_cache), c)
@@ -484,12 +489,12 @@ class _Estimator:
                 "throughput is the steady state's")
             return None
         dec, mixed = (self.priced(Phase.DECODE, n, mean_cache) for n in (c, c + chunk))
-        gen, mix = _roles(dec, 1)[0], _roles(mixed, 1)[0]
+        gen, mix = roles(dec, 1)[0], roles(mixed, 1)[0]
         gen["body"] -= self._hidden(dec[0])
         mix["body"] -= self._hidden(mixed[0])
         cost = IterationCost.from_steps(
             gen, mix, ref_tokens=c, prompt_tokens=chunk, mean_context=mean_cache,
-            prompt_attention_s=_roles(self.priced(Phase.PREFILL, 1), 1)[0]["attention"],
+            prompt_attention_s=roles(self.priced(Phase.PREFILL, 1), 1)[0]["attention"],
             host_request_s=self.host_request_s)
         # each data-parallel replica (attention DP rank) schedules its share of the set
         max_batch = settings.max_batch
@@ -502,41 +507,24 @@ class _Estimator:
 
     def _attention_dp_iterations(self, c: int, chunk: int, mean_cache: int, n_mixed: float,
                                  t_gen: float, t_mix: float) -> dict[str, float] | None:
-        """The mean iteration under attention data parallelism, where the ranks run their
-        own requests but meet at every MoE layer: an iteration lasts as long as its
-        slowest rank's attention module ("the iteration time is dominated by the slowest
-        rank", TensorRT-LLM tech blog 10, *ADP Balance Strategy*), so a prompt on any one
-        of the ``dp`` ranks slows all of them, while the routed experts' extra rows are
-        shared over the expert group. A rank carries a prompt in ``p = n_mixed / osl`` of
-        its iterations, placed independently of the other ranks' (the default round-robin
-        scheduler, without ``attention_dp_config.enable_balance``), so some rank does in
-        ``q = 1 − (1 − p)^dp`` of them:
-
-            iteration = t_gen + q · Δ_attention + p · Δ_experts
-
-        with Δ the mixed iteration's extra time over the decode iteration, split into its
-        routed-expert part (the ``experts`` modules: grouped GEMMs, dispatch and combine)
-        and the rest. None where the layout has no attention DP (experts within the TP
-        group), with pipeline stages, or when no iteration or every one carries a prompt.
-        """
+        """:func:`~zrt_core.estimate.iterations.attention_dp_iteration` for this layout: None
+        where it has no attention DP (experts within the TP group) or pipeline stages."""
         p, osl = self.p, self.infer.output_len
         if p.dp <= 1 or p.ep * p.expert_tp <= p.tp or p.pp > 1 or not 0 < n_mixed < osl:
             return None
-        routed = [_routed_expert_s(self.priced(Phase.DECODE, n, mean_cache)[0])
+        routed = [routed_expert_s(self.priced(Phase.DECODE, n, mean_cache)[0])
                   for n in (c, c + chunk)]
-        delta = max(t_mix - t_gen, 0.0)
-        experts = min(max(routed[1] - routed[0], 0.0), delta)
-        rank = n_mixed / osl
-        anyone = 1.0 - (1.0 - rank) ** p.dp
+        out = attention_dp_iteration(t_gen=t_gen, t_mix=t_mix, routed_gen=routed[0],
+                                     routed_mix=routed[1], n_mixed=n_mixed, osl=osl,
+                                     ranks=p.dp)
         self.notes.append(
             f"attention DP over {p.dp} ranks: an iteration lasts as long as the slowest "
-            f"rank's attention, so a prompt on any rank ({anyone:.0%} of iterations, each "
-            f"rank's own {rank:.1%}) costs every rank its non-expert part "
-            f"({(delta - experts) * 1e3:.2f} ms); the experts' share "
-            f"({experts * 1e3:.2f} ms) is spread over the expert group")
-        return {"rank_mixed_fraction": rank, "any_rank_mixed_fraction": anyone,
-                "delta_attention_s": delta - experts, "delta_experts_s": experts,
-                "iteration_s": t_gen + anyone * (delta - experts) + rank * experts}
+            f"rank's attention, so a prompt on any rank "
+            f"({out['any_rank_mixed_fraction']:.0%} of iterations, each rank's own "
+            f"{out['rank_mixed_fraction']:.1%}) costs every rank its non-expert part "
+            f"({out['delta_attention_s'] * 1e3:.2f} ms); the experts' share "
+            f"({out['delta_experts_s'] * 1e3:.2f} ms) is spread over the expert group")
+        return out
 
     def _stage_list(self, phase: str, batch: int, cache_len: int = 0) -> list[float]:
         return [c.total_time_s - self._hidden(c) for c in self.priced(phase, batch, cache_len)]
@@ -573,11 +561,11 @@ class _Estimator:
         isl = self.infer.input_len
         prompts = prompt_tokens / isl
         mixed = self.priced(Phase.DECODE, gen + prompt_tokens, cache_len)
-        body = _roles(mixed, self.p.pp)
+        body = roles(mixed, self.p.pp)
         for s, c in enumerate(mixed):  # the body holds the MoE layers' all-to-alls
             body[s]["body"] -= self._hidden(c)
-        gen_roles = _roles(self.priced(Phase.DECODE, gen, cache_len), self.p.pp)
-        prompt = _roles(self.priced(Phase.PREFILL, 1), self.p.pp)
+        gen_roles = roles(self.priced(Phase.DECODE, gen, cache_len), self.p.pp)
+        prompt = roles(self.priced(Phase.PREFILL, 1), self.p.pp)
         # the head runs on gen + (completed prompts) rows: interpolated between the two
         # priced batches (a GEMM's time is piecewise linear in its rows)
         head_rows = gen + max(1.0, prompts)
@@ -738,72 +726,6 @@ class _CachedBackends:
 
 
 _PRICE_CACHES: dict[Any, dict[Any, Any]] = {}
-
-
-def _roles(costed: list[CostedGraph], pp: int) -> list[dict[str, float]]:
-    """Per stage, time split into attention (and the cache writes feeding it), the head
-    (what runs after the last layer) and the body (the rest)."""
-    out = []
-    for c in costed:
-        g = c.graph
-        layer_pos = [i for i, n in enumerate(g.nodes) if n.layer_index is not None]
-        last = layer_pos[-1] if layer_pos else -1
-        attn = head = rest = 0.0
-        for i, n in enumerate(g.nodes):
-            t = c.cost(n).time_s * g.multiplicity(n)
-            if n.category == Category.ATTENTION or op_base(n.op) == "kv_cache_write":
-                attn += t
-            elif n.layer_index is None and i > last and not (
-                    n.category == Category.COLLECTIVE and n.attrs.get("group") == "pp"):
-                head += t
-            else:
-                rest += t
-        out.append({"attention": attn, "head": head, "body": rest})
-    del pp
-    return out
-
-
-#: A routed expert's module (``mlp.experts``, ``feed_forward.experts``,
-#: ``block_sparse_moe.experts``), not a shared expert's (``shared_experts``).
-_ROUTED_EXPERTS = re.compile(r"(^|\.)experts(\.|$)")
-
-
-def _routed_expert_s(costed: CostedGraph) -> float:
-    """Time of one stage's routed-expert nodes (grouped GEMMs, their activation, dispatch,
-    combine and all-to-alls): what the expert group shares under attention DP."""
-    g = costed.graph
-    return sum(costed.cost(n).time_s * g.multiplicity(n) for n in g.nodes
-               if n.module_path and _ROUTED_EXPERTS.search(n.module_path))
-
-
-def _prompt_chunk(c: int, budget_tokens: int, isl: int, chunked: bool) -> int:
-    """Prompt tokens a mixed iteration admits beside ``c`` decoding sequences: whole
-    prompts only without chunked prefill (the rest of the budget idles), a prompt split
-    across iterations when it is longer than the free budget or chunking is on."""
-    free = max(budget_tokens - c, 1)
-    if free >= isl and not chunked:
-        return (free // isl) * isl
-    return min(free, c * isl)
-
-
-def _admission_limited(c: int, budget_tokens: int, isl: int, osl: int, chunked: bool) -> int:
-    """The most sequences, at most ``c``, that stay busy in steady state: a sequence lives
-    ``osl`` iterations and its prompt takes ``isl`` of the prompt tokens the iterations
-    admit (:func:`_prompt_chunk`), so ``n × isl ≤ osl × chunk(n)`` (fixed-length
-    requests: the slots a finished wave frees are refilled no faster than that). A
-    TensorRT-LLM run without chunked context on a long prompt and a short output (2048/128
-    on one H200: 3584 tokens a step admit one prompt each iteration, so ~128 sequences run,
-    not the 193 the KV cache holds) is bounded by it; otherwise it returns ``c``."""
-    if c * isl <= osl * _prompt_chunk(c, budget_tokens, isl, chunked):
-        return c
-    lo, hi = 1, c  # chunk(n) grows as n falls: the largest n that satisfies it
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if mid * isl <= osl * _prompt_chunk(mid, budget_tokens, isl, chunked):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _stage_weights(graphs: list[OpGraph], layers: set[int], plan: PipelinePlan,
