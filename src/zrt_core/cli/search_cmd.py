@@ -103,7 +103,7 @@ def add_space_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--tpot-ms", type=float, default=None, metavar="MS", help="TPOT target")
     s.add_argument("--rate", type=float, default=None, metavar="REQ_S",
                    help="requests/s to sustain: the fewest GPUs that do, within the targets")
-    s.add_argument("--engine", choices=("trtllm", "vllm"), default="trtllm")
+    s.add_argument("--engine", choices=("sglang", "trtllm", "vllm"), default="trtllm")
     r = p.add_argument_group("running")
     r.add_argument("--top-k", type=positive_int("--top-k"), default=10, metavar="K")
     r.add_argument("--workers", type=positive_int("--workers"), default=1, metavar="N",

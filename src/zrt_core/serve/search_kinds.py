@@ -47,7 +47,7 @@ class _Space(BaseModel):
     ttft_ms: float | None = Field(None, gt=0, le=1e9)
     tpot_ms: float | None = Field(None, gt=0, le=1e9)
     rate: float | None = Field(None, gt=0, le=1e9)
-    engine: Literal["trtllm", "vllm"] = "trtllm"
+    engine: Literal["sglang", "trtllm", "vllm"] = "trtllm"
     top_k: int = Field(10, ge=1, le=100)
 
 
