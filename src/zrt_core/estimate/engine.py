@@ -83,13 +83,10 @@ class EngineProfile:
     memory_of_device: bool = False
     fixed_max_batch: int = 0
     fixed_max_tokens: int = 0
-    #: (device GiB, max tokens) from which a larger fixed token budget applies: SGLang sizes
-    #: its chunked prefill by the GPU's memory (0: ``fixed_max_tokens`` everywhere)
-    large_device_max_tokens: tuple[float, int] = (0.0, 0)
-    #: vLLM's batch defaults by device and entry point (``EngineArgs.get_batch_defaults``):
-    #: ``{(large device, online): (max_num_seqs, max_num_batched_tokens)}``, a large device
-    #: being one of at least ``batch_defaults_gib`` that is not an A100; empty: the fixed
-    #: values above
+    #: batch defaults by device and entry point (vLLM's ``EngineArgs.get_batch_defaults``,
+    #: SGLang's chunked-prefill size by GPU memory): ``{(large device, online): (max
+    #: sequences, max tokens)}``, a large device being one of at least
+    #: ``batch_defaults_gib`` that is not an A100; empty: the fixed values above
     batch_defaults: Mapping[tuple[bool, bool], tuple[int, int]] = field(
         factory=dict, converter=lambda v: MappingProxyType(dict(v)))
     batch_defaults_gib: float = 0.0
@@ -132,9 +129,6 @@ class EngineProfile:
             large = device_gib >= self.batch_defaults_gib and "a100" not in device.lower()
             return EngineSettings(*self.batch_defaults[(large, online)])
         if self.fixed_max_batch:
-            gib, tokens = self.large_device_max_tokens
-            if tokens and device_gib >= gib:
-                return EngineSettings(self.fixed_max_batch, tokens)
             return EngineSettings(self.fixed_max_batch, self.fixed_max_tokens)
         return trtllm_bench_settings(
             total_params=total_params, weight_bytes_per_param=weight_bytes_per_param,
@@ -227,7 +221,7 @@ ENGINES: dict[str, EngineProfile] = {
     # throughput", PR #17885)
     "vllm": EngineProfile(
         name="vllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=16,
-        memory_of_device=True, fixed_max_batch=1024, fixed_max_tokens=16384,
+        memory_of_device=True,
         batch_defaults={(True, False): (1024, 16384), (True, True): (1024, 8192),
                         (False, False): (256, 8192), (False, True): (256, 2048)},
         batch_defaults_gib=70.0,
@@ -241,8 +235,10 @@ ENGINES: dict[str, EngineProfile] = {
     # most 4,096 requests (ModelRunner's req_to_token pool), so the KV cache binds first
     "sglang": EngineProfile(
         name="sglang", kv_fraction=0.88, runtime_reserve_gib=1.5, kv_block_tokens=1,
-        memory_of_device=True, fixed_max_batch=4096, fixed_max_tokens=8192,
-        large_device_max_tokens=(160.0, 16384),
+        memory_of_device=True,
+        batch_defaults={(True, False): (4096, 16384), (True, True): (4096, 16384),
+                        (False, False): (4096, 8192), (False, True): (4096, 8192)},
+        batch_defaults_gib=160.0,
         description="SGLang server defaults (mem_fraction_static 0.88, chunked_prefill_size "
                     "8192 below 160 GB of GPU memory and 16384 from it, page size 1)"),
 }

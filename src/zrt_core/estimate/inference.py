@@ -364,23 +364,21 @@ class _Estimator:
                           memory=mem, max_batch=0, batch=0)
         concurrency = min(fit, settings.max_batch * pp)
         clients = self.infer.concurrency
-        if clients is not None and math.ceil(clients / p.dp) < pp:
+        each = math.ceil(clients / p.dp) if clients is not None else 0  # clients a replica
+        if clients is not None and each < pp:
             # fewer requests than pipeline stages: no micro-batch for every stage, each
             # request passes the stages alone (a batch of them, prefill then decode)
-            few = math.ceil(clients / p.dp)
-            self.notes.append(f"concurrency {clients:,}: {few:,} requests a replica cannot "
-                              f"fill its {pp} pipeline stages; priced as a batch of {few:,} "
+            self.notes.append(f"concurrency {clients:,}: {each:,} requests a replica cannot "
+                              f"fill its {pp} pipeline stages; priced as a batch of {each:,} "
                               "passing every stage")
-            return evolve(self._latency(few, mean_cache, memory), mode="concurrency")
+            return evolve(self._latency(each, mean_cache, memory), mode="concurrency")
         if clients is not None:
-            per_replica_clients = math.ceil(clients / p.dp)
-            if per_replica_clients > concurrency:
+            if each > concurrency:
                 self.notes.append(
-                    f"concurrency {clients:,}: {per_replica_clients:,} requests a replica, "
-                    f"but the engine runs at most {concurrency:,} at once (KV cache "
-                    f"{fit:,} sequences, max batch {settings.max_batch * pp:,}); the rest "
-                    "queue")
-            concurrency = min(concurrency, per_replica_clients)
+                    f"concurrency {clients:,}: {each:,} requests a replica, but the engine "
+                    f"runs at most {concurrency:,} at once (KV cache {fit:,} sequences, max "
+                    f"batch {settings.max_batch * pp:,}); the rest queue")
+            concurrency = min(concurrency, each)
         micro = concurrency / pp  # sequences per in-flight micro-batch
         # steady state: each iteration decodes `micro` tokens and prefills micro·isl/osl
         token_limited = micro * (1 + isl / osl) > budget_tokens
@@ -391,7 +389,7 @@ class _Estimator:
         # the clients bind and the pipeline's micro-batches cannot all hold as many: N
         # sequences run in micro-batches of ⌈N/pp⌉ and ⌊N/pp⌋, the larger setting the pace
         clients_bind = (clients is not None and pp > 1 and not token_limited
-                        and concurrency == math.ceil(clients / p.dp))
+                        and concurrency == each)
         if clients_bind:
             c = math.ceil(micro)
         # admission bound: a slot is refilled only as fast as the iterations' spare budget
@@ -414,7 +412,7 @@ class _Estimator:
             period = osl * adp["iteration_s"]
         running = c * pp  # sequences in flight a replica
         if clients_bind and not prefill_limited:
-            running = min(running, math.ceil(clients / p.dp))
+            running = min(running, each)
         per_replica = running * osl / period if period > 0 else 0.0
         tpot = period / osl
         # a prompt is done after its chunks' iterations; the first token then has passed
@@ -431,11 +429,11 @@ class _Estimator:
                 f"mixed iteration ({t_mix * 1e3:.2f} ms); --batch B gives a static batch's "
                 "latency")
         queued = 0.0
-        if clients is not None and math.ceil(clients / p.dp) > running:
+        if clients is not None and each > running:
             # closed loop (Little's law): N clients cycle through the running slots that
             # each take a period to serve a request, so a request waits (N / running − 1)
             # periods for a slot before its prompt is admitted
-            queued = period * (math.ceil(clients / p.dp) / running - 1)
+            queued = period * (each / running - 1)
             ttft += queued
         mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * running)
         steady = per_replica
@@ -510,7 +508,8 @@ class _Estimator:
         """:func:`~zrt_core.estimate.iterations.attention_dp_iteration` for this layout: None
         where it has no attention DP (experts within the TP group) or pipeline stages."""
         p, osl = self.p, self.infer.output_len
-        if p.dp <= 1 or p.ep * p.expert_tp <= p.tp or p.pp > 1 or not 0 < n_mixed < osl:
+        attention_dp = p.dp > 1 and bench_group_size(p.tp, p.ep, p.expert_tp) > p.tp
+        if not attention_dp or p.pp > 1 or not 0 < n_mixed < osl:
             return None
         routed = [routed_expert_s(self.priced(Phase.DECODE, n, mean_cache)[0])
                   for n in (c, c + chunk)]

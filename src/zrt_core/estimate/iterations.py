@@ -60,7 +60,7 @@ def prompt_chunk(c: int, budget_tokens: int, isl: int, chunked: bool) -> int:
 def admission_limited(c: int, budget_tokens: int, isl: int, osl: int, chunked: bool) -> int:
     """The most sequences, at most ``c``, that stay busy in steady state: a sequence lives
     ``osl`` iterations and its prompt takes ``isl`` of the prompt tokens the iterations
-    admit (:func:`_prompt_chunk`), so ``n × isl ≤ osl × chunk(n)`` (fixed-length
+    admit (:func:`prompt_chunk`), so ``n × isl ≤ osl × chunk(n)`` (fixed-length
     requests: the slots a finished wave frees are refilled no faster than that). A
     TensorRT-LLM run without chunked context on a long prompt and a short output (2048/128
     on one H200: 3584 tokens a step admit one prompt each iteration, so ~128 sequences run,

@@ -291,21 +291,24 @@ class Timeline:
                 carried.append(e.placed(start, end, at_layer))
             pending.clear()
 
+        def place_gathers(events: Iterable[Event], issue: float, layer: int | None) -> float:
+            """Place prefetched gathers issued at ``issue``; when the last one arrives."""
+            arrived = 0.0
+            for e in events:
+                start = max(issue, stream_free[e.stream])
+                end = start + e.duration_s
+                stream_free[e.stream] = end
+                carried.append(e.placed(start, end, layer))
+                arrived = max(arrived, end)
+            return arrived
+
         previous_start = previous_end = 0.0
         for region, layer in items:
-            issue = previous_start
-            ready = previous_end
-            for behind in (False, True):
-                if behind:
-                    place_pending()
-                for e in region.prefetch:
-                    if (e.mode == PREFETCH_BEHIND) != behind:
-                        continue
-                    start = max(issue, stream_free[e.stream])
-                    end = start + e.duration_s
-                    stream_free[e.stream] = end
-                    carried.append(e.placed(start, end, layer))
-                    ready = max(ready, end)
+            ahead = [e for e in region.prefetch if e.mode != PREFETCH_BEHIND]
+            behind = [e for e in region.prefetch if e.mode == PREFETCH_BEHIND]
+            ready = max(previous_end, place_gathers(ahead, previous_start, layer))
+            place_pending()
+            ready = max(ready, place_gathers(behind, previous_start, layer))
             offset = ready
             pending.extend((e, offset, layer) for e in region.carried)
             placements.append(Placement(region, offset, layer))
