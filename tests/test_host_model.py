@@ -10,6 +10,7 @@ from zrt_core.cost.backend import NodeCost
 from zrt_core.estimate.host import (
     HostModel,
     exposed_host_s,
+    issue_order_s,
     launches,
     layer_host,
     paired_host_s,
@@ -62,12 +63,32 @@ def test_exposed_host_with_syncs_is_per_segment() -> None:
     fwd = layer_host(g, c, moe_sync=True)
     bwd = phase_host(g, c)  # the same nodes stand in for a backward: 8 launches, 100 µs
     model = HostModel(launch_s=20e-6)
-    # two layers of this kind: segments [2], [6 + 2], [6] launches = 40, 160, 120 µs of host
-    # against 20, 100, 80 µs of device (forward_s = the 200 µs node sum: scale 1)
-    # → exposed 20 + 60 + 40 = 120 µs; backward: 16 launches = 320 µs against 200 µs → 120
+    # two layers of this kind, kernels in issue order (forward_s = the 200 µs node sum:
+    # scale 1; issue_order_s): norm and router end at 30 and 50 µs (each waits for its
+    # 20 µs launch), the sync drains them: both at 50; dispatch ends at 90, the 4 GEMM
+    # kernels of 10 µs wait for their launches (the 4th issued at 70 + 80 = 150) → 160,
+    # combine → 190; layer 1: 200, 220, sync, 260, 330, 360 → 360 − 200 = 160 µs exposed
+    # (the totals' max(host, device) per segment gave 20 + 60 + 40 = 120); backward:
+    # 16 launches = 320 µs against 200 µs → 120
     f, b = exposed_host_s(model, [0, 0], fwd, bwd, forward_s=2e-4, backward_s=2e-4)
-    assert f == pytest.approx(120e-6)
+    assert f == pytest.approx(160e-6)
     assert b == pytest.approx(120e-6)
+
+
+def test_issue_order_runs_the_device_behind_the_host() -> None:
+    # 10 µs launches; two launch-heavy nodes (5 launches, 10 µs of kernels each) then one
+    # long kernel (1 launch, 200 µs): totals 110 µs of host against 220 µs of device, so
+    # max(host, device) says the host hides; in order the device waits for each small kernel
+    # (done at 50 + 2 and 100 + 2 µs), then the long one starts at 110: 310 µs
+    seq = ((5, 10e-6), (5, 10e-6), (1, 200e-6))
+    host, dev = issue_order_s(seq, 10e-6, 1.0, 0.0, 0.0)
+    assert host == pytest.approx(110e-6)
+    assert dev == pytest.approx(310e-6)
+    # the long kernel first: it covers the other launches: 10 + 200 + 10 + 10 = 230 µs
+    host, dev = issue_order_s(seq[::-1], 10e-6, 1.0, 0.0, 0.0)
+    assert dev == pytest.approx(230e-6)
+    # a device already busy until 1 ms absorbs the launches: 1 ms + 220 µs
+    assert issue_order_s(seq, 10e-6, 1.0, 0.0, 1e-3)[1] == pytest.approx(1.22e-3)
 
 
 def test_exposed_host_without_syncs_runs_ahead_over_the_micro_batch() -> None:
@@ -97,9 +118,10 @@ def test_batch_level_ep_overlap_interleaves_the_backward_launches_with_the_forwa
     # two pairs: 8 µs, split as the launches are (16 forward, 16 backward): 4 and 4
     f, b = paired_host_s(model, [0, 0], fwd, bwd, forward_s=2e-4, backward_s=2e-4)
     assert (f, b) == (pytest.approx(4e-6), pytest.approx(4e-6))
-    # unpaired, the forward's segments are [2], [6 + 2], [6] launches: 24 − 20 = 4 µs, then
-    # 96 < 100 and 72 < 80; the backward runs ahead (192 µs against 200): 4 µs in all
-    assert exposed_host_s(model, [0, 0], fwd, bwd, 2e-4, 2e-4) == (pytest.approx(4e-6), 0.0)
+    # unpaired, in issue order (12 µs launches): 22, 34, sync, 66, 106, 126; 136, 146, sync,
+    # 178, 218, 238 → 238 − 200 = 38 µs (the totals' max per segment: 4); the backward
+    # runs ahead (192 µs against 200): 0
+    assert exposed_host_s(model, [0, 0], fwd, bwd, 2e-4, 2e-4) == (pytest.approx(38e-6), 0.0)
     # the embedding/head side (None) is a segment of its own, forward and backward
     # (forward: 8 launches, 100 µs, no sync; backward: 8 launches of free kernels)
     side = {**fwd, None: layer_host(g, c, moe_sync=False)[0]}

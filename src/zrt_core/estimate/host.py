@@ -50,13 +50,25 @@ class HostModel:
 
 @frozen
 class LayerHost:
-    """One layer's forward host work, split at its sync point (if it has one)."""
+    """One layer's forward host work, split at its sync point (if it has one).
+
+    ``seq_before`` / ``seq_after``: the part's nodes in issue order as ``(launches, device
+    seconds)``, for :func:`issue_order_s`; empty, the part is taken as one node of its
+    totals."""
 
     launches_before: int
     gpu_before_s: float
     launches_after: int = 0
     gpu_after_s: float = 0.0
     syncs: bool = False
+    seq_before: tuple[tuple[int, float], ...] = ()
+    seq_after: tuple[tuple[int, float], ...] = ()
+
+    def before(self) -> tuple[tuple[int, float], ...]:
+        return self.seq_before or ((self.launches_before, self.gpu_before_s),)
+
+    def after(self) -> tuple[tuple[int, float], ...]:
+        return self.seq_after or ((self.launches_after, self.gpu_after_s),)
 
     @property
     def launches(self) -> int:
@@ -106,9 +118,11 @@ def layer_host(graph: OpGraph, costs: Mapping[int, NodeCost], *, moe_sync: bool
     """Per representative layer (``None``: outside the layers) of a forward graph: launches
     and GPU time before and after the layer's first MoE dispatch (its sync point)."""
     acc: dict[int | None, list[float]] = {}
+    seqs: dict[int | None, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
     splits = grouped_inputs(graph)
     for n in graph.nodes:
         row = acc.setdefault(n.layer_index, [0, 0.0, 0, 0.0, 0])
+        seq = seqs.setdefault(n.layer_index, ([], []))
         c = costs.get(n.id)
         k = launches(n, c, splits)
         t = c.time_s if c is not None else 0.0
@@ -120,8 +134,36 @@ def layer_host(graph: OpGraph, costs: Mapping[int, NodeCost], *, moe_sync: bool
         else:
             row[0] += k
             row[1] += t
-    return {li: LayerHost(int(r[0]), r[1], int(r[2]), r[3], bool(r[4]))
+        if k or t:
+            seq[1 if row[4] else 0].append((k, t))
+    return {li: LayerHost(int(r[0]), r[1], int(r[2]), r[3], bool(r[4]),
+                          tuple(seqs[li][0]), tuple(seqs[li][1]))
             for li, r in acc.items()}
+
+
+def issue_order_s(seq: Sequence[tuple[int, float]], launch_s: float, scale: float,
+                  host_s: float, device_s: float) -> tuple[float, float]:
+    """When the host and the device are done with ``seq`` — nodes in issue order, each
+    ``(launches, device seconds)`` — given when each was free before it: the host issues
+    a node's kernels one after another (``launch_s`` each) and the device runs a kernel once
+    it is issued and the kernel before it has finished (one stream, in order: the two-stage
+    flow shop). A node of ``k`` launches runs as ``k`` equal kernels; its device time is
+    scaled by ``scale`` (the stage's scheduled time over the nodes' sum). The device idles
+    where the host has not issued the next kernel yet — at the start and behind a run of
+    launch-heavy nodes even when the segment's device time exceeds its host time, which the
+    totals' ``max(host, device)`` does not see."""
+    host, dev = host_s, device_s
+    for k, t in seq:
+        g = t * scale
+        if k <= 0:
+            dev = max(dev, host) + g
+            continue
+        # k kernels of g / k, the i-th issued at host + i·launch_s: the device finishes at
+        # max(dev + g, max over i of host + i·launch_s + (k − i + 1)·g/k), linear in i
+        piece = g / k
+        dev = max(dev + g, host + launch_s + g, host + k * launch_s + piece)
+        host += k * launch_s
+    return host, dev
 
 
 def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]) -> dict[int | None, tuple[int,
@@ -165,25 +207,32 @@ def exposed_host_s(model: HostModel, layers: Sequence[int | None],
     c = model.launch_s
     if c <= 0.0:
         return 0.0, 0.0
-    segments: list[list[float]] = [[0.0, 0.0]]
+    host_f = gpu_f = 0.0
+    syncs = False
     for li in layers:
         lh = fwd.get(li)
         if lh is None:
             continue
-        segments[-1][0] += lh.launches_before * c
-        segments[-1][1] += lh.gpu_before_s
-        if lh.syncs:
-            segments.append([0.0, 0.0])
-        segments[-1][0] += lh.launches_after * c
-        segments[-1][1] += lh.gpu_after_s
-    gpu_f = sum(s[1] for s in segments)
+        host_f += lh.launches * c
+        gpu_f += lh.gpu_s
+        syncs = syncs or lh.syncs
     scale_f = forward_s / gpu_f if gpu_f > 0 else 1.0
     host_b = sum(bwd.get(li, (0, 0.0))[0] for li in layers) * c
-    if len(segments) == 1:
-        host_f = segments[0][0]
+    if not syncs:
         extra = max(0.0, host_f + host_b - forward_s - backward_s)
         return 0.0, extra
-    fwd_extra = sum(max(0.0, h - g * scale_f) for h, g in segments)
+    # each sync drains the device's queue: the host waits for it, then issues the next
+    # segment while the device runs it (issue_order_s)
+    host = dev = 0.0
+    for li in layers:
+        lh = fwd.get(li)
+        if lh is None:
+            continue
+        host, dev = issue_order_s(lh.before(), c, scale_f, host, dev)
+        if lh.syncs:
+            host = dev = max(host, dev)
+        host, dev = issue_order_s(lh.after(), c, scale_f, host, dev)
+    fwd_extra = max(0.0, dev - forward_s)
     return fwd_extra, max(0.0, host_b - backward_s)
 
 
