@@ -166,22 +166,32 @@ def issue_order_s(seq: Sequence[tuple[int, float]], launch_s: float, scale: floa
     return host, dev
 
 
-def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]) -> dict[int | None, tuple[int,
-                                                                                          float]]:
-    """Per representative layer of a (backward) graph: launches and GPU time."""
-    out: dict[int | None, tuple[int, float]] = {}
+def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]
+               ) -> dict[int | None, tuple[int, float, tuple[tuple[int, float], ...]]]:
+    """Per representative layer of a (backward) graph: launches, GPU time and the nodes in
+    issue order as ``(launches, device seconds)`` (:func:`issue_order_s`)."""
+    acc: dict[int | None, list[Any]] = {}
     splits = grouped_inputs(graph)
     for n in graph.nodes:
-        k0, t0 = out.get(n.layer_index, (0, 0.0))
+        row = acc.setdefault(n.layer_index, [0, 0.0, []])
         c = costs.get(n.id)
-        out[n.layer_index] = (k0 + launches(n, c, splits),
-                              t0 + (c.time_s if c is not None else 0.0))
-    return out
+        k = launches(n, c, splits)
+        t = c.time_s if c is not None else 0.0
+        row[0] += k
+        row[1] += t
+        if k or t:
+            row[2].append((k, t))
+    return {li: (int(r[0]), r[1], tuple(r[2])) for li, r in acc.items()}
+
+
+def _bwd_seq(entry: Sequence[Any]) -> Sequence[tuple[int, float]]:
+    """A backward table entry's nodes in issue order (the entry as one node without them)."""
+    return entry[2] if len(entry) > 2 and entry[2] else ((int(entry[0]), float(entry[1])),)
 
 
 def launch_tables(model: HostModel, fwd: OpGraph, bwd: OpGraph,
                   fwd_costs: Mapping[int, NodeCost], bwd_costs: Mapping[int, NodeCost]
-                  ) -> tuple[dict[int | None, LayerHost], dict[int | None, tuple[int, float]]]:
+                  ) -> tuple[dict[int | None, LayerHost], dict[int | None, tuple[Any, ...]]]:
     """A stage pair's launches as :func:`exposed_host_s` reads them: the forward's per layer
     (:func:`layer_host`) and the backward's (:func:`phase_host`); empty when ``model``
     launches nothing."""
@@ -191,8 +201,7 @@ def launch_tables(model: HostModel, fwd: OpGraph, bwd: OpGraph,
 
 
 def exposed_host_s(model: HostModel, layers: Sequence[int | None],
-                   fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, tuple[int,
-                                                                                     float]],
+                   fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, Sequence[Any]],
                    forward_s: float, backward_s: float) -> tuple[float, float]:
     """(forward, backward) host time the device waits for in one micro-batch of a stage.
 
@@ -233,12 +242,19 @@ def exposed_host_s(model: HostModel, layers: Sequence[int | None],
             host = dev = max(host, dev)
         host, dev = issue_order_s(lh.after(), c, scale_f, host, dev)
     fwd_extra = max(0.0, dev - forward_s)
-    return fwd_extra, max(0.0, host_b - backward_s)
+    # the backward has no sync: it runs in issue order from the last one, layers reversed
+    gpu_b = sum(bwd.get(li, (0, 0.0))[1] for li in layers)
+    scale_b = backward_s / gpu_b if gpu_b > 0 else 1.0
+    host = dev = 0.0
+    for li in reversed(layers):
+        entry = bwd.get(li)
+        if entry is not None:
+            host, dev = issue_order_s(_bwd_seq(entry), c, scale_b, host, dev)
+    return fwd_extra, max(0.0, dev - backward_s)
 
 
 def paired_host_s(model: HostModel, layers: Sequence[int | None],
-                  fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, tuple[int,
-                                                                                    float]],
+                  fwd: Mapping[int | None, LayerHost], bwd: Mapping[int | None, Sequence[Any]],
                   forward_s: float, backward_s: float) -> tuple[float, float]:
     """(forward, backward) host time the device waits for in one micro-batch of a stage when
     Megatron-Core's batch-level EP overlap pairs it with another
@@ -267,7 +283,7 @@ def paired_host_s(model: HostModel, layers: Sequence[int | None],
     exposed = 0.0
     for k, li in enumerate(inner):
         lf = fwd.get(li, _NO_HOST)
-        kb, tb = bwd.get(inner[len(inner) - 1 - k], (0, 0.0))
+        kb, tb = bwd.get(inner[len(inner) - 1 - k], (0, 0.0))[:2]
         if lf.syncs:
             exposed += max(0.0, lf.launches_before * c - lf.gpu_before_s * scale_f)
             kf, tf = lf.launches_after, lf.gpu_after_s
@@ -276,7 +292,7 @@ def paired_host_s(model: HostModel, layers: Sequence[int | None],
         exposed += max(0.0, (kf + kb) * c - (tf * scale_f + tb * scale_b))
     if None in layers:  # the embedding / head side: a forward and a backward segment
         side = fwd.get(None, _NO_HOST)
-        kb, tb = bwd.get(None, (0, 0.0))
+        kb, tb = bwd.get(None, (0, 0.0))[:2]
         exposed += max(0.0, side.launches * c - side.gpu_s * scale_f) + \
             max(0.0, kb * c - tb * scale_b)
     launches_f = sum(fwd.get(li, _NO_HOST).launches for li in layers)
