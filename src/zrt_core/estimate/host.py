@@ -209,9 +209,13 @@ def exposed_host_s(model: HostModel, layers: Sequence[int | None],
     embedding / head side it holds. ``forward_s`` / ``backward_s``: the stage's scheduled
     device times, which the node sums are scaled to (overlapped communication).
 
-    Between two syncs the host issues the segment's launches while the device runs what
-    was issued: the segment lasts ``max(host, device)``. Without a sync the host runs ahead
-    over the whole micro-batch, forward and backward: ``max(host, device)`` of the sum.
+    With dropless MoE syncs, each sync drains the device's queue and the host issues the
+    next segment while the device runs what was issued, in issue order
+    (:func:`issue_order_s`); the backward, which has no sync, runs the same way from an
+    empty queue, layers reversed. The outer (embedding and head) nodes of the ``None``
+    entry run where ``None`` stands in ``layers``, as one part. Without a sync the host runs
+    ahead over the whole micro-batch, forward and backward: ``max(host, device)`` of the
+    sum, counted on the backward.
     """
     c = model.launch_s
     if c <= 0.0:
@@ -225,11 +229,10 @@ def exposed_host_s(model: HostModel, layers: Sequence[int | None],
         host_f += lh.launches * c
         gpu_f += lh.gpu_s
         syncs = syncs or lh.syncs
-    scale_f = forward_s / gpu_f if gpu_f > 0 else 1.0
-    host_b = sum(bwd.get(li, (0, 0.0))[0] for li in layers) * c
     if not syncs:
-        extra = max(0.0, host_f + host_b - forward_s - backward_s)
-        return 0.0, extra
+        host_b = sum(bwd.get(li, (0, 0.0))[0] for li in layers) * c
+        return 0.0, max(0.0, host_f + host_b - forward_s - backward_s)
+    scale_f = forward_s / gpu_f if gpu_f > 0 else 1.0
     # each sync drains the device's queue: the host waits for it, then issues the next
     # segment while the device runs it (issue_order_s)
     host = dev = 0.0
