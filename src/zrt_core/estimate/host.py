@@ -117,28 +117,22 @@ def layer_host(graph: OpGraph, costs: Mapping[int, NodeCost], *, moe_sync: bool
                ) -> dict[int | None, LayerHost]:
     """Per representative layer (``None``: outside the layers) of a forward graph: launches
     and GPU time before and after the layer's first MoE dispatch (its sync point)."""
-    acc: dict[int | None, list[float]] = {}
-    seqs: dict[int | None, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
+    parts: dict[int | None, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
+    synced: set[int | None] = set()
     splits = grouped_inputs(graph)
     for n in graph.nodes:
-        row = acc.setdefault(n.layer_index, [0, 0.0, 0, 0.0, 0])
-        seq = seqs.setdefault(n.layer_index, ([], []))
+        before, after = parts.setdefault(n.layer_index, ([], []))
         c = costs.get(n.id)
         k = launches(n, c, splits)
         t = c.time_s if c is not None else 0.0
-        if moe_sync and n.category == Category.MOE_DISPATCH and not row[4]:
-            row[4] = 1
-        if row[4]:
-            row[2] += k
-            row[3] += t
-        else:
-            row[0] += k
-            row[1] += t
+        if moe_sync and n.category == Category.MOE_DISPATCH:
+            synced.add(n.layer_index)
         if k or t:
-            seq[1 if row[4] else 0].append((k, t))
-    return {li: LayerHost(int(r[0]), r[1], int(r[2]), r[3], bool(r[4]),
-                          tuple(seqs[li][0]), tuple(seqs[li][1]))
-            for li, r in acc.items()}
+            (after if n.layer_index in synced else before).append((k, t))
+    return {li: LayerHost(sum(k for k, _ in b), sum(t for _, t in b),
+                          sum(k for k, _ in a), sum(t for _, t in a), li in synced,
+                          tuple(b), tuple(a))
+            for li, (b, a) in parts.items()}
 
 
 def issue_order_s(seq: Sequence[tuple[int, float]], launch_s: float, scale: float,
@@ -170,18 +164,17 @@ def phase_host(graph: OpGraph, costs: Mapping[int, NodeCost]
                ) -> dict[int | None, tuple[int, float, tuple[tuple[int, float], ...]]]:
     """Per representative layer of a (backward) graph: launches, GPU time and the nodes in
     issue order as ``(launches, device seconds)`` (:func:`issue_order_s`)."""
-    acc: dict[int | None, list[Any]] = {}
+    seqs: dict[int | None, list[tuple[int, float]]] = {}
     splits = grouped_inputs(graph)
     for n in graph.nodes:
-        row = acc.setdefault(n.layer_index, [0, 0.0, []])
+        seq = seqs.setdefault(n.layer_index, [])
         c = costs.get(n.id)
         k = launches(n, c, splits)
         t = c.time_s if c is not None else 0.0
-        row[0] += k
-        row[1] += t
         if k or t:
-            row[2].append((k, t))
-    return {li: (int(r[0]), r[1], tuple(r[2])) for li, r in acc.items()}
+            seq.append((k, t))
+    return {li: (sum(k for k, _ in q), sum(t for _, t in q), tuple(q))
+            for li, q in seqs.items()}
 
 
 def _bwd_seq(entry: Sequence[Any]) -> Sequence[tuple[int, float]]:
