@@ -56,6 +56,36 @@ def test_frozen_weights_lose_their_gradients_and_adapters_join_each_linear_layer
     assert sum(n.flops for n in _lora(lb.nodes)) == 2 * sum(flops)
 
 
+def test_the_frozen_layers_casts_write_no_column_wise_copy(graphs):
+    # under fp8 on Hopper every cast writes row- and column-wise e4m3 copies (1 B each per
+    # value); with the base weights frozen no weight-gradient GEMM reads the column-wise
+    # ones, so each cast writes half: forward x (32 × 64 = 2048 values) 4096 -> 2048 B
+    from zrt_core.hardware import HardwareSpec
+    from zrt_core.transforms.base import TransformContext
+    from zrt_core.transforms.training import Precision, precision_plan
+
+    _, fwd, bwd = graphs
+    host = get_plugin_manager(autoload=False)
+    hw = HardwareSpec.from_mapping({  # fp8 units, no fp4: a Hopper-like part
+        "id": "toy_gpu", "name": "toy", "vendor": "nvidia",
+        "compute": {"fp32": 10, "bf16": 100, "fp16": 100, "fp8": 200},
+        "memory": {"capacity_gb": 16, "bandwidth_gb_per_s": 1000},
+        "interconnect": [{"name": "link", "bandwidth_gb_per_s": 100, "latency_us": 2,
+                          "devices": None}]})
+    plan = precision_plan("fp8", hw)
+    ctx = TransformContext(dims=None, hardware=hw, parallel=Parallel(), host=host,
+                           train=TrainSpec(micro_batch=1, global_batch=1, seq_len=TOKENS))
+    f8 = Precision(plan).apply(fwd, ctx)
+    b8 = Precision(plan, forward=fwd).apply(bwd, ctx)
+    lf, lb = LoRA(RANK).apply_pair(f8, b8)
+    for before, after in ((f8, lf), (b8, lb)):
+        full = {n.id: n.bytes_written for n in before.nodes if n.op == "precision.quantize"}
+        half = {n.id: n.bytes_written for n in after.nodes if n.op == "precision.quantize"}
+        assert full and half == {i: w // 2 for i, w in full.items()}
+    first = next(n for n in lf.nodes if n.op == "precision.quantize")
+    assert (first.inputs[0].numel, first.bytes_written) == (TOKENS * 64, TOKENS * 64)
+
+
 def test_adapters_only_on_the_named_linear_layers(graphs):
     # Megatron-Bridge's LoRA perf configs: peft.target_modules = ["linear_qkv"]. Only the
     # Q/K/V group gets an adapter: X·A = 16384 and H·B = 32768 FLOPs (above); the other
@@ -121,6 +151,14 @@ def test_records_read_lora_from_peft_or_the_id():
     mlperf = case_from_record({**base, "source": "MLPerf Training v5.0 closed, Llama 2 70B "
                                                  "LoRA, NVIDIA"}).train
     assert (mlperf.lora_rank, mlperf.lora_modules) == (16, ("linear_qkv", "linear_proj"))
+    # its frozen weights are stored quantized under fp8 (te.fp8_model_init) and nvfp4
+    # (PRE_QUANTIZED_MODEL); a bf16 run keeps 16-bit weights
+    assert not mlperf.quantized_params
+    for precision in ("fp8", "nvfp4"):
+        quantized = case_from_record({**base, "precision": precision, "source":
+                                      "MLPerf Training v5.1 closed, Llama 2 70B LoRA, NVIDIA"})
+        assert quantized.train.quantized_params
+        assert any("stored quantized" in a for a in quantized.assumptions)
 
 
 @pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack

@@ -362,6 +362,28 @@ def test_nvfp4_casts_read_three_times_and_hadamard_transform_the_weight_gradient
         (384, 72, 64 * 35), (1024, 288, 256 * 35)]
 
 
+def test_a_frozen_weights_casts_write_the_row_wise_copy_alone() -> None:
+    # TE's Linear asks for column-wise copies only for the weight gradient (input quantizer
+    # columnwise = weight.requires_grad; grad output columnwise dropped without wgrad)
+    from zrt_core.transforms.training import rowwise_only
+
+    fwd, _bwd = _graphs()
+    nvfp4 = [n for n in Precision(precision_plan("nvfp4", _hw(fp4=400))).apply(
+        fwd, _ctx()).nodes if n.op == "precision.quantize"]
+    # x (8×8): 384 B read, 72 B written, 64·35 FLOPs (test above); row-wise alone drops the
+    # Hadamard cast's read (128 B) and FLOPs (64·32) and one copy: 256 B, 36 B, 64·3
+    row = rowwise_only(nvfp4[0])
+    assert (row.bytes_read, row.bytes_written, row.flops) == (256, 36, 64 * 3)
+    fp8 = [n for n in Precision(precision_plan("fp8", _hw())).apply(fwd, _ctx()).nodes
+           if n.op == "precision.quantize"]
+    # Hopper fp8: (128, 128) -> the 64 B row-wise copy alone
+    assert (rowwise_only(fp8[0]).bytes_read, rowwise_only(fp8[0]).bytes_written) == (128, 64)
+    # Blackwell fp8 writes one copy already; a GEMM is not a cast: both returned as they are
+    blackwell = Precision(precision_plan("fp8", _hw(fp4=400))).apply(fwd, _ctx())
+    one = next(n for n in blackwell.nodes if n.op == "precision.quantize")
+    assert rowwise_only(one) is one and rowwise_only(fwd.nodes[0]) is fwd.nodes[0]
+
+
 def test_layers_kept_in_bf16_get_a_template_of_their_own_and_no_casts() -> None:
     fwd, bwd = _graphs()  # one template standing for layers 0 and 1
     f2, b2 = split_layer_templates(fwd, bwd, {1})
@@ -509,6 +531,34 @@ def evolve_zero(train: TrainSpec, zero: int) -> TrainSpec:
     from attrs import evolve
 
     return evolve(train, zero=zero)
+
+
+def test_frozen_weights_stored_quantized_are_never_cast() -> None:
+    # fp8 on the toy Hopper: each step casts the layer's 512 weights (2 × 8×32): 1024 B
+    # read, row- and column-wise e4m3 copies 2 × 512 B written. A frozen 16-bit weight is
+    # cast too (TE re-quantizes it on each step's first micro-batch); one stored quantized
+    # (fp8_model_init, or quantized once before training) leaves nothing to cast, while a
+    # trained one is still written by the optimizer in fp8
+    from attrs import evolve
+
+    fwd, _ = _graphs()
+    p = Parallel()
+    inv = param_inventory(fwd, p, _dims())
+    frozen = evolve(inv, trainable=param_inventory(fwd.with_nodes((), ()), p, _dims()))
+    tpl = {0: LayerTemplate("dense", 0, (0,))}
+    kw = dict(first=False, last=False, plan=precision_plan("fp8", _hw()))
+    base = TrainSpec(micro_batch=B, global_batch=8, seq_len=S, precision="fp8",
+                     freeze_language_model=True)
+
+    def casts(inventory, train):
+        g = optimizer_graph(inventory, tpl, [0], p, train, **kw)
+        return [(n.bytes_read, n.bytes_written) for n in g.nodes
+                if n.op == "precision.weight_cast"]
+
+    assert casts(frozen, base) == [(1024, 1024)]
+    assert casts(frozen, evolve(base, quantized_params=True)) == []
+    trained = evolve(base, freeze_language_model=False, quantized_params=True)
+    assert casts(inv, trained) == [(1024, 1024)]
 
 
 def test_muon_orthogonalises_two_dimensional_weights_with_newton_schulz() -> None:

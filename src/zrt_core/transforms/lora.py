@@ -12,7 +12,10 @@ weight-gradient marks (:func:`~zrt_core.transforms.training.mark_weight_grads`):
   ``ColumnParallelLinear`` / ``RowParallelLinear``, not TransformerEngine): forward
   ``H = X·A`` (M × K × r), ``Y += H·B`` (M × r × N); backward ``dH = dY·Bᵀ``,
   ``dX += dH·Aᵀ``, and the adapter's own weight gradients ``dB = Hᵀ·dY``, ``dA = Xᵀ·dH``;
-- only the adapters have gradients to reduce and optimizer states (:func:`lora_inventory`).
+- only the adapters have gradients to reduce and optimizer states (:func:`lora_inventory`);
+- the low-precision casts of the frozen layers' GEMM inputs and output gradients write the
+  row-wise copy only (:func:`~zrt_core.transforms.training.rowwise_only`: TransformerEngine
+  makes the column-wise one for the weight gradient alone).
 
 Routed experts (3-D grouped weights) are left as they are: an adapter per expert is a
 different recipe.
@@ -32,6 +35,7 @@ from zrt_core.transforms.training import (
     WEIGHT_GRAD,
     ParamInventory,
     param_inventory,
+    rowwise_only,
 )
 
 if TYPE_CHECKING:
@@ -127,6 +131,9 @@ class LoRA:
             bwd_after.setdefault(anchor.id, []).extend(back)
             bwd_edges += [(anchor.id, i), (i, i + 1), (i + 1, i + 2), (anchor.id, i + 2),
                           (anchor.id, i + 3), (i, i + 4)]
+        # every base weight is frozen: its GEMMs' casts write no column-wise copy
+        fwd_nodes = [rowwise_only(n) for n in fwd_nodes]
+        bwd_nodes = [rowwise_only(n) for n in bwd_nodes]
         fwd = forward.with_nodes(_interleave(fwd_nodes, fwd_after), fwd_edges)
         bwd = backward.with_nodes(_interleave(bwd_nodes, bwd_after), bwd_edges)
         meta = {"lora_rank": self.rank, "lora_modules": self.modules}

@@ -65,6 +65,7 @@ from zrt_core.transforms.training import (
     mark_weight_grads,
     param_inventory,
     precision_plan,
+    rowwise_only,
     split_layer_templates,
     tp_overlap_hints,
     unfused_cross_entropy,
@@ -550,7 +551,8 @@ def _recipe_graphs(fwd: OpGraph, bwd: OpGraph, fwd0: OpGraph, ctx: TransformCont
     if train.freeze_language_model and not train.lora_rank:
         from zrt_core.transforms.lora import drop_frozen_grads
 
-        bwd = bwd.with_nodes(drop_frozen_grads(bwd))
+        fwd = fwd.with_nodes([rowwise_only(n) for n in fwd.nodes])
+        bwd = bwd.with_nodes([rowwise_only(n) for n in drop_frozen_grads(bwd)])
         notes.append("language model frozen (Megatron-Bridge freeze_language_model): no "
                      "weight-gradient GEMMs, gradient reduction or optimizer states for its "
                      "weights; the backward still runs every layer's input gradients")

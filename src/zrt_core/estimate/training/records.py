@@ -262,6 +262,12 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank,
                       lora_modules=lora_modules)
+    if lora_rank and "MLPerf Training" in source and precision in ("fp8", "nvfp4"):
+        train = evolve(train, quantized_params=True)
+        assumptions.append("frozen base weights stored quantized, cast never per step "
+                           "(NVIDIA's MLPerf LoRA: fp8 builds the model under "
+                           "te.fp8_model_init, custom_llama.py; nvfp4 quantizes it once "
+                           "before training, PRE_QUANTIZED_MODEL=True)")
     if "Megatron-Bridge" in source and _mbridge_model(record) in MBRIDGE_MUON_MODELS:
         train = evolve(train, optimizer="muon")
         assumptions.append("Muon optimizer (Megatron-Bridge's Kimi K2 perf configs: "

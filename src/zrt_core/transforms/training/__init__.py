@@ -80,6 +80,7 @@ from zrt_core.transforms.training.precision import (  # noqa: F401
     _is_linear_gemm,
     _saved,
     precision_plan,
+    rowwise_only,
 )
 from zrt_core.transforms.training.recompute import (  # noqa: F401
     Recompute,

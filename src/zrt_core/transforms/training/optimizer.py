@@ -68,7 +68,11 @@ def optimizer_graph(
       then all-gathered (``comm.all_gather``, ``attrs["overlap"] = "next_step"``: Megatron's
       ``--overlap-param-gather`` runs it under the next step's forward). ZeRO-3/FSDP
       gathers per layer in the step itself instead, so no gather here.
-    - fp8-family recipes cast the weights once per step (``precision.weight_cast``).
+    - fp8-family recipes cast the weights once per step (``precision.weight_cast``). Frozen
+      weights (LoRA, a frozen language model) are cast too — TransformerEngine re-quantizes
+      a 16-bit weight on each step's first micro-batch — unless they are stored quantized
+      (``train.quantized_params``: built under ``fp8_model_init`` or quantized once before
+      training), which leaves nothing to cast.
     - ``offload_optimizer``: the states live in host memory and the step runs on the host
       (DeepSpeed ZeRO-Offload / Megatron's ``--optimizer-cpu-offload``); the device sends
       its gradient shard and receives the updated weights over the host link
@@ -90,6 +94,8 @@ def optimizer_graph(
     gdtype = grad_dtype(train.precision, train.grad_reduce_in_fp32)
     gbytes = dtype_bytes(gdtype)
     pbytes = dtype_bytes(plan.activation_dtype)
+    frozen_stored_quantized = train.quantized_params and bool(
+        train.lora_rank or train.freeze_language_model)
     optimizer = train.optimizer
     nodes: list[OpNode] = []
     new_templates: dict[int, LayerTemplate] = {}
@@ -106,7 +112,7 @@ def optimizer_graph(
 
     def step(layer: int | None, kind: str | None, group: ParamGroup, count: int,
              frozen: ParamGroup | None = None) -> None:
-        cast = frozen or group  # LoRA: TE still casts the frozen weights every step
+        cast = frozen or group  # LoRA: TE still casts 16-bit frozen weights every step
         dense = math.ceil(group.dense / dense_shard) if group.dense else 0
         expert = math.ceil(group.expert / expert_shard) if group.expert else 0
         elements = dense + expert
@@ -158,7 +164,8 @@ def optimizer_graph(
                  flops=ADAM_FLOPS_PER_ELEMENT * adam_elements,
                  read=adam_elements * (states + gbytes),
                  written=adam_elements * (states + pbytes))
-        if plan.quantized_layer(templates.get(layer) if layer is not None else None, layer):
+        if plan.quantized_layer(templates.get(layer) if layer is not None else None, layer) \
+                and not frozen_stored_quantized:  # (the adapters are bf16)
             full = cast.dense + cast.expert  # every weight of the rank is cast, unsharded
             node("precision.weight_cast", Category.ELEMENTWISE, layer, kind, flops=3 * full,
                  read=full * pbytes,

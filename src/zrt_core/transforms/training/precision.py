@@ -274,8 +274,11 @@ class Precision:
         # with its scales
         written = plan.copies * plan.quantized_bytes(elements, dtype)
         flops = 3 * elements  # scale, round, (and amax) per value
+        columnwise = {"copies": plan.copies}
         if plan.hadamard:
             flops += 32 * elements  # a 16-point Hadamard transform per value
+            columnwise.update(hadamard_read=elements * dtype_bytes(t.dtype),
+                              hadamard_flops=32 * elements)
         return OpNode(
             id=node_id, op="precision.quantize", category=Category.ELEMENTWISE,
             phase=consumer.phase, inputs=(t,),
@@ -283,7 +286,32 @@ class Precision:
             module_path=consumer.module_path, module_class=consumer.module_class,
             layer_index=consumer.layer_index, layer_kind=consumer.layer_kind, flops=flops,
             bytes_read=int(read), bytes_written=int(written), formula="precision.quantize",
-            attrs={QUANTIZE_ATTR: True, "recipe": plan.recipe, "dtype": dtype})
+            attrs={QUANTIZE_ATTR: True, "recipe": plan.recipe, "dtype": dtype,
+                   CASTS_ATTR: columnwise})
+
+
+#: A cast's column-wise share (:func:`rowwise_only`): the copies it writes, and the read and
+#: FLOPs of NVFP4's Hadamard transform, which only the column-wise copy takes.
+CASTS_ATTR = "cast_copies"
+
+
+def rowwise_only(node: OpNode) -> OpNode:
+    """A cast that writes the row-wise copy alone: what TransformerEngine does for a GEMM
+    whose weight is frozen. ``Linear`` sets the input quantizer's column-wise usage to
+    ``backward_needs_input = is_grad_enabled and weight.requires_grad`` and, in backward,
+    drops the output gradient's column-wise usage when ``not requires_wgrad`` (and no bias):
+    the column-wise copies only feed the weight-gradient GEMM
+    (``transformer_engine/pytorch/module/linear.py``). NVFP4's Hadamard transform goes
+    with them. Other nodes are returned as they are."""
+    parts = node.attrs.get(CASTS_ATTR)
+    if node.op != "precision.quantize" or not parts or (
+            parts.get("copies", 1) == 1 and not parts.get("hadamard_read")):
+        return node
+    copies = int(parts.get("copies", 1))
+    return evolve(node, bytes_written=node.bytes_written // copies,
+                  bytes_read=node.bytes_read - int(parts.get("hadamard_read", 0)),
+                  flops=node.flops - int(parts.get("hadamard_flops", 0)),
+                  attrs={**node.attrs, CASTS_ATTR: {"copies": 1}})
 
 
 #: What TransformerEngine's activation kernels (and their backward, the fused dact) are named
