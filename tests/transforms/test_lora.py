@@ -159,6 +159,11 @@ def test_records_read_lora_from_peft_or_the_id():
                                       "MLPerf Training v5.1 closed, Llama 2 70B LoRA, NVIDIA"})
         assert quantized.train.quantized_params
         assert any("stored quantized" in a for a in quantized.assumptions)
+        # its configs export NCCL_NVLS_ENABLE=1, unlike MLPerf's pre-training configs
+        assert quantized.nvls
+    pretraining = {**base, "id": "x-pretrain-y", "precision": "fp8",
+                   "source": "MLPerf Training v5.1 closed, Llama 3.1 8B, NVIDIA"}
+    assert not case_from_record(pretraining).nvls
 
 
 @pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack

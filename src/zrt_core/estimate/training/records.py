@@ -416,7 +416,10 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
             recipe is not None and _whole_graphs(recipe)):
         cuda_graph = "full"
         assumptions.append("whole layers as CUDA graphs (the recipe's enable_cuda_graph)")
-    nvls = not any(s in source for s in NO_NVLS_SOURCES)
+    # NVIDIA's MLPerf Llama 2 70B LoRA configs export NCCL_NVLS_ENABLE=1 (config_common.sh,
+    # training_results_v5.0 and v5.1), unlike its other LLM benchmarks
+    nvls = not any(s in source for s in NO_NVLS_SOURCES) or (
+        train.lora_rank > 0 and "MLPerf Training" in source)
     if not nvls:
         assumptions.append("NCCL_NVLS_ENABLE=0 (the source's launcher: no NVLink SHARP)")
     if layout_search:
