@@ -199,6 +199,10 @@ class Efficiency:
         inside a whole workload (every unit busy under the power limit, collectives' kernels
         beside it); applied to roofline and measured-table GEMM prices alike. Fitted per
         hardware on whole-step records (docs/cost-model.md); 1 where none separates it.
+    :param matmul_sustained_16bit: the same for 16-bit (bf16, fp16) GEMMs, where a die's
+        16-bit and low-precision GEMMs keep different fractions of their isolated rates
+        inside workloads (None: ``matmul_sustained``). Fitted on whole-step bf16 records
+        (docs/calibration.md, "16-bit GEMMs on Hopper").
     :param matmul_unaligned_8b: the rate of a GEMM whose rows (leading dimensions) are
         aligned to 4 or 8 bytes but not 16, as a fraction of the aligned GEMM's: the kernels
         cuBLAS runs without 16-byte strides load narrower vectors; measured per GPU
@@ -291,6 +295,7 @@ class Efficiency:
     vector: float = 0.5
     matmul_overhead_us: float = 0.0
     matmul_sustained: float = 1.0
+    matmul_sustained_16bit: float | None = None
     matmul_unaligned_8b: float = 1.0
     matmul_unaligned_2b: float = 1.0
     parallel_units: int = 0

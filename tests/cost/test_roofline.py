@@ -37,6 +37,22 @@ def test_large_gemm_is_compute_bound_with_k_loop_loss(roofline):
     assert cost.detail["k_loop_efficiency"] == pytest.approx(4096 / 4224)
 
 
+def test_16bit_gemms_take_their_own_sustained_fraction_where_the_pack_sets_one():
+    # the large GEMM above: 1.7716740096e-4 s of compute in isolation. Inside a workload
+    # at matmul_sustained 0.8 it takes / 0.8; with a 16-bit fraction of 0.5 a bf16 GEMM
+    # takes / 0.5 and an fp8 one keeps / 0.8
+    iso = RooflineBackend(make_toy()).price(mm_node(4096, 4096, 4096)).compute_s
+    iso8 = RooflineBackend(make_toy()).price(mm_node(4096, 4096, 4096,
+                                                     dtype="float8_e4m3fn")).compute_s
+    one = RooflineBackend(make_toy(matmul_sustained=0.8))
+    split = RooflineBackend(make_toy(matmul_sustained=0.8, matmul_sustained_16bit=0.5))
+    assert one.price(mm_node(4096, 4096, 4096)).compute_s == pytest.approx(iso / 0.8)
+    bf16 = split.price(mm_node(4096, 4096, 4096))
+    assert bf16.compute_s == pytest.approx(iso / 0.5) and bf16.detail["sustained"] == 0.5
+    fp8 = split.price(mm_node(4096, 4096, 4096, dtype="float8_e4m3fn"))
+    assert fp8.compute_s == pytest.approx(iso8 / 0.8) and fp8.detail["sustained"] == 0.8
+
+
 def test_a_skinny_gemm_streams_its_operands_at_the_packs_gemm_rate():
     cost = RooflineBackend(make_toy(matmul_memory=0.25, matmul_row_overhead=12)).price(
         mm_node(4, 4096, 4096))

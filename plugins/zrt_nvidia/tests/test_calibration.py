@@ -59,7 +59,8 @@ def _node_for(row: MeasuredRow) -> OpNode:
 def _log_errors(host, hardware_id: str, table: str, keep=lambda r: True) -> list[float]:
     # isolated-kernel timings: the rate a GEMM sustains inside a workload does not apply
     spec = host.hardware_spec(hardware_id)
-    spec = evolve(spec, efficiency=evolve(spec.efficiency, matmul_sustained=1.0))
+    spec = evolve(spec, efficiency=evolve(spec.efficiency, matmul_sustained=1.0,
+                                          matmul_sustained_16bit=None))
     roofline = RooflineBackend(spec)
     rows = next(t for t in host.measured_tables if t.name == table).load()
     return [math.log(roofline.price(_node_for(r)).time_s / r.time_s) for r in rows if keep(r)]

@@ -39,8 +39,10 @@ def _mm(m: int, k: int, n: int, dtype: str) -> OpNode:
 
 
 def _isolated(spec):
-    """The pack's spec for isolated-kernel timings (``matmul_sustained`` 1)."""
-    return evolve(spec, efficiency=evolve(spec.efficiency, matmul_sustained=1.0))
+    """The pack's spec for isolated-kernel timings (``matmul_sustained`` 1, no 16-bit
+    term of its own)."""
+    return evolve(spec, efficiency=evolve(spec.efficiency, matmul_sustained=1.0,
+                                          matmul_sustained_16bit=None))
 
 
 def test_h100_bf16_gemm_row_is_an_exact_hit(host):
@@ -53,11 +55,17 @@ def test_h100_bf16_gemm_row_is_an_exact_hit(host):
 
 def test_a_measured_gemm_inside_a_workload_runs_at_the_sustained_rate(host):
     spec = host.hardware_spec("nvidia_h100_sxm")
-    assert spec.efficiency.matmul_sustained == 0.89
+    assert (spec.efficiency.matmul_sustained, spec.efficiency.matmul_sustained_16bit) == (
+        0.89, 0.75)
     cost = build_backends(spec, host)[0].price(_mm(4096, 4096, 4096, "bfloat16"))
-    # the row's 175.4550 us at 0.89 of its rate
-    assert cost.time_s == pytest.approx(175.4550e-6 / 0.89, rel=1e-6)
-    assert cost.detail["sustained"] == 0.89
+    # a bf16 GEMM: the row's 175.4550 us at the 16-bit 0.75 of its rate
+    assert cost.time_s == pytest.approx(175.4550e-6 / 0.75, rel=1e-6)
+    assert cost.detail["sustained"] == 0.75
+    h800 = host.hardware_spec("nvidia_h800")
+    fp8 = build_backends(h800, host)[0].price(_mm(4096, 7168, 4096, "float8_e4m3fn"))
+    # an fp8 GEMM: DeepGEMM's 184.4464 us at the die's 0.89
+    assert fp8.time_s == pytest.approx(184.4464e-6 / 0.89, rel=1e-6)
+    assert fp8.detail["sustained"] == 0.89
 
 
 def test_h800_fp8_gemm_row_is_an_exact_hit(host):

@@ -31,6 +31,13 @@ PACK_PARAMS: tuple[Param, ...] = (
           ("nvidia_h100_sxm", "nvidia_h200", "nvidia_h800"),
           default=1.0, shipped=0.89, lo=0.60, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
+    # GH100's 16-bit GEMMs inside a workload, fitted on its bf16 records (docs/calibration.md,
+    # "16-bit GEMMs on Hopper"); applied to every bf16/fp16 GEMM on the die. Without records:
+    # the die's shipped matmul_sustained (no 16-bit term of its own).
+    Param("gh100.matmul_sustained_16bit", "matmul_sustained_16bit",
+          ("nvidia_h100_sxm", "nvidia_h200", "nvidia_h800"), precisions=("bf16",),
+          default=0.89, shipped=0.75, lo=0.50, hi=1.00, fallback="default",
+          basis="the die's shipped matmul_sustained"),
     # The B200 die, in DGX B200 (1.0 kW) and GB200 NVL72 (1.2 kW; the datasheet peaks carry
     # the power): 0.70 was fitted on its dense training records (benchmarks/
     # bench_sustained_cv.py, docs/cost-model.md); here it is searched over every B200 and

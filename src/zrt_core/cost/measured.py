@@ -385,8 +385,12 @@ class MeasuredBackend:
 
     def _sustained(self, cost: NodeCost | None, wanted: NodeKey) -> NodeCost | None:
         """A GEMM row is an isolated-kernel time: inside a workload it runs at
-        ``efficiency.matmul_sustained`` of that rate (1: as measured)."""
-        factor = self.hardware.efficiency.matmul_sustained
+        ``efficiency.matmul_sustained`` of that rate (``matmul_sustained_16bit`` for a
+        bf16/fp16 GEMM, where the pack sets one; 1: as measured)."""
+        eff = self.hardware.efficiency
+        factor = eff.matmul_sustained
+        if eff.matmul_sustained_16bit is not None and wanted.dtype in ("bfloat16", "float16"):
+            factor = eff.matmul_sustained_16bit
         if cost is None or factor == 1.0 or "gemm" not in wanted.op:
             return cost
         return evolve(cost, time_s=cost.time_s / factor,

@@ -130,6 +130,11 @@ class RooflineBackend:
             "fp4": eff.matmul_fp4 if eff.matmul_fp4 is not None else fp8,
             "int8": eff.matmul_int8 if eff.matmul_int8 is not None else fp8,
         }
+        #: the fraction of its isolated rate a GEMM keeps inside a workload, by compute key
+        s16 = (eff.matmul_sustained_16bit if eff.matmul_sustained_16bit is not None
+               else eff.matmul_sustained)
+        self._sustained = {key: s16 if key in ("bf16", "fp16") else eff.matmul_sustained
+                           for key in self._matmul_eff}
         self._attention_eff = (eff.attention, eff.attention_backward
                                if eff.attention_backward is not None else eff.attention)
         self._rates: dict[str, tuple[str, float]] = {}
@@ -192,9 +197,10 @@ class RooflineBackend:
         if bytes_from != "node":
             detail["bytes_from"] = bytes_from
         streams = node.attrs.get(EXPERT_STREAMS_ATTR)
+        sustained = self._sustained.get(key, self.eff.matmul_sustained)
         if dims is not None and dims.grouped and streams:
             return self._expert_loop(node, dims, int(streams), flops, peak, efficiency,
-                                     nbytes, detail,
+                                     nbytes, detail, sustained,
                                      eager=bool(node.attrs.get(EXPERT_EAGER_ATTR, True)))
         if dims is not None:
             shape, parts = self.gemm_shape_efficiency(dims, peak / self._bf16_flops_per_s)
@@ -206,7 +212,6 @@ class RooflineBackend:
                 shape *= aligned
         else:
             shape, rule = 1.0, "gemm_unshaped"
-        sustained = self.eff.matmul_sustained
         if sustained != 1.0:
             detail["sustained"] = sustained
         compute_s = flops / (peak * efficiency * shape * sustained) if flops else 0.0
@@ -231,15 +236,14 @@ class RooflineBackend:
         return extra
 
     def _expert_loop(self, node: OpNode, dims: GemmDims, streams: int, flops: float,
-                     peak: float, efficiency: float, nbytes: float, detail: dict[str, Any], *,
-                     eager: bool = True) -> NodeCost:
+                     peak: float, efficiency: float, nbytes: float, detail: dict[str, Any],
+                     sustained: float, *, eager: bool = True) -> NodeCost:
         """A grouped GEMM run as one GEMM per group over ``streams`` streams (module
         docstring): ⌈G/S⌉ rounds, each priced with the shape factor of its own GEMMs."""
         groups = dims.batch
         s = max(1, min(streams, groups))
         full, rest = divmod(groups, s)
         per_gemm = flops / groups if groups else 0.0
-        sustained = self.eff.matmul_sustained
         ratio = peak / self._bf16_flops_per_s
         compute_s = 0.0
         parts: dict[str, Any] = {}
