@@ -321,6 +321,14 @@ class Efficiency:
     eager_host_decode_fixed_us: float = 0.0
     serving_host_request_us: float = 0.0
 
+    def gemm_sustained(self, compute: str) -> float:
+        """The fraction of its isolated rate a GEMM computing at ``compute`` (a compute
+        key: ``bf16``, ``fp8``...) keeps inside a workload: ``matmul_sustained_16bit`` for
+        bf16/fp16 where set, else ``matmul_sustained``."""
+        if self.matmul_sustained_16bit is not None and compute in ("bf16", "fp16"):
+            return self.matmul_sustained_16bit
+        return self.matmul_sustained
+
 
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The YAML keys of ``efficiency``: fractions of peak in (0, 1], ``*_us`` overheads, and

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 #: Every number of the shipped hardware packs that was fitted to validation records
 #: (docs/calibration.md has the inventory, with the values fitted to kernel timings that
 #: are not here). ``shipped`` is the pack's value; ``default`` the value without the fit.
+#: The GH100 die's packs (H100, H200 and H800: one value for the three) and the
+#: ``matmul_sustained`` they ship, which is also its 16-bit fraction's value without records.
+_GH100 = ("nvidia_h100_sxm", "nvidia_h200", "nvidia_h800")
+_GH100_SUSTAINED = 0.89
+
 PACK_PARAMS: tuple[Param, ...] = (
     # The fraction of its isolated-kernel rate a GEMM keeps inside a whole workload
     # (docs/cost-model.md). Without the fit: 1 (the kernel rate itself). A die without
@@ -27,16 +32,14 @@ PACK_PARAMS: tuple[Param, ...] = (
           default=1.0, shipped=0.83, lo=0.60, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
     # H100, H200 and H800 are one die (GH100): one value for the three.
-    Param("gh100.matmul_sustained", "matmul_sustained",
-          ("nvidia_h100_sxm", "nvidia_h200", "nvidia_h800"),
-          default=1.0, shipped=0.89, lo=0.60, hi=1.00, fallback="field_mean",
+    Param("gh100.matmul_sustained", "matmul_sustained", _GH100,
+          default=1.0, shipped=_GH100_SUSTAINED, lo=0.60, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
     # GH100's 16-bit GEMMs inside a workload, fitted on its bf16 records (docs/calibration.md,
     # "16-bit GEMMs on Hopper"); applied to every bf16/fp16 GEMM on the die. Without records:
     # the die's shipped matmul_sustained (no 16-bit term of its own).
-    Param("gh100.matmul_sustained_16bit", "matmul_sustained_16bit",
-          ("nvidia_h100_sxm", "nvidia_h200", "nvidia_h800"), precisions=("bf16",),
-          default=0.89, shipped=0.75, lo=0.50, hi=1.00, fallback="default",
+    Param("gh100.matmul_sustained_16bit", "matmul_sustained_16bit", _GH100,
+          precisions=("bf16",), default=_GH100_SUSTAINED, shipped=0.75, lo=0.50, hi=1.00, fallback="default",
           basis="the die's shipped matmul_sustained"),
     # The B200 die, in DGX B200 (1.0 kW) and GB200 NVL72 (1.2 kW; the datasheet peaks carry
     # the power): 0.70 was fitted on its dense training records (benchmarks/

@@ -65,6 +65,7 @@ from zrt_core.cost.opdims import (
     is_backward,
 )
 from zrt_core.errors import SpecError
+from zrt_core.hardware import _DTYPE_TO_COMPUTE
 from zrt_core.ir.graph import DTYPE_BYTES, Category, OpNode
 
 if TYPE_CHECKING:
@@ -387,10 +388,8 @@ class MeasuredBackend:
         """A GEMM row is an isolated-kernel time: inside a workload it runs at
         ``efficiency.matmul_sustained`` of that rate (``matmul_sustained_16bit`` for a
         bf16/fp16 GEMM, where the pack sets one; 1: as measured)."""
-        eff = self.hardware.efficiency
-        factor = eff.matmul_sustained
-        if eff.matmul_sustained_16bit is not None and wanted.dtype in ("bfloat16", "float16"):
-            factor = eff.matmul_sustained_16bit
+        factor = self.hardware.efficiency.gemm_sustained(
+            _DTYPE_TO_COMPUTE.get(wanted.dtype, ""))
         if cost is None or factor == 1.0 or "gemm" not in wanted.op:
             return cost
         return evolve(cost, time_s=cost.time_s / factor,

@@ -130,11 +130,6 @@ class RooflineBackend:
             "fp4": eff.matmul_fp4 if eff.matmul_fp4 is not None else fp8,
             "int8": eff.matmul_int8 if eff.matmul_int8 is not None else fp8,
         }
-        #: the fraction of its isolated rate a GEMM keeps inside a workload, by compute key
-        s16 = (eff.matmul_sustained_16bit if eff.matmul_sustained_16bit is not None
-               else eff.matmul_sustained)
-        self._sustained = {key: s16 if key in ("bf16", "fp16") else eff.matmul_sustained
-                           for key in self._matmul_eff}
         self._attention_eff = (eff.attention, eff.attention_backward
                                if eff.attention_backward is not None else eff.attention)
         self._rates: dict[str, tuple[str, float]] = {}
@@ -197,7 +192,7 @@ class RooflineBackend:
         if bytes_from != "node":
             detail["bytes_from"] = bytes_from
         streams = node.attrs.get(EXPERT_STREAMS_ATTR)
-        sustained = self._sustained.get(key, self.eff.matmul_sustained)
+        sustained = self.eff.gemm_sustained(key)
         if dims is not None and dims.grouped and streams:
             return self._expert_loop(node, dims, int(streams), flops, peak, efficiency,
                                      nbytes, detail, sustained,

@@ -72,9 +72,8 @@ class LoRA:
         next_tensor = 1 + max((t.tensor_id for g in (forward, backward) for n in g.nodes
                                for t in (*n.inputs, *n.outputs) if t.tensor_id is not None),
                               default=0)
-        fwd_nodes = list(forward.nodes)
+        fwd_nodes, bwd_nodes = frozen_nodes(forward, backward)
         fwd_edges = list(forward.edges)
-        bwd_nodes = drop_frozen_grads(backward)
         bwd_edges = _kept_edges(backward, bwd_nodes)
         next_fwd = 1 + max((n.id for n in forward.nodes), default=0)
         next_bwd = 1 + max((n.id for n in backward.nodes), default=0)
@@ -131,9 +130,6 @@ class LoRA:
             bwd_after.setdefault(anchor.id, []).extend(back)
             bwd_edges += [(anchor.id, i), (i, i + 1), (i + 1, i + 2), (anchor.id, i + 2),
                           (anchor.id, i + 3), (i, i + 4)]
-        # every base weight is frozen: its GEMMs' casts write no column-wise copy
-        fwd_nodes = [rowwise_only(n) for n in fwd_nodes]
-        bwd_nodes = [rowwise_only(n) for n in bwd_nodes]
         fwd = forward.with_nodes(_interleave(fwd_nodes, fwd_after), fwd_edges)
         bwd = backward.with_nodes(_interleave(bwd_nodes, bwd_after), bwd_edges)
         meta = {"lora_rank": self.rank, "lora_modules": self.modules}
@@ -236,6 +232,15 @@ def drop_frozen_grads(backward: OpGraph) -> list[OpNode]:
                 dropped.add(c)
                 frontier.append(c)
     return [n for n in backward.nodes if n.id not in dropped]
+
+
+def frozen_nodes(forward: OpGraph, backward: OpGraph) -> tuple[list[OpNode], list[OpNode]]:
+    """The nodes of a forward and backward whose weights are all frozen (LoRA's base, a
+    frozen language model): the backward without the frozen weights' gradient kernels
+    (:func:`drop_frozen_grads`), and both graphs' casts writing the row-wise copy alone
+    (:func:`~zrt_core.transforms.training.rowwise_only`)."""
+    return ([rowwise_only(n) for n in forward.nodes],
+            [rowwise_only(n) for n in drop_frozen_grads(backward)])
 
 
 def _kept_edges(graph: OpGraph, nodes: Iterable[OpNode]) -> list[tuple[int, int]]:

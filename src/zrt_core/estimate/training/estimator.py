@@ -65,7 +65,6 @@ from zrt_core.transforms.training import (
     mark_weight_grads,
     param_inventory,
     precision_plan,
-    rowwise_only,
     split_layer_templates,
     tp_overlap_hints,
     unfused_cross_entropy,
@@ -549,10 +548,10 @@ def _recipe_graphs(fwd: OpGraph, bwd: OpGraph, fwd0: OpGraph, ctx: TransformCont
     bwd = mark_weight_grads(fwd, bwd)
     bwd = apply_all(bwd, [Precision(plan, forward=fwd0)], ctx)
     if train.freeze_language_model and not train.lora_rank:
-        from zrt_core.transforms.lora import drop_frozen_grads
+        from zrt_core.transforms.lora import frozen_nodes
 
-        fwd = fwd.with_nodes([rowwise_only(n) for n in fwd.nodes])
-        bwd = bwd.with_nodes([rowwise_only(n) for n in drop_frozen_grads(bwd)])
+        fwd_nodes, bwd_nodes = frozen_nodes(fwd, bwd)
+        fwd, bwd = fwd.with_nodes(fwd_nodes), bwd.with_nodes(bwd_nodes)
         notes.append("language model frozen (Megatron-Bridge freeze_language_model): no "
                      "weight-gradient GEMMs, gradient reduction or optimizer states for its "
                      "weights; the backward still runs every layer's input gradients")

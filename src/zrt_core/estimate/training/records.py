@@ -262,7 +262,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
                       optimizer="adamw", precision=str(precision),
                       pp_schedule="interleaved" if vp > 1 else "1f1b", lora_rank=lora_rank,
                       lora_modules=lora_modules)
-    if lora_rank and "MLPerf Training" in source and precision in ("fp8", "nvfp4"):
+    mlperf_lora = bool(lora_rank) and "MLPerf Training" in source
+    if mlperf_lora and precision in ("fp8", "nvfp4"):
         train = evolve(train, quantized_params=True)
         assumptions.append("frozen base weights stored quantized, cast never per step "
                            "(NVIDIA's MLPerf LoRA: fp8 builds the model under "
@@ -418,8 +419,7 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         assumptions.append("whole layers as CUDA graphs (the recipe's enable_cuda_graph)")
     # NVIDIA's MLPerf Llama 2 70B LoRA configs export NCCL_NVLS_ENABLE=1 (config_common.sh,
     # training_results_v5.0 and v5.1), unlike its other LLM benchmarks
-    nvls = not any(s in source for s in NO_NVLS_SOURCES) or (
-        train.lora_rank > 0 and "MLPerf Training" in source)
+    nvls = mlperf_lora or not any(s in source for s in NO_NVLS_SOURCES)
     if not nvls:
         assumptions.append("NCCL_NVLS_ENABLE=0 (the source's launcher: no NVLink SHARP)")
     if layout_search:
