@@ -84,6 +84,7 @@ def test_hw_show_by_alias_json(capsys, toy_pack):
     assert code == 0
     assert (data["id"], data["distribution"]) == ("toy_gpu", "zrt-toy-pack")
     assert data["compute"]["bf16_tflops"] == 80.0
+    assert data["compute"]["power_limited_clock"] == 1.0   # the toy pack leaves the default
     assert data["interconnect"][0]["bandwidth_gb_per_s"] == 100.0
 
 
@@ -95,6 +96,7 @@ def test_hw_show_table_is_readable(capsys, toy_pack, monkeypatch):
                      "100 GB/s per device per direction, 2 µs, 4 devices, efficiency 0.75",
                      "$1.5 per device-hour", "zrt-toy-pack"):
         assert expected in out, expected
+    assert "training clock" not in out   # only a pack whose clock is not 1 names it
 
 
 def test_an_unknown_id_gives_one_line_with_close_matches_and_exit_2(capsys, toy_pack):

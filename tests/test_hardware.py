@@ -17,6 +17,7 @@ from zrt_core.hardware import (
     InterconnectTier,
     MemorySpec,
     load_specs,
+    power_limited_clock,
     spec_summary,
 )
 from zrt_core.plugins import hookimpl
@@ -92,6 +93,8 @@ BAD_FIELDS = [
     ("efficiency: {matmul: 0.8", "efficiency: {comm_overlap_sms: 8, matmul: 0.8",
      "toy_gpu.yaml: efficiency.comm_overlap_sms (8) must be fewer than parallel_units (0)"),
     ("name: Toy GPU 16GB\n", "", "toy_gpu.yaml: name is required"),
+    ("int8: 160}", "int8: 160, power_limited_clock: 0}",
+     "toy_gpu.yaml: compute.power_limited_clock must be > 0, got 0"),
 ]
 
 
@@ -242,3 +245,33 @@ def test_aliases_resolve_through_the_registry(core_host, register_plugin, toy_sp
     register_plugin(types.SimpleNamespace(zrt_hardware_specs=zrt_hardware_specs), "toy")
     for name in ("toy_gpu", "toy", "TOY-16G"):
         assert core_host.hardware_spec(name) is spec
+
+
+def test_the_power_limited_clock_scales_every_compute_rate_and_nothing_else(tmp_path, toy_yaml):
+    plain = _load(tmp_path, toy_yaml)
+    assert plain.compute.power_limited_clock == 1.0
+    assert plain.power_limited() is plain          # 1: the spec itself, no copy
+    spec = _load(tmp_path, toy_yaml.replace("int8: 160}", "int8: 160, power_limited_clock: 1.25}"))
+    hot = spec.power_limited()
+    assert hot is spec.power_limited()             # one object per spec (price caches key on it)
+    c = hot.compute
+    # toy rates x 1.25: fp32 10 -> 12.5, tf32 40 -> 50, bf16/fp16 80 -> 100, fp8 and int8
+    # 160 -> 200; no fp4 units stay none; the scaled spec is not scaled again
+    assert (c.fp32_tflops, c.tf32_tflops, c.bf16_tflops, c.fp16_tflops, c.fp8_tflops,
+            c.int8_tops, c.fp4_tflops) == (12.5, 50, 100, 100, 200, 200, None)
+    assert c.power_limited_clock == 1.0 and hot.power_limited() is hot
+    # memory, links and the datasheet spec itself are untouched
+    assert hot.memory == spec.memory and hot.interconnect == spec.interconnect
+    assert spec.compute.bf16_tflops == 80
+
+
+def test_power_limited_clock_is_the_cube_root_law_against_a_reference(tmp_path, toy_yaml):
+    ref = _load(tmp_path, toy_yaml.replace("efficiency: {", "efficiency: {parallel_units: 100, "))
+    # 8 x the SMs (8^(2/3) = 4) at 8 x the power (8^(1/3) = 2) and twice the bf16 peak:
+    # 4 * 2 / 2 = 4
+    big = _load(tmp_path, toy_yaml.replace("efficiency: {", "efficiency: {parallel_units: 800, ")
+                .replace("power_w: 300", "power_w: 2400").replace("bf16: 80", "bf16: 160"))
+    assert power_limited_clock(big, ref) == pytest.approx(4.0)
+    assert power_limited_clock(ref, ref) == pytest.approx(1.0)
+    with pytest.raises(SpecError, match=r"needs power_w and efficiency\.parallel_units"):
+        power_limited_clock(_load(tmp_path, toy_yaml), ref)

@@ -235,3 +235,19 @@ def test_uneven_pipeline_splits_reach_the_stages(tiny, host) -> None:
     with pytest.raises(LayoutError, match="not divisible by vp=2"):
         _estimate(tiny, host, Parallel(pp=2, vp=2), _train(global_batch=16,
                   pp_schedule="interleaved"), stage_split=StageSplit(first_layers=1))
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_a_power_limited_clock_speeds_the_priced_step_not_the_mfu_peak(tiny, host) -> None:
+    # compute.power_limited_clock 2: every compute rate doubles for the training step's
+    # prices (whole-step graphs: the host does not bind this tiny model); the report still
+    # divides by the datasheet bf16 peak (989.4 TFLOP/s on H100)
+    h100 = host.hardware_spec("nvidia_h100_sxm")
+    hot = evolve(h100, compute=evolve(h100.compute, power_limited_clock=2.0))
+    parallel, train = Parallel(dp=2), _train()
+    base = _estimate(tiny, host, parallel, train, hw=h100, cuda_graph="full")
+    fast = _estimate(tiny, host, parallel, train, hw=hot, cuda_graph="full")
+    assert base.peak_tflops == fast.peak_tflops == h100.compute.bf16_tflops
+    assert fast.compute_s < base.compute_s and fast.step_time_s < base.step_time_s
+    assert any("power-limited clock, 2 x" in n for n in fast.notes)
+    assert not any("power-limited clock" in n for n in base.notes)

@@ -25,6 +25,8 @@ The YAML format (every key below, nothing else; a repeated key is an error too):
       fp8: 1978.9
       fp4: null
       int8: 1978.9
+      power_limited_clock: 1.0   # optional: a training step's clock over the datasheet's,
+                                 # relative to the die's reference SKU (power_limited_clock())
     memory:
       capacity_gb: 80                # the vendor's headline figure
       bandwidth_gb_per_s: 3350
@@ -49,6 +51,7 @@ Every error names the file and the field (``h100.yaml: memory.bandwidth_gb_per_s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -97,6 +100,27 @@ class ComputeSpec:
     #: softmax's exp runs at inside attention, its third roofline beside tensor FLOPs and
     #: bytes (docs/cost-model.md "Attention's exponentials"). None: not bounded.
     exp_tera_per_s: float | None = None
+    #: The SM clock a power-limited, GEMM-dense step (training) sustains, over the one the
+    #: datasheet peaks assume, relative to the SKU the die's efficiency fractions were
+    #: measured on (1 there): :func:`power_limited_clock` gives it from board power and SMs
+    #: (docs/cost-model.md, "The power-limited clock"). Serving keeps the datasheet peaks.
+    power_limited_clock: float = 1.0
+
+    def power_limited(self) -> ComputeSpec:
+        """Every rate (tensor, vector and exponentials) at :attr:`power_limited_clock`;
+        the spec itself where that is 1."""
+        k = self.power_limited_clock
+        if k == 1.0:
+            return self
+
+        def scale(value: float | None) -> float | None:
+            return None if value is None else value * k
+
+        return evolve(self, fp32_tflops=self.fp32_tflops * k, bf16_tflops=self.bf16_tflops * k,
+                      fp16_tflops=self.fp16_tflops * k, tf32_tflops=scale(self.tf32_tflops),
+                      fp8_tflops=scale(self.fp8_tflops), fp4_tflops=scale(self.fp4_tflops),
+                      int8_tops=scale(self.int8_tops),
+                      exp_tera_per_s=scale(self.exp_tera_per_s), power_limited_clock=1.0)
 
     def peak_tflops(self, dtype: str) -> float:
         """Peak for a dtype name; an unsupported low precision falls back to the next wider.
@@ -330,6 +354,38 @@ class Efficiency:
         return self.matmul_sustained
 
 
+@functools.lru_cache(maxsize=64)
+def _power_limited(spec: HardwareSpec) -> HardwareSpec:
+    return evolve(spec, compute=spec.compute.power_limited())
+
+
+def power_limited_clock(spec: HardwareSpec, reference: HardwareSpec) -> float:
+    """The clock ``spec`` sustains under its power limit over its datasheet's, relative to
+    ``reference`` (a SKU of the same die whose efficiency fractions were measured).
+
+    Dynamic power is C·V²·f and, through the DVFS range, the voltage rises about with the
+    clock, so a die of N SMs busy with tensor work draws P ∝ N·f³ and holds f ∝ (P/N)^(1/3)
+    at its board limit (measured on H100 and H200: back-to-back GEMMs hold 700 W at
+    1290-1455 MHz against 1965 MHz between memory-bound ops, docs/profile.md). The
+    datasheet's bf16 peak is N × the per-SM rate × its boost clock, so over the reference::
+
+        (N / N_ref)^(2/3) · (P / P_ref)^(1/3) / (bf16 / bf16_ref)
+
+    B200 (148 SMs, 1.0 kW, 2,250 TFLOP/s) against itself is 1; GB200 (148, 1.2 kW, 2,500)
+    0.957; GB300 (160, 1.4 kW, 2,500) 1.061. Both specs need ``power_w`` and
+    ``efficiency.parallel_units``, and the same per-SM bf16 rate per clock (one die).
+    """
+    for s in (spec, reference):
+        if not s.power_w or not s.efficiency.parallel_units:
+            raise SpecError(f"{s.id}: power_limited_clock needs power_w and "
+                            "efficiency.parallel_units",
+                            "give the board power and the SM count in the pack")
+    units = spec.efficiency.parallel_units / reference.efficiency.parallel_units
+    power = spec.power_w / reference.power_w  # type: ignore[operator]
+    return units ** (2 / 3) * power ** (1 / 3) / (
+        spec.compute.bf16_tflops / reference.compute.bf16_tflops)
+
+
 def _efficiency_keys() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The YAML keys of ``efficiency``: fractions of peak in (0, 1], ``*_us`` overheads, and
     counts (fields with an integer default: tile sizes, parallel units).
@@ -398,6 +454,14 @@ class HardwareSpec:
         """Devices in one scale-up domain (1 when the only tier is the unbounded network)."""
         return self.scale_up_tier.devices or 1
 
+    def power_limited(self) -> HardwareSpec:
+        """This device as a GEMM-dense training step runs it, held at its board power limit:
+        every compute rate times ``compute.power_limited_clock``. The same object where
+        that is 1, and one object per spec otherwise (price caches key on it)."""
+        if self.compute.power_limited_clock == 1.0:
+            return self
+        return _power_limited(self)
+
     def without_in_network(self, *, nvls: bool = True, sharp: bool = True) -> HardwareSpec:
         """This spec with the tiers' in-network reduction turned off: NVLink SHARP when
         ``nvls`` (a run with ``NCCL_NVLS_ENABLE=0``, an engine's own all-reduce kernels),
@@ -437,7 +501,7 @@ class HardwareSpec:
                             "ids look like nvidia_h100_sxm; put short names under aliases")
 
         c = Fields(top.mapping("compute"), f"{source_file}: compute",
-                   set(COMPUTE_DTYPES) | {"exp_tera_per_s"})
+                   set(COMPUTE_DTYPES) | {"exp_tera_per_s", "power_limited_clock"})
         compute = ComputeSpec(
             fp32_tflops=c.number("fp32", required=True, positive=True),
             bf16_tflops=c.number("bf16", required=True, positive=True),
@@ -447,6 +511,7 @@ class HardwareSpec:
             fp4_tflops=c.number("fp4", positive=True),
             int8_tops=c.number("int8", positive=True),
             exp_tera_per_s=c.number("exp_tera_per_s", positive=True),
+            power_limited_clock=c.number("power_limited_clock", 1.0, positive=True),
         )
 
         m = Fields(top.mapping("memory"), f"{source_file}: memory",

@@ -96,6 +96,9 @@ def run_show(args) -> int:
                                f"fp4 {_opt(e.matmul_fp4)}, attention {e.attention:g}, "
                                f"memory {e.memory:g}, launch {e.launch_overhead_us:g} µs"))
     rows.append(("power", _unit(spec.power_w, "W")))
+    if spec.compute.power_limited_clock != 1.0:
+        rows.append(("training clock", f"{spec.compute.power_limited_clock:g} × the peaks' "
+                                       "(power-limited; docs/cost-model.md)"))
     rows.append(("price", "—" if spec.price_per_device_hour_usd is None
                  else f"${spec.price_per_device_hour_usd:g} per device-hour"))
     rows.append(("checkpoint write", _unit(spec.checkpoint_write_gb_per_s, "GB/s per device")))

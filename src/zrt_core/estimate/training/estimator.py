@@ -291,7 +291,15 @@ def estimate_training(
     from zrt_core.cost.collective_table import collective_table
     from zrt_core.cost.pricing import build_backends, price_nodes
 
-    backends = build_backends(hw, host) if reuse is None else reuse.backends(hw, host)
+    # a GEMM-dense step holds the board at its power limit: the clock that limit sustains
+    # (compute.power_limited_clock; MFU below stays against the datasheet peak)
+    priced_hw = hw.power_limited()
+    if priced_hw is not hw:
+        notes.append(f"compute rates at the power-limited clock, "
+                     f"{hw.compute.power_limited_clock:g} x the datasheet's (board power and "
+                     "SMs against the die's reference SKU: docs/cost-model.md)")
+    backends = build_backends(priced_hw, host) if reuse is None \
+        else reuse.backends(priced_hw, host)
     costs: dict[str, dict[int, NodeCost]] = {}
     for label, g in (("fwd", fwd), ("bwd", bwd), ("bwd_sync", bwd_sync)):
         costs[label] = price_nodes(g.nodes, backends) if reuse is None \
