@@ -90,6 +90,31 @@ def test_efficiencies_are_fractions_and_power_is_given(host):
         assert spec.power_w is not None and spec.power_w >= 400
 
 
+# The die whose efficiency fractions were measured, per family; every other pack of the
+# family gives its power-limited clock against it.
+CLOCK_REFERENCE = {"nvidia_b200": ("nvidia_gb200_nvl72", "nvidia_b300", "nvidia_gb300_nvl72"),
+                   "nvidia_h100_sxm": ("nvidia_h200", "nvidia_h800")}
+
+
+def test_each_power_limited_clock_is_the_cube_root_law_against_its_reference(host):
+    from zrt_core.hardware import power_limited_clock
+
+    specs = {s.id: s for s in host.hardware}
+    # (units, power, bf16) against B200's (148, 1000 W, 2250): GB200 (148, 1200, 2500)
+    # 1.2^(1/3) / (2500/2250) = 0.956; B300 (160, 1100, 2250) (160/148)^(2/3) * 1.1^(1/3) =
+    # 1.087; GB300 (160, 1400, 2500) 1.0535 * 1.1187 / 1.1111 = 1.061; Hopper's three are one
+    # die at 132 SMs and 700 W each: 1
+    want = {"nvidia_gb200_nvl72": 0.956, "nvidia_b300": 1.087, "nvidia_gb300_nvl72": 1.061,
+            "nvidia_h200": 1.0, "nvidia_h800": 1.0}
+    for ref, members in CLOCK_REFERENCE.items():
+        assert specs[ref].compute.power_limited_clock == 1.0
+        for hw_id in members:
+            spec = specs[hw_id]
+            assert round(power_limited_clock(spec, specs[ref]), 3) == want[hw_id]
+            assert spec.compute.power_limited_clock == want[hw_id]
+    assert specs["nvidia_a100_sxm_80g"].compute.power_limited_clock == 1.0
+
+
 def test_fp8_capable_parts_carry_an_fp8_matmul_efficiency(host):
     for spec in host.hardware:
         assert (spec.efficiency.matmul_fp8 is not None) == (spec.compute.fp8_tflops is not None)

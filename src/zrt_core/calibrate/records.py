@@ -41,17 +41,14 @@ PACK_PARAMS: tuple[Param, ...] = (
     Param("gh100.matmul_sustained_16bit", "matmul_sustained_16bit", _GH100,
           precisions=("bf16",), default=_GH100_SUSTAINED, shipped=0.75, lo=0.50, hi=1.00, fallback="default",
           basis="the die's shipped matmul_sustained"),
-    # The B200 die, in DGX B200 (1.0 kW) and GB200 NVL72 (1.2 kW; the datasheet peaks carry
-    # the power): 0.70 was fitted on its dense training records (benchmarks/
-    # bench_sustained_cv.py, docs/cost-model.md); here it is searched over every B200 and
-    # GB200 record, MoE included. Without records: the mean of the other dies' values.
-    Param("b200.matmul_sustained", "matmul_sustained", ("nvidia_b200", "nvidia_gb200_nvl72"),
-          default=1.0, shipped=0.70, lo=0.50, hi=1.00, fallback="field_mean",
-          basis="1: the isolated-kernel rate"),
-    # The Blackwell Ultra die, in GB300 NVL72 (1.4 kW) and DGX B300 (1.1 kW): B200's tensor
-    # cores and dense bf16/fp8 peaks with 160 SMs, fitted on its own records (GB300's; B300
-    # has none and takes GB300's value). Without records: the mean of the other dies' values.
-    Param("b300.matmul_sustained", "matmul_sustained", ("nvidia_gb300_nvl72", "nvidia_b300"),
+    # Blackwell: the B200 die in DGX B200 (1.0 kW) and GB200 NVL72 (1.2 kW), Blackwell Ultra
+    # (160 SMs, the same tensor cores) in DGX B300 (1.1 kW) and GB300 NVL72 (1.4 kW). One
+    # fraction for the four: what separates the SKUs in a training step is the clock their
+    # board power sustains, compute.power_limited_clock in each pack (docs/cost-model.md,
+    # "The power-limited clock"). Searched over every record of the four, MoE included.
+    # Without records: the mean of the other dies' values.
+    Param("blackwell.matmul_sustained", "matmul_sustained",
+          ("nvidia_b200", "nvidia_gb200_nvl72", "nvidia_b300", "nvidia_gb300_nvl72"),
           default=1.0, shipped=0.70, lo=0.50, hi=1.00, fallback="field_mean",
           basis="1: the isolated-kernel rate"),
     # B200's NVFP4 GEMM rate, TensorRT-LLM's end to end (the product with matmul_sustained,
