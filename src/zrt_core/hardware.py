@@ -372,7 +372,7 @@ def power_limited_clock(spec: HardwareSpec, reference: HardwareSpec) -> float:
         (N / N_ref)^(2/3) · (P / P_ref)^(1/3) / (bf16 / bf16_ref)
 
     B200 (148 SMs, 1.0 kW, 2,250 TFLOP/s) against itself is 1; GB200 (148, 1.2 kW, 2,500)
-    0.957; GB300 (160, 1.4 kW, 2,500) 1.061. Both specs need ``power_w`` and
+    0.956; GB300 (160, 1.4 kW, 2,500) 1.061. Both specs need ``power_w`` and
     ``efficiency.parallel_units``, and the same per-SM bf16 rate per clock (one die).
     """
     for s in (spec, reference):
