@@ -109,18 +109,15 @@ class ComputeSpec:
     def power_limited(self) -> ComputeSpec:
         """Every rate (tensor, vector and exponentials) at :attr:`power_limited_clock`;
         the spec itself where that is 1."""
+        from attrs import fields
+
         k = self.power_limited_clock
         if k == 1.0:
             return self
-
-        def scale(value: float | None) -> float | None:
-            return None if value is None else value * k
-
-        return evolve(self, fp32_tflops=self.fp32_tflops * k, bf16_tflops=self.bf16_tflops * k,
-                      fp16_tflops=self.fp16_tflops * k, tf32_tflops=scale(self.tf32_tflops),
-                      fp8_tflops=scale(self.fp8_tflops), fp4_tflops=scale(self.fp4_tflops),
-                      int8_tops=scale(self.int8_tops),
-                      exp_tera_per_s=scale(self.exp_tera_per_s), power_limited_clock=1.0)
+        rates = {f.name: getattr(self, f.name) for f in fields(ComputeSpec)
+                 if f.name != "power_limited_clock"}
+        return evolve(self, power_limited_clock=1.0,
+                      **{name: None if v is None else v * k for name, v in rates.items()})
 
     def peak_tflops(self, dtype: str) -> float:
         """Peak for a dtype name; an unsupported low precision falls back to the next wider.
