@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 
 from zrt_core.estimate import CapturedModel, estimate_inference
-from zrt_core.estimate.engine import engine_profile, trtllm_bench_settings
+from zrt_core.estimate.engine import (
+    cuda_graph_batch,
+    cuda_graph_sizes,
+    engine_profile,
+    trtllm_bench_settings,
+)
 from zrt_core.estimate.memory import cache_states, kv_cache_size, weights_bytes
 from zrt_core.estimate.serving import PagedKVCache, Rescale
 from zrt_core.hardware import HardwareSpec
@@ -191,6 +196,58 @@ def test_admission_limited_steady_state_identity(host, captured):
     # period = 3 mixed iterations; 3 sequences x 3 tokens in it
     assert r.output_tokens_per_s == pytest.approx(9 / (t["period_ms"] / 1e3), rel=1e-9)
     assert t["period_ms"] == pytest.approx(3 * t["mixed_iteration_ms"], rel=1e-9)
+
+
+def test_cuda_graph_sizes_keep_what_the_engine_can_capture():
+    perf = engine_profile("trtllm").cuda_graph_batch_sizes
+    # Qwen3-235B 128/2048 on 8 H200 runs with max batch 2304 and 2432 tokens a step: 4096
+    # and 8192 exceed min(2304, 2432) = 2304, which is kept in their place
+    assert cuda_graph_sizes(perf, max_batch=2304, max_num_tokens=2432)[-3:] == \
+        (1024, 2048, 2304)
+    # a bound that is a configured size is kept once
+    assert cuda_graph_sizes(perf, max_batch=2048, max_num_tokens=8192)[-2:] == (1024, 2048)
+    # every configured size over the bound: the bound alone
+    assert cuda_graph_sizes((256, 512), max_batch=100, max_num_tokens=8192) == (100,)
+    # the token budget binds with draft tokens: 2048 // (1 + 3) = 512
+    assert cuda_graph_sizes(perf, max_batch=4096, max_num_tokens=2048,
+                            tokens_per_request=4)[-1] == 512
+
+
+def test_a_decode_batch_rounds_up_to_the_next_kept_graph():
+    kept = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 2304)
+    assert cuda_graph_batch(2062, kept) == 2304
+    assert cuda_graph_batch(2048, kept) == 2048
+    assert cuda_graph_batch(300, kept) == 384
+    assert cuda_graph_batch(2305, kept) == 2305  # no graph holds it: eager, not padded
+    assert cuda_graph_batch(7, ()) == 7  # an engine that pads nothing
+
+
+def test_decode_only_iterations_are_priced_at_the_padded_graph(host, captured):
+    from attrs import evolve
+
+    from zrt_core.estimate.engine import ENGINES
+
+    # 1.6 GiB of toy GPU: the KV cache holds a number of 32/32 sequences that is no graph
+    # size, so TensorRT-LLM's decode-only iterations pad it up to the next one
+    infer = InferSpec(input_len=32, output_len=32)
+    padded = estimate_inference(None, _toy(1.6), Parallel(), infer, host=host,
+                                captured=captured)
+    plain = estimate_inference(None, _toy(1.6), Parallel(), infer, host=host,
+                               captured=captured,
+                               engine=evolve(ENGINES["trtllm"], cuda_graph_batch_sizes=()))
+    t, u = padded.throughput, plain.throughput
+    c = t["concurrency"]
+    graph = cuda_graph_batch(c, cuda_graph_sizes(
+        ENGINES["trtllm"].cuda_graph_batch_sizes, max_batch=t["engine_max_batch"],
+        max_num_tokens=t["engine_max_num_tokens"]))
+    assert graph > c and t["decode_graph_batch"] == graph and u["decode_graph_batch"] == c
+    # the padded rows cost their GEMM and elementwise work; mixed iterations run eagerly
+    assert t["decode_iteration_ms"] > u["decode_iteration_ms"]
+    assert t["mixed_iteration_ms"] == pytest.approx(u["mixed_iteration_ms"], rel=1e-12)
+    n = t["mixed_iterations_per_period"]
+    assert t["period_ms"] == pytest.approx(
+        n * t["mixed_iteration_ms"] + (32 - n) * t["decode_iteration_ms"], rel=1e-9)
+    assert any(f"CUDA graph for {graph:,} sequences" in note for note in padded.notes)
 
 
 @pytest.mark.needs("zrt-nvidia")  # prices on the H100 pack

@@ -30,6 +30,22 @@ def test_iteration_cost_is_linear_between_the_priced_steps():
     assert cost.time_s(0, 0, 20, 0.0) == 0.0
 
 
+def test_a_decode_only_iteration_runs_its_padded_cuda_graph():
+    # the steps of the test above, with CUDA graphs of 64 and 128 sequences
+    cost = IterationCost(ref_tokens=100, body_s=10e-3, body_per_token_s=0.05e-3,
+                         head_s=1e-3, head_per_row_s=0.001e-3, attention_s=4e-3,
+                         ref_cached_tokens=5000.0, prompt_attention_s=0.5e-3,
+                         graph_sizes=(64, 128))
+    # 100 decodes alone run the 128 graph: body(128) = 10 + 28 x 0.05 = 11.4; head(128) =
+    # 1 + 28 x 0.001 = 1.028; attention on the real sequences' 5000 cached tokens 4
+    # -> 16.428 ms
+    assert cost.time_s(100, 0, 20, 5000.0) == pytest.approx(16.428e-3, rel=1e-12)
+    # with prompts the iteration runs eagerly, unpadded: 18.002 ms as above
+    assert cost.time_s(100, 2, 20, 5000.0) == pytest.approx(18.002e-3, rel=1e-12)
+    # 129 decodes fit no graph: eager, body 10 + 29 x 0.05 = 11.45, head 1.029 -> 16.479
+    assert cost.time_s(129, 0, 20, 5000.0) == pytest.approx(16.479e-3, rel=1e-12)
+
+
 def test_iteration_cost_never_falls_below_its_share_of_the_decode_step():
     # a steep slope (0.2 ms a token) would give body(20) = 10 - 80 x 0.2 = -6 ms; the
     # floor is the step's share 10 x 20/100 = 2 ms

@@ -20,6 +20,7 @@ of the whole device for weights, activations and cache together.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -68,6 +69,10 @@ class EngineProfile:
         iteration beside the GPU's (TensorRT-LLM's PyTorch ``PyExecutor`` with its overlap
         scheduler): an iteration takes at least the hardware's ``serving_host_request_us``
         × its requests. False for vLLM (not modelled: no published per-request figure).
+    :param cuda_graph_batch_sizes: TensorRT-LLM's ``cuda_graph_config.batch_sizes`` with
+        ``enable_padding``: generation-only iterations replay the captured graph of the
+        next size up, padded with dummy generation requests (docs/inference-model.md,
+        "CUDA-graph padding").
     :param nvls: the engine's TP all-reduce goes through NCCL, which uses NVLink SHARP where
         the pack offers it. False for both engines: TensorRT-LLM's AllReduce op runs its
         own one-shot/two-shot kernels over NVLink peer memory for messages that fit its
@@ -95,6 +100,10 @@ class EngineProfile:
     description: str = ""
     nvls: bool = False
     host_floor: bool = False
+    #: the batch sizes the engine captures CUDA graphs for, with padding: a decode-only
+    #: iteration runs the graph of the smallest size that holds its sequences, the rest
+    #: of the rows dummy requests (:func:`cuda_graph_batch`); empty: no padding
+    cuda_graph_batch_sizes: tuple[int, ...] = field(default=(), converter=tuple)
 
     def hardware(self, hw: HardwareSpec) -> HardwareSpec:
         """``hw`` with this engine's GEMM derates applied to its kernel efficiencies, and
@@ -138,6 +147,14 @@ class EngineProfile:
             extra_bytes_per_request_model=kv_extra_bytes_per_request_model,
             hybrid=recurrent_state, chunked_prefill=self.chunked_prefill)
 
+    def graph_sizes(self, settings: EngineSettings) -> tuple[int, ...]:
+        """The CUDA-graph batch sizes the engine keeps under ``settings``
+        (:func:`cuda_graph_sizes`); empty where it pads nothing."""
+        if not self.cuda_graph_batch_sizes:
+            return ()
+        return cuda_graph_sizes(self.cuda_graph_batch_sizes, max_batch=settings.max_batch,
+                                max_num_tokens=settings.max_num_tokens)
+
     def kv_budget_bytes(self, capacity_bytes: float, weights: float, activations: float
                         ) -> float:
         """Bytes the KV cache gets on one device (negative: the model does not fit)."""
@@ -146,6 +163,35 @@ class EngineProfile:
             return self.kv_fraction * capacity_bytes - weights - activations - reserve
         free = capacity_bytes - weights - activations - reserve
         return self.kv_fraction * free if free > 0 else free
+
+
+def cuda_graph_sizes(sizes: tuple[int, ...], *, max_batch: int, max_num_tokens: int,
+                     tokens_per_request: int = 1) -> tuple[int, ...]:
+    """The CUDA-graph batch sizes an engine keeps of ``sizes``: TensorRT-LLM's PyTorch
+    backend keeps the configured sizes up to the largest pure decoding batch,
+    ``min(max_batch_size, max_num_tokens / (1 + draft tokens))``, and, with padding on,
+    adds that bound itself when a configured size exceeds it
+    (``model_engine.py::_filter_cuda_graph_batch_sizes``)."""
+    cap = min(max_batch, max_num_tokens // max(1, tokens_per_request))
+    kept: list[int] = []
+    for i, size in enumerate(sorted(sizes)):
+        if size <= cap:
+            kept.append(size)
+            continue
+        if i == 0 or kept[-1] != cap:
+            kept.append(cap)
+        break
+    return tuple(kept)
+
+
+def cuda_graph_batch(batch: int, kept: tuple[int, ...]) -> int:
+    """The batch a generation-only iteration of ``batch`` sequences runs at: the smallest
+    kept CUDA-graph size that holds it (``cuda_graph_runner.py::_round_up_batch_size``,
+    bisect; the missing rows are one dummy generation request repeated), or ``batch``
+    itself where no graph holds it (the iteration runs eagerly) or nothing is padded
+    (``kept`` empty)."""
+    i = bisect.bisect_left(kept, batch)
+    return kept[i] if batch >= 1 and i < len(kept) else batch
 
 
 def bench_group_size(tp: int, ep: int, expert_tp: int) -> int:
@@ -209,11 +255,16 @@ ENGINES: dict[str, EngineProfile] = {
     "trtllm": EngineProfile(
         name="trtllm", kv_fraction=0.90, runtime_reserve_gib=1.5, kv_block_tokens=32,
         chunked_prefill=False, host_floor=True,
+        # perf-overview's llm_options.yml (TensorRT-LLM@00f3768, docs/source/performance/
+        # perf-overview.md): cuda_graph_config.enable_padding true, these batch sizes
+        cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048,
+                                4096, 8192),
         # no derate: the hardware packs' GEMM efficiencies (matmul_sustained, the B200's
         # NVFP4 rate) are fitted across serving and training records alike
         # (docs/cost-model.md; they replace the former fp8 0.90 / fp4 0.58)
         description="TensorRT-LLM as trtllm-bench runs it (kv_cache_free_gpu_mem_fraction "
-                    "0.90, tokens_per_block 32, GUARANTEED_NO_EVICT)"),
+                    "0.90, tokens_per_block 32, GUARANTEED_NO_EVICT; CUDA graphs padded "
+                    "to 1 … 8192 sequences)"),
     # vLLM V1 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults): on a GPU of 70
     # GiB or more that is not an A100, max_num_seqs 1024 and max_num_batched_tokens 16384
     # for the offline LLM class, 8192 for the API server; elsewhere 256 sequences and

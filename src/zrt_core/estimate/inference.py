@@ -52,6 +52,7 @@ from zrt_core.estimate.engine import (
     EngineProfile,
     EngineSettings,
     bench_group_size,
+    cuda_graph_batch,
     engine_profile,
 )
 from zrt_core.estimate.guards import check_flops, check_serving
@@ -402,7 +403,18 @@ class _Estimator:
         chunk = prompt_chunk(c, budget_tokens, isl, self.engine.chunked_prefill)
         n_mixed = min(osl, c * isl / chunk)
         prefill_budget = chunk
-        t_gen = self._host_floor("decode", self._stage_max(Phase.DECODE, c, mean_cache), c)
+        # a decode-only iteration replays the CUDA graph of the next captured size, its
+        # extra rows dummy requests with next to no cache (docs/inference-model.md,
+        # "CUDA-graph padding"): that many rows over the same cached tokens
+        graphs = self.engine.graph_sizes(settings)
+        graph_c = cuda_graph_batch(c, graphs)
+        t_gen = self._host_floor("decode", self._stage_max(
+            Phase.DECODE, graph_c, max(1, mean_cache * c // graph_c)), c)
+        if graph_c > c and n_mixed < osl:
+            self.notes.append(
+                f"decode-only iterations replay the CUDA graph for {graph_c:,} sequences, "
+                f"{graph_c - c:,} of them padding ({self.engine.name}'s graph sizes with "
+                "enable_padding)")
         mix_stages = self._mixed_iteration(c, chunk, mean_cache)
         t_mix = self._host_floor("mixed", max(mix_stages) if pp > 1 else sum(mix_stages),
                                  c + chunk / isl)
@@ -437,7 +449,7 @@ class _Estimator:
             ttft += queued
         mem = evolve(mem, kv_in_use=self._kv_per_sequence(memory) * running)
         steady = per_replica
-        run = self._request_set(c, chunk, mean_cache, settings, fit)
+        run = self._request_set(c, chunk, mean_cache, settings, fit, graphs)
         if run is not None:
             per_replica = run.output_tokens_per_s
             self.notes.append(
@@ -458,6 +470,7 @@ class _Estimator:
             "prompt_tokens_per_mixed_iteration": chunk,
             "mixed_iterations_per_period": n_mixed,
             "decode_iteration_ms": t_gen * 1e3,
+            "decode_graph_batch": graph_c,
             "mixed_iteration_ms": t_mix * 1e3,
             "period_ms": period * 1e3,
             "mean_context": mean_cache,
@@ -472,7 +485,7 @@ class _Estimator:
                             throughput)
 
     def _request_set(self, c: int, chunk: int, mean_cache: int, settings: EngineSettings,
-                     fit: int) -> RequestSetRun | None:
+                     fit: int, graphs: tuple[int, ...] = ()) -> RequestSetRun | None:
         """The benchmark's finite request set replayed iteration by iteration
         (:mod:`zrt_core.estimate.request_set`), priced from the steady state's decode and
         mixed steps; None without ``num_requests``, with pipeline stages or with chunked
@@ -493,7 +506,7 @@ class _Estimator:
         cost = IterationCost.from_steps(
             gen, mix, ref_tokens=c, prompt_tokens=chunk, mean_context=mean_cache,
             prompt_attention_s=roles(self.priced(Phase.PREFILL, 1), 1)[0]["attention"],
-            host_request_s=self.host_request_s)
+            host_request_s=self.host_request_s, graph_sizes=graphs)
         # each data-parallel replica (attention DP rank) schedules its share of the set
         max_batch = settings.max_batch
         if infer.concurrency is not None:  # trtllm-bench --concurrency: requests in flight

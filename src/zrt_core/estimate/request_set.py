@@ -18,9 +18,10 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 from zrt_core.errors import InternalError, SpecError
+from zrt_core.estimate.engine import cuda_graph_batch
 
 #: The most iterations :func:`simulate_requests` replays (about a second of Python); a set
 #: that long is many waves deep, where the steady state is within a fraction of a percent.
@@ -47,6 +48,9 @@ class IterationCost:
     :param prompt_attention_s: one prompt's prefill attention.
     :param host_request_s: the executor's host time per scheduled request: an iteration
         takes at least this × its requests (docs/inference-model.md, "The host's share").
+    :param graph_sizes: the CUDA-graph batch sizes a decode-only iteration is padded up to
+        (:func:`~zrt_core.estimate.engine.cuda_graph_batch`): its body and head run on
+        the padded rows, its attention on the real sequences' cache.
     """
 
     ref_tokens: int
@@ -58,12 +62,13 @@ class IterationCost:
     ref_cached_tokens: float
     prompt_attention_s: float
     host_request_s: float = 0.0
+    graph_sizes: tuple[int, ...] = field(default=(), converter=tuple)
 
     @classmethod
     def from_steps(cls, gen: Mapping[str, float], mixed: Mapping[str, float], *,
                    ref_tokens: int, prompt_tokens: int, mean_context: int,
-                   prompt_attention_s: float, host_request_s: float = 0.0
-                   ) -> IterationCost:
+                   prompt_attention_s: float, host_request_s: float = 0.0,
+                   graph_sizes: tuple[int, ...] = ()) -> IterationCost:
         """From the ``body`` / ``head`` / ``attention`` split of the decode step at
         ``ref_tokens`` sequences (``gen``) and of the same step with ``prompt_tokens``
         more tokens (``mixed``), every sequence at ``mean_context`` cached tokens."""
@@ -73,7 +78,8 @@ class IterationCost:
                    head_s=gen["head"], head_per_row_s=(mixed["head"] - gen["head"]) / span,
                    attention_s=gen["attention"],
                    ref_cached_tokens=float(ref_tokens * mean_context),
-                   prompt_attention_s=prompt_attention_s, host_request_s=host_request_s)
+                   prompt_attention_s=prompt_attention_s, host_request_s=host_request_s,
+                   graph_sizes=graph_sizes)
 
     def body(self, tokens: float) -> float:
         line = self.body_s + (tokens - self.ref_tokens) * self.body_per_token_s
@@ -94,7 +100,8 @@ class IterationCost:
             return 0.0
         attention = (self.attention_s * cached_tokens / self.ref_cached_tokens
                      if self.ref_cached_tokens > 0 else 0.0)
-        device = (self.body(gen + prompts * isl) + self.head(gen + prompts) + attention
+        rows = cuda_graph_batch(gen, self.graph_sizes) if prompts == 0 else gen
+        device = (self.body(rows + prompts * isl) + self.head(rows + prompts) + attention
                   + prompts * self.prompt_attention_s)
         return max(device, self.host_request_s * (gen + prompts))
 
