@@ -215,6 +215,12 @@ def test_sequence_parallel_training_megatron_collectives(host, captured):
     # are reduce-scattered (their sum, once per pair of norms)
     bwd_layer = [n for n in _collectives(bwd, "reduce_scatter") if n.layer_index == 0]
     assert len(bwd_layer) == 2 and {n.attrs["bytes"] for n in bwd_layer} == {8192}
+    # and gathered: the output gradients of o_proj and down (sequence-split) before their
+    # input-gradient GEMMs, and the saved norm outputs once each for the weight gradients
+    # of q/k/v and of gate/up (TransformerEngine's fused QKV and FC1 linears re-gather
+    # their input once; the capture's separate projections read views of it)
+    gathers = [n for n in _collectives(bwd, "all_gather") if n.layer_index == 0]
+    assert len(gathers) == 4 and {n.attrs["bytes"] for n in gathers} == {8192}
 
 
 def test_tp_without_sp_backward_all_reduces_input_gradients(host, captured):

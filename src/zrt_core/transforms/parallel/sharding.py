@@ -85,9 +85,14 @@ class _ParallelPass(ShapePass):
                  state: dict[int, Layout] | None = None,
                  extra: Callable[[TensorMeta, OpNode],
                                  Mapping[int, tuple[str, Fraction]] | None] | None = None,
-                 attrs: Mapping[str, Mapping[Any, Any]] | None = None) -> None:
+                 attrs: Mapping[str, Mapping[Any, Any]] | None = None,
+                 roots: dict[int, int] | None = None) -> None:
         super().__init__(graph, registry, state=state, attrs=attrs)
         self.extra = extra
+        #: each gathered tensor's view root, shared across the phases of one capture: a
+        #: backward graph's saved activations have no producer there, and the views of one
+        #: forward tensor (q, k and v of one normed input) share one re-gather
+        self.roots: dict[int, int] = {} if roots is None else roots
         p = ctx_parallel
         self.p = p
         self.dims = dims
@@ -405,15 +410,22 @@ class _ParallelPass(ShapePass):
         self.gathered[key] = out.tensor_id  # type: ignore[assignment]
 
     def _view_root(self, tensor_id: int | None) -> int | None:
-        """The tensor a chain of zero-cost single-input views starts from."""
-        seen = 0
+        """The tensor a chain of zero-cost single-input views starts from; for a tensor an
+        earlier phase produced (a saved activation in a backward graph), the root it had
+        there."""
+        start, seen = tensor_id, 0
         while tensor_id is not None and seen < 16:
             producer = self.producer(tensor_id)
-            if producer is None or not producer.zero_cost or len(
+            if producer is None:
+                tensor_id = self.roots.get(tensor_id, tensor_id)
+                break
+            if not producer.zero_cost or len(
                     [t for t in producer.inputs if t.tensor_id is not None]) != 1:
-                return tensor_id
+                break
             tensor_id = producer.inputs[0].tensor_id
             seen += 1
+        if start is not None and tensor_id is not None:
+            self.roots.setdefault(start, tensor_id)
         return tensor_id
 
     def _gather_for_matmul(self, node: OpNode) -> None:

@@ -30,6 +30,9 @@ class ParallelTransform:
         decode, forward before backward), so a decode graph's KV cache and a backward
         graph's saved activations keep the layouts their producing phase gave them. Use
         :func:`apply_phases` to run several phases with one state.
+    :param roots: the view roots of gathered tensors, shared the same way: a backward
+        graph re-gathers the saved views of one forward tensor once (TransformerEngine's
+        fused QKV and FC1 linears re-gather their input once for the weight gradient).
     """
 
     name = "parallel"
@@ -37,9 +40,11 @@ class ParallelTransform:
     def __init__(self, plan: TPPlan | None = None, *,
                  state: dict[int, Layout] | None = None,
                  extra_seeds: ExtraSeeds | None = None,
-                 extra_attrs: ExtraAttrs | None = None) -> None:
+                 extra_attrs: ExtraAttrs | None = None,
+                 roots: dict[int, int] | None = None) -> None:
         self.plan = plan or TPPlan()
         self.state = state
+        self.roots = roots
         self.extra_seeds = extra_seeds
         self.extra_attrs = extra_attrs
 
@@ -52,7 +57,8 @@ class ParallelTransform:
             return _with_layout_meta(graph, p, ctx.training)
         out = _ParallelPass(graph, p, ctx.dims, self.plan, ctx.host.formulas
                             if ctx.host is not None else None, training=ctx.training,
-                            state=self.state, extra=extra, attrs=attrs).run()
+                            state=self.state, extra=extra, attrs=attrs,
+                            roots=self.roots).run()
         return _with_layout_meta(out, p, ctx.training)
 
 
@@ -78,7 +84,7 @@ def apply_phases(graphs: Mapping[str, OpGraph], ctx: TransformContext,
     layouts, in capture order (prefill, decode, train_forward, train_backward)."""
     state: dict[int, Layout] = {}
     out = {}
-    transform = ParallelTransform(plan, state=state)
+    transform = ParallelTransform(plan, state=state, roots={})
     order = sorted(graphs, key=lambda ph: Phase.ALL.index(ph) if ph in Phase.ALL else 99)
     for phase in order:
         out[phase] = transform.apply(graphs[phase], ctx)
