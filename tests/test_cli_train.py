@@ -106,6 +106,17 @@ def test_bad_layouts_are_one_line_with_exit_2(model_dir: Path,
     assert err.startswith("zrt: error: ") and rule in err and err.count("\n") == 1
 
 
+@pytest.mark.needs("zrt-nvidia")
+def test_an_attention_kernel_the_device_has_no_rate_for_is_one_line_with_exit_2(
+        model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _run(model_dir, "--attention", "flash1")
+    args[args.index("h100")] = "b200"
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zrt: error: nvidia_b200 has no published rate for attention "
+                          "kernel flash1") and err.count("\n") == 1
+
+
 def test_bad_flag_values_are_usage_errors(model_dir: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

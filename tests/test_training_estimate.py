@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from attrs import evolve
 
-from zrt_core.errors import LayoutError
+from zrt_core.errors import LayoutError, SpecError
 from zrt_core.estimate.training import capture_for_training, estimate_training
 from zrt_core.hardware import HardwareSpec
 from zrt_core.plugins import PluginHost, get_plugin_manager
@@ -251,3 +251,33 @@ def test_a_power_limited_clock_speeds_the_priced_step_not_the_mfu_peak(tiny, hos
     assert fast.compute_s < base.compute_s and fast.step_time_s < base.step_time_s
     assert any("power-limited clock, 2 x" in n for n in fast.notes)
     assert not any("power-limited clock" in n for n in base.notes)
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_an_older_attention_kernel_slows_only_the_attention(tiny, host) -> None:
+    # H100 rates FlashAttention-2 at 0.35 / 0.30 of peak against its own kernel's 0.66 /
+    # 0.58: only the attention nodes change price; every other category is the same
+    parallel, train = Parallel(dp=2), _train()
+    own = _estimate(tiny, host, parallel, train, cuda_graph="full")
+    fa2 = _estimate(tiny, host, parallel, train, cuda_graph="full", attention="flash2")
+    assert fa2.compute_by_category_s["attention"] > own.compute_by_category_s["attention"]
+    for category, seconds in own.compute_by_category_s.items():
+        if category != "attention":
+            assert fa2.compute_by_category_s[category] == seconds
+    assert any("FlashAttention-2 kernels" in n for n in fa2.notes)
+
+
+@pytest.mark.needs("zrt-nvidia")
+def test_an_attention_kernel_without_a_published_rate_is_refused_or_falls_back(tiny,
+                                                                                host) -> None:
+    # the B200 pack rates no FlashAttention 1.x kernel: asked for it, the estimate refuses;
+    # a record naming a FlashAttention-1 stack falls back to the device's own kernel
+    parallel, train = Parallel(dp=2), _train()
+    with pytest.raises(SpecError, match="nvidia_b200 has no published rate for attention "
+                                        "kernel flash1"):
+        _estimate(tiny, host, parallel, train, hw="nvidia_b200", attention="flash1")
+    own = _estimate(tiny, host, parallel, train, hw="nvidia_b200")
+    back = _estimate(tiny, host, parallel, train, hw="nvidia_b200", attention="flash1",
+                     attention_fallback=True)
+    assert back.step_time_s == own.step_time_s
+    assert any("no published FlashAttention 1.x rate" in n for n in back.notes)

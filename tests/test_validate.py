@@ -137,6 +137,21 @@ def test_interleaved_schedule_when_vp_is_given() -> None:
     assert training_case(_record(raw)).train.pp_schedule == "interleaved"
 
 
+@pytest.mark.parametrize(("source", "kernel"), [
+    ("made up for tests", "flash"),
+    ("MosaicML llm-foundry scripts/train/benchmarking/README.md, H100 80GB BF16", "flash1"),
+    ("torchtitan docs/performance.md, Table 1", "flash2"),
+    ("Narayanan et al. 2021, Table 1", "unfused"),
+])
+def test_the_attention_kernel_follows_the_stack_the_source_names(source, kernel) -> None:
+    # llm-foundry's published tables ran flash-attn 1.0.x (v0.3.0's `gpu` extra); torchtitan
+    # runs PyTorch SDPA's FlashAttention-2; 2021-22 Megatron-LM had no FlashAttention
+    case = training_case(_record({**TRAIN, "source": source}))
+    assert case.attention == kernel
+    named = [a for a in case.assumptions if a.startswith("attention as FlashAttention")]
+    assert len(named) == (1 if kernel in ("flash1", "flash2") else 0)
+
+
 def test_inference_defaults() -> None:
     case = inference_case(_record({**INFER, "precision": None, "concurrency": None,
                                    "num_gpus": 4}))

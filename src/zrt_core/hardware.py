@@ -203,6 +203,12 @@ class InterconnectTier:
     all_to_all_efficiency: float | None = None
 
 
+#: Attention kernel generations older than a device's own (``zrt run --train --attention``):
+#: the :class:`Efficiency` fields of each one's forward and backward rate.
+ATTENTION_GENERATIONS = {"flash2": ("attention_fa2", "attention_fa2_backward"),
+                         "flash1": ("attention_fa1", "attention_fa1_backward")}
+
+
 @frozen
 class Efficiency:
     """Achievable fractions of peak, global per hardware and op class (never per model).
@@ -212,6 +218,14 @@ class Efficiency:
     :param matmul_fp4: large fp4 GEMMs (None: same as ``matmul_fp8``).
     :param attention: FlashAttention-style forward, fraction of dense peak.
     :param attention_backward: its backward (None: same as ``attention``).
+    :param attention_fa2: the forward of FlashAttention-2's kernels (flash-attn 2.x, and
+        PyTorch SDPA's flash backend) on this device, where a publication gives it
+        (``--attention flash2``; ``attention`` is the device's own best fused kernel:
+        cuDNN / FlashAttention-3 on Hopper); None: not published, refused.
+    :param attention_fa2_backward: its backward (None: not published).
+    :param attention_fa1: the forward of FlashAttention 1.x's kernels (flash-attn 1.0.x,
+        ``--attention flash1``); None: not published, refused.
+    :param attention_fa1_backward: its backward (None: not published).
     :param memory: memory-bound kernels, fraction of HBM bandwidth.
     :param launch_overhead_us: fixed cost added to every kernel.
     :param matmul_int8: large int8 GEMMs (None: same as ``matmul_fp8``).
@@ -310,6 +324,10 @@ class Efficiency:
     matmul_fp4: float | None = None
     attention: float = 0.55
     attention_backward: float | None = None
+    attention_fa2: float | None = None
+    attention_fa2_backward: float | None = None
+    attention_fa1: float | None = None
+    attention_fa1_backward: float | None = None
     memory: float = 0.8
     launch_overhead_us: float = 3.0
     matmul_int8: float | None = None
@@ -341,6 +359,22 @@ class Efficiency:
     eager_host_infer_fixed_us: float = 0.0
     eager_host_decode_fixed_us: float = 0.0
     serving_host_request_us: float = 0.0
+
+    def attention_rates(self, kernel: str) -> tuple[float, float] | None:
+        """``(forward, backward)`` fraction of peak of the attention kernel generation
+        ``kernel`` (:data:`ATTENTION_GENERATIONS`): ``flash`` is the device's own fused
+        kernel (``attention`` / ``attention_backward``); ``flash2`` / ``flash1`` the older
+        generations where the pack rates them, None where it does not."""
+        if kernel == "flash":
+            return self.attention, (self.attention_backward
+                                    if self.attention_backward is not None else self.attention)
+        fields = ATTENTION_GENERATIONS.get(kernel)
+        if fields is None:
+            return None
+        forward, backward = (getattr(self, f) for f in fields)
+        if forward is None:
+            return None
+        return forward, backward if backward is not None else forward
 
     def gemm_sustained(self, compute: str) -> float:
         """The fraction of its isolated rate a GEMM computing at ``compute`` (a compute

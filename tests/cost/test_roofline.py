@@ -326,3 +326,29 @@ def test_decode_attention_streams_its_cache_at_the_packs_decode_rate(node):
         node("aten._scaled_dot_product_efficient_attention.default", "attention", [s, s, s],
              [s], flops=4 * 4 * 8 * 1024 * 1024 * 128))
     assert prefill.memory_s == pytest.approx(4 * 8388608 / 1e12, rel=1e-12)
+
+
+def test_an_older_attention_kernel_runs_at_its_published_rate(node):
+    # the forward above (1.9327352832e-5 s at attention 0.5) marked as a FlashAttention 1.x
+    # kernel on a pack rating it at 0.125 forward / 0.1 backward: 8589934592 / (1e15 ·
+    # 0.125 · 8/9) = 7.7309411328e-5 s, four times the device's own kernel
+    hw = make_toy(attention_fa1=0.125, attention_fa1_backward=0.1)
+    q = tensor(2, 8, 1024, 128)
+    cost = RooflineBackend(hw).price(node(
+        "aten._scaled_dot_product_flash_attention.default", "attention", [q, q, q], [q],
+        flops=4 * 2 * 8 * 1024 * 1024 * 128, attention_kernel="flash1"))
+    assert cost.compute_s == pytest.approx(7.7309411328e-5, rel=1e-12)
+    assert (cost.detail["kernel"], cost.detail["efficiency"]) == ("flash1", 0.125)
+    back = RooflineBackend(hw).price(node(
+        "aten._scaled_dot_product_flash_attention_backward.default", "attention",
+        [q, q, q, q, q], [q, q, q], flops=int(2.5 * 8589934592), phase="train_backward",
+        attention_kernel="flash1"))
+    # 21474836480 / (1e15 · 0.1 · 8/9) = 2.415919104e-4 s
+    assert back.compute_s == pytest.approx(2.415919104e-4, rel=1e-12)
+
+
+def test_an_attention_kernel_the_pack_does_not_rate_is_refused(roofline, node):
+    q = tensor(2, 8, 1024, 128)
+    with pytest.raises(CostError, match="no published rate for attention kernel flash2"):
+        roofline.price(node("aten._scaled_dot_product_flash_attention.default", "attention",
+                            [q, q, q], [q], flops=1, attention_kernel="flash2"))

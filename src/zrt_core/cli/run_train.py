@@ -85,9 +85,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="run the shared experts on their own stream under the EP "
                         "all-to-all (Megatron-Core --moe-shared-expert-overlap; in serving "
                         "SGLang's and TensorRT-LLM's DeepSeek MoE; off by default)")
-    g.add_argument("--attention", choices=("flash", "unfused"), default="flash",
-                   help="attention kernels: flash (default) or unfused (Megatron-LM before "
-                        "FlashAttention)")
+    g.add_argument("--attention", choices=("flash", "flash2", "flash1", "unfused"),
+                   default="flash",
+                   help="attention kernels: flash (default: the device's own fused kernel, "
+                        "cuDNN / FlashAttention-3 on Hopper), flash2 or flash1 "
+                        "(FlashAttention-2 or 1.x, as PyTorch SDPA and flash-attn run on "
+                        "PyTorch-native stacks: torchtitan, FSDP scripts), or unfused "
+                        "(Megatron-LM before FlashAttention)")
     g.add_argument("--num-gpus", type=positive_int("--num-gpus"), default=None, metavar="N",
                    help="check that tp × cp × pp × dp equals this")
     from zrt_core.cli.search_cmd import int_list

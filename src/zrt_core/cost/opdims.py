@@ -35,6 +35,10 @@ EXPERT_GROUPS_ATTR = "expert_groups"
 #: With :data:`EXPERT_STREAMS_ATTR`: False when the loop is replayed from a CUDA graph (no
 #: per-kernel ``expert_kernel_us``).
 EXPERT_EAGER_ATTR = "expert_eager"
+#: An attention node's kernel generation when it is not the device's own (``flash2``,
+#: ``flash1``: :data:`zrt_core.hardware.ATTENTION_GENERATIONS`); the roofline prices it at
+#: that generation's published rate.
+ATTENTION_KERNEL_ATTR = "attention_kernel"
 
 
 def op_base(op: str) -> str:

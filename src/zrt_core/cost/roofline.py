@@ -47,7 +47,10 @@ Attention (category ``attention``: fused SDPA / FlashAttention nodes)
     mask, capped by a window), times the wave loss over ``b · h · ⌈s_q / tile_q⌉`` tiles
     (key tiles backward), times the head-dim factor ``(d/(d + d0)) / (128/(128 + d0))``:
     softmax work per tile does not shrink with d. With H100 numbers (0.66 / 0.58, 256,
-    d0 = 40) this reproduces FlashAttention-3's 24 published points to 5% RMS. Decode
+    d0 = 40) this reproduces FlashAttention-3's 24 published points to 5% RMS. A node
+    marked with an older kernel generation (``attention_kernel``: ``flash2``, ``flash1``)
+    runs at that generation's published rate from the pack instead (``attention_fa2``...),
+    with the same shape factors. Decode
     (``s_q ≤ 16``) is priced without shape loss and is memory-bound on the KV cache.
     Softmax's exponentials run on the special-function units, not the tensor cores: one
     per visible pair and query head (``b · h · pairs``, forward and backward, which
@@ -73,6 +76,7 @@ from zrt_core.cost.backend import NodeCost, PriceSource
 from zrt_core.cost.collectives import collective_cost
 from zrt_core.cost.errors import CostError
 from zrt_core.cost.opdims import (
+    ATTENTION_KERNEL_ATTR,
     EXPERT_EAGER_ATTR,
     EXPERT_GROUPS_ATTR,
     EXPERT_STREAMS_ATTR,
@@ -324,7 +328,16 @@ class RooflineBackend:
         backward = is_backward(node)
         dtype = _first_dtype(node)
         key, peak = self.rate(dtype)
-        efficiency = self._attention_eff[1 if backward else 0]
+        kernel = node.attrs.get(ATTENTION_KERNEL_ATTR)
+        if kernel:
+            rates = self.eff.attention_rates(str(kernel))
+            if rates is None:
+                raise CostError(f"{self.hardware.id} has no published rate for attention "
+                                f"kernel {kernel}", "price it with the device's own kernel "
+                                "(--attention flash) or give the rate in the pack")
+            efficiency = rates[1 if backward else 0]
+        else:
+            efficiency = self._attention_eff[1 if backward else 0]
         flops = node.flops
         if not flops and dims is not None:
             flops = dims.backward_flops if backward else dims.forward_flops
@@ -332,6 +345,8 @@ class RooflineBackend:
         detail: dict[str, Any] = {"dtype": dtype, "compute": key, "peak_tflops": peak / 1e12,
                                   "efficiency": efficiency, "flops": flops, "bytes": nbytes,
                                   "hbm_efficiency": self.eff.memory, "backward": backward}
+        if kernel:
+            detail["kernel"] = kernel
         if bytes_from != "node":
             detail["bytes_from"] = bytes_from
         shape = 1.0

@@ -18,6 +18,7 @@ from zrt_core.checks import (
     check_train_request,
     layout_notes,
 )
+from zrt_core.cost.opdims import ATTENTION_KERNEL_ATTR
 from zrt_core.errors import ModelError, SpecError
 from zrt_core.estimate.guards import check_flops, check_training
 from zrt_core.estimate.host import HostModel
@@ -28,7 +29,12 @@ from zrt_core.estimate.training.fsdp import apply_sharding, first_forward_delay_
 from zrt_core.estimate.training.optimizer import _optimizer
 from zrt_core.estimate.training.pipeline import _pipeline
 from zrt_core.estimate.training.reuse import TrainingReuse
-from zrt_core.estimate.training.spec import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS, MtpSpec
+from zrt_core.estimate.training.spec import (
+    ATTENTION_GENERATION_NAMES,
+    ATTENTION_KERNELS,
+    CROSS_ENTROPY_KERNELS,
+    MtpSpec,
+)
 from zrt_core.estimate.training.stages import (
     _amax_reduction_s,
     _p2p_message_bytes,
@@ -37,6 +43,7 @@ from zrt_core.estimate.training.stages import (
     ep_comm_sm_share,
     scale_up_groups,
 )
+from zrt_core.hardware import ATTENTION_GENERATIONS
 from zrt_core.ir.graph import (
     Category,
     OpGraph,
@@ -94,6 +101,7 @@ def estimate_training(
     num_gpus: int | None = None,
     host_link_gb_per_s: float | None = None,
     attention: str = "flash",
+    attention_fallback: bool = False,
     keep_timelines: bool = False,
     use_cache: bool | None = None,
     stage_split: str | StageSplit = "even",
@@ -121,9 +129,14 @@ def estimate_training(
     :param overlap: communication-overlap rules; default :func:`default_overlap`.
     :param num_gpus: checked against ``tp × cp × pp × dp`` when given.
     :param host_link_gb_per_s: device-to-host bandwidth for ``offload_optimizer``.
-    :param attention: ``flash`` (fused FlashAttention kernels, as captured) or ``unfused``
-        (Megatron-LM's 2021-22 attention core: full-square batched GEMMs, fused softmax and
-        attention dropout over the scores; :class:`UnfusedAttention`).
+    :param attention: ``flash`` (the device's own fused attention kernel, as captured:
+        cuDNN / FlashAttention-3 on Hopper), ``flash2`` / ``flash1`` (FlashAttention-2 or
+        1.x kernels, at the rates the pack publishes for them: PyTorch-native stacks) or
+        ``unfused`` (Megatron-LM's 2021-22 attention core: full-square batched GEMMs, fused
+        softmax and attention dropout over the scores; :class:`UnfusedAttention`).
+    :param attention_fallback: price the device's own kernel (with a note) where the pack
+        publishes no rate for ``attention``'s generation, instead of refusing (records whose
+        source names the stack: :func:`case_from_record`).
     :param keep_timelines: keep the first stage's forward/backward timelines (for traces
         and HTML).
     :param price_coverage: report where the forward and backward prices came from
@@ -257,6 +270,16 @@ def estimate_training(
     if attention not in ATTENTION_KERNELS:
         raise SpecError(f"unknown attention kernel {attention!r}",
                         f"use one of {', '.join(ATTENTION_KERNELS)}")
+    if attention in ATTENTION_GENERATIONS and hw.efficiency.attention_rates(attention) is None \
+            and attention_fallback:
+        notes.append(f"{hw.id}: no published {ATTENTION_GENERATION_NAMES[attention]} rate; "
+                     "attention priced as the device's own fused kernel")
+        attention = "flash"
+    if attention in ATTENTION_GENERATIONS and hw.efficiency.attention_rates(attention) is None:
+        raise SpecError(f"{hw.id} has no published rate for attention kernel {attention} "
+                        f"({ATTENTION_GENERATION_NAMES[attention]})",
+                        "use --attention flash (the device's own kernel), or a hardware "
+                        "pack that gives attention_fa2 / attention_fa1")
     if zero_algorithm is not None and zero_algorithm not in ("ring", "pairwise"):
         raise SpecError(f"unknown ZeRO collective algorithm {zero_algorithm!r}",
                         "use ring or pairwise")
@@ -718,4 +741,19 @@ def _platform_and_parallel(fwd: OpGraph, bwd: OpGraph, ctx: TransformContext,
     fwd = apply_all(fwd, steps, ctx)
     bwd = apply_all(bwd, steps, ctx)
     applied.extend(t.name for t in steps)
+    if attention in ATTENTION_GENERATIONS:
+        fwd, bwd = (_mark_attention_kernel(g, attention) for g in (fwd, bwd))
+        applied.append(f"attention_{attention}")
+        notes.append(f"attention as {ATTENTION_GENERATION_NAMES[attention]} kernels run it, "
+                     "at the rate published for them on this device (docs/cost-model.md, "
+                     "\"Attention kernels\")")
     return fwd, bwd, tuple(applied)
+
+
+def _mark_attention_kernel(graph: OpGraph, kernel: str) -> OpGraph:
+    """``graph`` with its attention nodes marked as run by kernel generation ``kernel``
+    (:data:`~zrt_core.cost.opdims.ATTENTION_KERNEL_ATTR`), which the roofline prices at
+    that generation's rate."""
+    nodes = [evolve(n, attrs={**n.attrs, ATTENTION_KERNEL_ATTR: kernel})
+             if n.category == Category.ATTENTION else n for n in graph.nodes]
+    return graph.with_nodes(nodes)

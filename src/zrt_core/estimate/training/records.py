@@ -23,7 +23,13 @@ from zrt_core.estimate.training.estimator import (
     estimate_training,
     legacy_overlap,
 )
-from zrt_core.estimate.training.spec import USABLE_MEMORY_FRACTION, MtpSpec, _ro, mtp_from_config
+from zrt_core.estimate.training.spec import (
+    USABLE_MEMORY_FRACTION,
+    MtpSpec,
+    _ro,
+    mtp_from_config,
+    source_attention,
+)
 from zrt_core.reports.training import TrainingReport
 from zrt_core.schedule.scheduler import OverlapRules
 from zrt_core.schedule.stages import StageSplit
@@ -301,6 +307,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     if any(s in source for s in LEGACY_MEGATRON_SOURCES):
         attention = "unfused"
         assumptions.append("2021-22 attention kernels (no FlashAttention)")
+    else:
+        attention = source_attention(source, assumptions)
     zero_algorithm = None
     legacy_zero3 = any(s in source for s in LEGACY_MEGATRON_SOURCES) and int(zero) == 3
     if legacy_zero3:
@@ -674,7 +682,7 @@ def estimate_case(case: TrainingCase, *, host: PluginHost | None = None,
         "bf16_layers": case.bf16_layers, "mtp": case.mtp,
         "cross_entropy": case.cross_entropy, "amax_reduction": case.amax_reduction,
         "moe_token_drop": case.moe_token_drop, "cuda_graph": case.cuda_graph,
-        "nvls": case.nvls}
+        "nvls": case.nvls, "attention_fallback": True}
     hardware = options.pop("hardware", case.hardware)
     kwargs.update(options)
     return estimate_training(case.config, hardware, case.parallel, case.train, **kwargs)
@@ -760,7 +768,7 @@ def search_layout(case: TrainingCase, *, host: PluginHost | None = None,
                 bf16_layers=case.bf16_layers, mtp=case.mtp,
                 cross_entropy=case.cross_entropy, amax_reduction=case.amax_reduction,
                 moe_token_drop=case.moe_token_drop, cuda_graph=case.cuda_graph,
-                nvls=case.nvls, **options)
+                nvls=case.nvls, attention_fallback=True, **options)
         except ZrtError:
             continue
         tried += 1

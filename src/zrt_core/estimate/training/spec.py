@@ -19,8 +19,43 @@ if TYPE_CHECKING:
 #: Fraction of a device's memory a training job may fill: the rest is the CUDA context,
 #: NCCL's buffers and the caching allocator's fragmentation.
 USABLE_MEMORY_FRACTION = 0.95
-ATTENTION_KERNELS = ("flash", "unfused")
+#: Attention kernels a training estimate prices: ``flash`` the device's own fused kernel
+#: (cuDNN / FlashAttention-3 on Hopper, FlashAttention-2 on Ampere), ``flash2`` / ``flash1``
+#: the older FlashAttention generations PyTorch-native stacks run (at the pack's published
+#: rates for them), ``unfused`` Megatron-LM's 2021-22 attention core.
+ATTENTION_KERNELS = ("flash", "flash2", "flash1", "unfused")
+#: The older generations' names, for notes and errors.
+ATTENTION_GENERATION_NAMES = {"flash2": "FlashAttention-2", "flash1": "FlashAttention 1.x"}
 CROSS_ENTROPY_KERNELS = ("fused", "megatron", "te_inplace")
+
+#: PyTorch-native training stacks whose attention is an older FlashAttention generation than
+#: the device's own kernel, by the source a record names (docs/cost-model.md, "Attention
+#: kernels"):
+#:
+#: - MosaicML's llm-foundry (MPT): its published benchmark tables (scripts/train/benchmarking,
+#:   2023-10) were run by ``submit_benchmarks.py`` with llm-foundry v0.3.0 ``pip install
+#:   .[gpu]``, which pinned ``flash-attn==1.0.9`` (``flash-attn==1.0.7`` for the H100 fp8
+#:   rows); the ``gpu`` extra moved to flash-attn 2 only in v0.6.0 (2024-03).
+#: - torchtitan: ``F.scaled_dot_product_attention``, whose flash backend is PyTorch's
+#:   FlashAttention-2 port.
+ATTENTION_BY_SOURCE = (("llm-foundry", "flash1"), ("MosaicML", "flash1"),
+                       ("torchtitan", "flash2"))
+
+
+def source_attention(source: str, assumptions: list[str]) -> str:
+    """The attention kernel of the stack a record's source names
+    (:data:`ATTENTION_BY_SOURCE`), ``flash`` (the device's own) for every other source."""
+    for name, kernel in ATTENTION_BY_SOURCE:
+        if name.lower() in source.lower():
+            why = ("llm-foundry v0.3.0's flash-attn 1.0.x, as its benchmark tables ran"
+                   if kernel == "flash1" else "PyTorch SDPA's FlashAttention-2 backend")
+            assumptions.append(f"attention as {ATTENTION_GENERATION_NAMES[kernel]} kernels "
+                               f"({why}; the device's own kernel where the hardware pack "
+                               "publishes no rate for them)")
+            return kernel
+    return "flash"
+
+
 _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "overlap",
                 "other")
 
