@@ -140,12 +140,13 @@ def test_interleaved_schedule_when_vp_is_given() -> None:
 @pytest.mark.parametrize(("source", "kernel"), [
     ("made up for tests", "flash"),
     ("MosaicML llm-foundry scripts/train/benchmarking/README.md, H100 80GB BF16", "flash1"),
-    ("torchtitan docs/performance.md, Table 1", "flash2"),
+    ("torchtitan docs/performance.md, Table 1", "flash"),
     ("Narayanan et al. 2021, Table 1", "unfused"),
 ])
 def test_the_attention_kernel_follows_the_stack_the_source_names(source, kernel) -> None:
     # llm-foundry's published tables ran flash-attn 1.0.x (v0.3.0's `gpu` extra); torchtitan
-    # runs PyTorch SDPA's FlashAttention-2; 2021-22 Megatron-LM had no FlashAttention
+    # puts cuDNN attention first (the device's own kernel) since 2025-03; 2021-22
+    # Megatron-LM had no FlashAttention
     case = training_case(_record({**TRAIN, "source": source}))
     assert case.attention == kernel
     named = [a for a in case.assumptions if a.startswith("attention as FlashAttention")]

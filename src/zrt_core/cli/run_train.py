@@ -89,8 +89,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    default="flash",
                    help="attention kernels: flash (default: the device's own fused kernel, "
                         "cuDNN / FlashAttention-3 on Hopper), flash2 or flash1 "
-                        "(FlashAttention-2 or 1.x, as PyTorch SDPA and flash-attn run on "
-                        "PyTorch-native stacks: torchtitan, FSDP scripts), or unfused "
+                        "(FlashAttention-2 or 1.x: PyTorch SDPA's flash backend, flash-attn "
+                        "2.x / 1.x, as PyTorch-native stacks run them), or unfused "
                         "(Megatron-LM before FlashAttention)")
     g.add_argument("--num-gpus", type=positive_int("--num-gpus"), default=None, metavar="N",
                    help="check that tp × cp × pp × dp equals this")

@@ -36,10 +36,12 @@ CROSS_ENTROPY_KERNELS = ("fused", "megatron", "te_inplace")
 #:   2023-10) were run by ``submit_benchmarks.py`` with llm-foundry v0.3.0 ``pip install
 #:   .[gpu]``, which pinned ``flash-attn==1.0.9`` (``flash-attn==1.0.7`` for the H100 fp8
 #:   rows); the ``gpu`` extra moved to flash-attn 2 only in v0.6.0 (2024-03).
-#: - torchtitan: ``F.scaled_dot_product_attention``, whose flash backend is PyTorch's
-#:   FlashAttention-2 port.
-ATTENTION_BY_SOURCE = (("llm-foundry", "flash1"), ("MosaicML", "flash1"),
-                       ("torchtitan", "flash2"))
+#:
+#: torchtitan is not read this way: its SDPA wrapper puts cuDNN attention first since
+#: 2025-03 (pytorch/torchtitan#1000, "Enable CUDNN attention"), the device's own kernel;
+#: its earlier published tables (docs/performance.md, 2024) ran SDPA's FlashAttention-2
+#: backend, which ``zrt run --train --attention flash2`` prices.
+ATTENTION_BY_SOURCE = (("llm-foundry", "flash1"), ("MosaicML", "flash1"))
 
 
 def source_attention(source: str, assumptions: list[str]) -> str:
@@ -47,10 +49,9 @@ def source_attention(source: str, assumptions: list[str]) -> str:
     (:data:`ATTENTION_BY_SOURCE`), ``flash`` (the device's own) for every other source."""
     for name, kernel in ATTENTION_BY_SOURCE:
         if name.lower() in source.lower():
-            why = ("llm-foundry v0.3.0's flash-attn 1.0.x, as its benchmark tables ran"
-                   if kernel == "flash1" else "PyTorch SDPA's FlashAttention-2 backend")
             assumptions.append(f"attention as {ATTENTION_GENERATION_NAMES[kernel]} kernels "
-                               f"({why}; the device's own kernel where the hardware pack "
+                               "(llm-foundry v0.3.0's flash-attn 1.0.x, as its benchmark "
+                               "tables ran; the device's own kernel where the hardware pack "
                                "publishes no rate for them)")
             return kernel
     return "flash"
