@@ -43,3 +43,25 @@ def test_held_out_serving_records_are_valid_and_not_in_the_public_suite() -> Non
     public = {cell(r) for r in load_records(suite_path("public")) if r.workload == "infer"}
     # held out: no cell repeats a public record's model, machine, GPUs and shape
     assert not {cell(r) for r in held} & public
+
+
+@pytest.mark.parametrize(("name", "count"), [("foundry_heldout.yaml", 138),
+                                             ("dgxc_heldout.yaml", 217)])
+def test_held_out_training_records_are_valid_and_not_public_measurements(name, count) -> None:
+    # llm-foundry: 120 rows of the 2023-10 tables + 18 of the 2024-01 one that zrt prices;
+    # dgxc: the rows of v24.11.1-v25.05.05 left after duplicates, public rows and proxies
+    from zrt_core.validate import check_record, load_records
+
+    held = load_records(ROOT / "benchmarks" / "data" / name)
+    seen: set[str] = set()
+    for record in held:
+        check_record(record, seen)
+        seen.add(record.id)
+    assert len(held) == count
+
+    def run(r):  # model, machine, GPUs, precision and the measured step
+        return (r.model_type, r.hardware, r.num_gpus, r.raw.get("precision"),
+                r.measured.get("step_time_s"))
+
+    public = {run(r) for r in load_records(suite_path("public")) if r.workload == "train"}
+    assert not {run(r) for r in held} & public
