@@ -7,6 +7,7 @@ t1 = 16 devices, 40 x 0.5 = 2e10 B/s, 5 us; t2 = unbounded, 10 x 1.0 = 1e10 B/s,
 from __future__ import annotations
 
 import pytest
+from attrs import evolve
 
 from zrt_core.cost.backend import PriceSource
 from zrt_core.cost.collectives import collective_cost
@@ -206,3 +207,16 @@ def test_all_to_all_efficiency_parses_from_a_pack_and_rejects_bad_values(toy_yam
     with pytest.raises(SpecError, match=r"interconnect\[1\].all_to_all_efficiency must be "
                                         r"<= 1.0"):
         HardwareSpec.from_mapping(data)
+
+
+def test_nccls_tuner_never_picks_the_hierarchical_algorithm(toy):
+    # the same 16-rank all-gather on a pack whose collectives are NCCL's (vendor nvidia):
+    # the candidates are NCCL's (ring, no NVLS tier here), hierarchical only when named
+    nccl = evolve(toy, vendor="nvidia")
+    cost = collective_cost("all_gather", 1.6e8, 16, 16, nccl)
+    assert cost.detail["algorithm"] == "ring"
+    assert set(cost.detail.get("candidates_s", {"ring": 0})) == {"ring"}
+    assert "hierarchical" in collective_cost("all_gather", 1.6e8, 16, 16, toy
+                                             ).detail["candidates_s"]
+    forced = collective_cost("all_gather", 1.6e8, 16, 16, nccl, algorithm="hierarchical")
+    assert forced.rule == "hierarchical_all_gather"

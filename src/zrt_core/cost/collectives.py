@@ -53,8 +53,9 @@ collnet all-reduce     SHARP (CollNet Direct) on the outer tiers that have ``sha
 
 Algorithm selection (NCCL's: the cheapest predicted time, ``ncclTopoGetAlgoTime``) over every
 algorithm the kind has and the placement allows: ring and tree for all-reduce, hierarchical
-when the group crosses more than one tier, the in-network ones where the tiers offer them;
-``algorithm=`` forces one (an unavailable one is an error naming what the pack lacks).
+when the group crosses more than one tier (not on NCCL's packs, :data:`NCCL_VENDORS`: NCCL has
+no such algorithm), the in-network ones where the tiers offer them; ``algorithm=`` forces one
+(an unavailable one is an error naming what the pack lacks).
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ _ALGORITHMS_FOR = {
     "all_to_all": ("pairwise",),
     "send_recv": ("p2p",),
 }
+#: Hardware vendors whose collectives run on NCCL: its tuner (``src/graph/tuning.cc``) has
+#: ring, tree, NVLS, NVLS-Tree, CollNet and PAT, and no hierarchical algorithm, so on their
+#: packs ``hierarchical`` is priced only when a node names it.
+NCCL_VENDORS = ("nvidia",)
 #: Algorithms a node may name but the tuner never picks: a *flat* (pairwise) all-gather or
 #: reduce-scatter, each rank exchanging its shard with every member directly — priced as
 #: the all-to-all (its bytes cross a tier per member first reached there), without a ring's
@@ -249,8 +254,10 @@ def collective_cost(kind: str, bytes: float, group_size: int, span: int,
                                 f"{algorithm!r}: {why}",
                                 "leave the algorithm unset, or use a pack whose tiers offer "
                                 "it (docs/collectives.md)")
+        tuned = [a for a in allowed
+                 if not (a == "hierarchical" and hardware.vendor in NCCL_VENDORS)]
         candidates = [algorithm] if algorithm else [
-            a for a in allowed if place.unavailable(kind, a) is None]
+            a for a in tuned if place.unavailable(kind, a) is None]
         priced = {a: _price(kind, a, float(bytes), group_size, place) for a in candidates}
     chosen = min(priced, key=lambda a: sum(priced[a]))
     wire_s, latency_s = priced[chosen]
