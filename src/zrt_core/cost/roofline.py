@@ -134,8 +134,7 @@ class RooflineBackend:
             "fp4": eff.matmul_fp4 if eff.matmul_fp4 is not None else fp8,
             "int8": eff.matmul_int8 if eff.matmul_int8 is not None else fp8,
         }
-        self._attention_eff = (eff.attention, eff.attention_backward
-                               if eff.attention_backward is not None else eff.attention)
+        self._attention_eff = eff.attention_rates("flash")
         self._rates: dict[str, tuple[str, float]] = {}
         self._bf16_flops_per_s = hardware.compute.bf16_tflops * 1e12
         exp_tera = hardware.compute.exp_tera_per_s

@@ -270,16 +270,15 @@ def estimate_training(
     if attention not in ATTENTION_KERNELS:
         raise SpecError(f"unknown attention kernel {attention!r}",
                         f"use one of {', '.join(ATTENTION_KERNELS)}")
-    if attention in ATTENTION_GENERATIONS and hw.efficiency.attention_rates(attention) is None \
-            and attention_fallback:
+    if attention in ATTENTION_GENERATIONS and hw.efficiency.attention_rates(attention) is None:
+        if not attention_fallback:
+            raise SpecError(f"{hw.id} has no published rate for attention kernel {attention} "
+                            f"({ATTENTION_GENERATION_NAMES[attention]})",
+                            "use --attention flash (the device's own kernel), or a hardware "
+                            "pack that gives attention_fa2 / attention_fa1")
         notes.append(f"{hw.id}: no published {ATTENTION_GENERATION_NAMES[attention]} rate; "
                      "attention priced as the device's own fused kernel")
         attention = "flash"
-    if attention in ATTENTION_GENERATIONS and hw.efficiency.attention_rates(attention) is None:
-        raise SpecError(f"{hw.id} has no published rate for attention kernel {attention} "
-                        f"({ATTENTION_GENERATION_NAMES[attention]})",
-                        "use --attention flash (the device's own kernel), or a hardware "
-                        "pack that gives attention_fa2 / attention_fa1")
     if zero_algorithm is not None and zero_algorithm not in ("ring", "pairwise"):
         raise SpecError(f"unknown ZeRO collective algorithm {zero_algorithm!r}",
                         "use ring or pairwise")

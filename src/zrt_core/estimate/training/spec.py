@@ -41,17 +41,19 @@ CROSS_ENTROPY_KERNELS = ("fused", "megatron", "te_inplace")
 #: 2025-03 (pytorch/torchtitan#1000, "Enable CUDNN attention"), the device's own kernel;
 #: its earlier published tables (docs/performance.md, 2024) ran SDPA's FlashAttention-2
 #: backend, which ``zrt run --train --attention flash2`` prices.
-ATTENTION_BY_SOURCE = (("llm-foundry", "flash1"), ("MosaicML", "flash1"))
+_FOUNDRY_FA1 = "llm-foundry v0.3.0's flash-attn 1.0.x, as its benchmark tables ran"
+#: (name in the source, attention kernel, why)
+ATTENTION_BY_SOURCE = (("llm-foundry", "flash1", _FOUNDRY_FA1),
+                       ("MosaicML", "flash1", _FOUNDRY_FA1))
 
 
 def source_attention(source: str, assumptions: list[str]) -> str:
     """The attention kernel of the stack a record's source names
     (:data:`ATTENTION_BY_SOURCE`), ``flash`` (the device's own) for every other source."""
-    for name, kernel in ATTENTION_BY_SOURCE:
+    for name, kernel, why in ATTENTION_BY_SOURCE:
         if name.lower() in source.lower():
             assumptions.append(f"attention as {ATTENTION_GENERATION_NAMES[kernel]} kernels "
-                               "(llm-foundry v0.3.0's flash-attn 1.0.x, as its benchmark "
-                               "tables ran; the device's own kernel where the hardware pack "
+                               f"({why}; the device's own kernel where the hardware pack "
                                "publishes no rate for them)")
             return kernel
     return "flash"
