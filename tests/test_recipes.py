@@ -305,3 +305,40 @@ def test_a_release_without_a_tag_is_read_at_its_summary_commit() -> None:
     assert row.provenance_tag == "381d0b825"
     assert (row.cuda_graph_impl, row.moe_flex_dispatcher_backend, row.moe_a2a_overlap,
             row.moe_expert_rank_capacity_factor) == ("full_iteration", "hybridep", True, 1.5)
+
+
+def test_a_global_batch_no_config_has_runs_the_printed_layouts_config() -> None:
+    import attrs
+
+    # Megatron-Bridge's perf launcher overrides the config's global batch
+    # (scripts/performance/argument_parser.py, -gb/--global_batch_size): the 26.06 summary
+    # prints DeepSeek-V3 on 256 GB300 at GBS 15,360 beside the config's 4,096, same layout
+    record = next(r for r in _moe_training_records()
+                  if r["id"] == "mbridge-26.08-pre-training-deepseek-v3-gb300-256gpu-mxfp8-gbs4096")
+    row = _only(record["id"])
+    wide = {**record, "global_batch": 15360}
+    assert recipes.candidates(wide) == []
+    assert recipes.lookup(wide) == row  # the row keeps its own global batch
+    assert row.gbs == 4096
+    # two configs of the layout at other batches that agree on everything else: the first
+    other = attrs.evolve(row, gbs=2048, variant="v1")
+    assert recipes.lookup(wide, (other, row)) == other
+    # ... that disagree on a setting: no config (never a guess)
+    split = attrs.evolve(row, gbs=2048, moe_a2a_overlap=not row.moe_a2a_overlap)
+    assert recipes.lookup(wide, (split, row)) is None
+    # another layout at another batch is not the record's config
+    assert recipes.lookup({**wide, "parallel": {**record["parallel"], "ep": 16}}) is None
+
+
+def test_a_batch_override_is_priced_at_the_printed_batch_and_said() -> None:
+    from zrt_core.estimate.training import case_from_record
+
+    record = next(r for r in _moe_training_records()
+                  if r["id"] == "mbridge-26.08-pre-training-deepseek-v3-gb300-256gpu-mxfp8-gbs4096")
+    case = case_from_record({**record, "global_batch": 15360})
+    assert case.train.global_batch == 15360
+    assert case.parallel.ep_dispatcher == _only(record["id"]).moe_flex_dispatcher_backend
+    assert any("(global batch 4096) run at the printed global batch 15360" in a
+               for a in case.assumptions)
+    plain = case_from_record(record)
+    assert not any("run at the printed global batch" in a for a in plain.assumptions)

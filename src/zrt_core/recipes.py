@@ -227,9 +227,10 @@ def release_of(source: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _same_run(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None) -> list[Recipe]:
+def _same_run(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None, *,
+              any_batch: bool = False) -> list[Recipe]:
     """Rows of a validation record's release, model, GPU, precision, GPU count and global
-    batch, whatever their layout."""
+    batch (any global batch with ``any_batch``), whatever their layout."""
     rows = _bundled() if rows is None else rows
     release = release_of(str(record.get("source", "")))
     gpu = HARDWARE_GPU.get(str(record.get("hardware")))
@@ -240,17 +241,21 @@ def _same_run(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None) -> lis
     return [r for r in rows
             if r.release == release and r.model == model and r.gpu == gpu
             and r.precision in precisions and r.num_gpus == record.get("num_gpus")
-            and r.gbs == record.get("global_batch")]
+            and (any_batch or r.gbs == record.get("global_batch"))]
 
 
 def candidates(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
                ) -> list[Recipe]:
     """Rows matching a validation record's release, model, GPU, precision, GPU count, global
     batch, micro batch and published layout (tp, pp, vp, cp, ep; etp when the record gives it)."""
+    return _printed_layout(record, _same_run(record, rows))
+
+
+def _printed_layout(record: Mapping[str, Any], rows: list[Recipe]) -> list[Recipe]:
     par = record.get("parallel") or {}
     layout = (par.get("tp") or 1, par.get("pp") or 1, par.get("vp") or 1, par.get("cp") or 1,
               par.get("ep") or 1)
-    return [r for r in _same_run(record, rows)
+    return [r for r in rows
             if r.mbs == record.get("micro_batch") and r.layout == layout
             and (par.get("etp") is None or r.etp == par.get("etp"))]
 
@@ -273,8 +278,29 @@ def layout_conflict(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None =
 def lookup(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None) -> Recipe | None:
     """The perf config a record was measured with, or None when no row, or several rows with
     different settings, match (never a guess). Rows differing only in precision label (the
-    summaries' "FP8" can be FP8-CS or FP8-SS) with equal settings give the first (FP8-CS)."""
+    summaries' "FP8" can be FP8-CS or FP8-SS) with equal settings give the first (FP8-CS).
+    Without a row at the record's global batch, :func:`batch_override`."""
     found = candidates(record, rows)
-    if not found or any(_settings(r) != _settings(found[0]) for r in found[1:]):
+    if not found:
+        return batch_override(record, rows)
+    if any(_settings(r) != _settings(found[0]) for r in found[1:]):
+        return None
+    return found[0]
+
+
+def batch_override(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
+                   ) -> Recipe | None:
+    """The config of the record's release, model, GPU, precision, GPU count, micro batch and
+    printed layout at another global batch, when every such config agrees on everything but
+    the global batch (else None). Megatron-Bridge's perf launcher takes the global batch on
+    its command line (``-gb/--global_batch_size``, ``scripts/performance/argument_parser.py``
+    at v0.5.1) over the config's, and the summaries print such runs: DeepSeek-V3 on 256 GB300
+    in 26.06 at GBS 15,360 beside the config's 4,096, the same layout and 1.3% more tokens a
+    second. The row keeps its own ``gbs``; the record's global batch is what is priced."""
+    found = _printed_layout(record, _same_run(record, rows, any_batch=True))
+    if not found:
+        return None
+    first = _settings(attrs.evolve(found[0], gbs=0))
+    if any(_settings(attrs.evolve(r, gbs=0)) != first for r in found[1:]):
         return None
     return found[0]

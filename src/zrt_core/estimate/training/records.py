@@ -226,6 +226,10 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
     recipe = record_recipe(record)
     if recipe is None and "Megatron-Bridge" in source:
         _note_layout_conflict(record, assumptions)
+    elif recipe is not None and recipe.gbs != record.get("global_batch"):
+        assumptions.append(f"{_recipe_name(recipe)} (global batch {recipe.gbs}) run at the "
+                           f"printed global batch {record.get('global_batch')} (the perf "
+                           "launcher's --global_batch_size)")
     report = deepseek_report(source)
     dispatcher = record_dispatcher(record, recipe, assumptions)
     if report is not None and ep > 1 and "ep_dispatcher" in report \
