@@ -117,6 +117,11 @@ FAMILIES = {
                          moe_num_experts=4, moe_k=2, moe_intermediate_size=32,
                          moe_num_shared_experts=1, moe_layer_start_index=1,
                          moe_layer_end_index=2, moe_layer_interval=1),
+    # Tencent HunYuan: top-k as moe_topk (a per-layer list), every expert and the one shared
+    # MLP at intermediate_size whatever moe_intermediate_size / num_shared_expert say
+    "hunyuan_v1_moe": dict(LLAMA, model_type="hunyuan_v1_moe", head_dim=16, num_experts=4,
+                           moe_topk=[2, 2], moe_intermediate_size=[32, 32],
+                           num_shared_expert=[1, 1], use_qk_norm=True),
     # Mamba-2 hybrids with an MLP / MoE in every layer (IBM Bamba, Granite 4.0-H)
     "bamba": dict(LLAMA, model_type="bamba", attn_layer_indices=[1], mamba_n_heads=8,
                   mamba_d_head=16, mamba_expand=2, mamba_n_groups=1, mamba_d_state=16,
@@ -291,6 +296,23 @@ def test_moe_forward_uses_active_experts_only():
     assert n.layer_matmul_active == 2 * (12_288 + 256 + 2 * 24_576)
     f = prefill_flops(cfg, batch=1, seq_len=4)
     assert f.matmul == 2 * n.layer_matmul_active * 4
+
+
+def test_hunyuan_reads_moe_topk_and_sizes_experts_as_transformers_builds_them():
+    from zrt_core.modelinfo import ModelDims
+
+    cfg = FAMILIES["hunyuan_v1_moe"]
+    d = ModelDims.from_config(cfg)
+    # top-k from the per-layer moe_topk list; experts and the shared MLP at
+    # intermediate_size 128 (transformers' HunYuanMoEV1Experts / HunYuanMoEV1MLP), not
+    # moe_intermediate_size 32
+    assert (d.top_k, d.moe_ffn, d.shared_expert_ffn) == (2, 128, 128)
+    n = param_counts(cfg)
+    # per layer: attention 64·64·2 + 32·64·2 = 12,288, router 64·4 = 256, the shared MLP
+    # 3·64·128 = 24,576 and 2 of 4 experts at 24,576 each
+    assert n.layer_matmul_active == 2 * (12_288 + 256 + 24_576 + 2 * 24_576)
+    with pytest.raises(ModelError, match=r"moe_topk differs across layers \(\[1, 2\]\)"):
+        ModelDims.from_config(dict(cfg, moe_topk=[2, 1]))
 
 
 def test_bad_inputs():

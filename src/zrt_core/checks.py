@@ -106,6 +106,8 @@ def _integer(cfg: Mapping[str, Any], key: str, kind: str, where: str, *, minimum
     value = cfg.get(key)
     if value is None:
         return
+    if isinstance(value, list | tuple) and value and all(v == value[0] for v in value):
+        value = value[0]  # one value per layer, all alike (HunYuan's moe_intermediate_size)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ModelError(f"{where}: {key} must be an integer, got {_show(value)}",
                          f"fix {key} in config.json")
@@ -134,7 +136,7 @@ def _check_dims(dims: ModelDims, cfg: Mapping[str, Any], where: str) -> None:
                          f"{dims.heads} attention heads (each KV head serves a whole group)",
                          "num_key_value_heads must divide num_attention_heads")
     if dims.experts:
-        top_k = next((cfg[k] for k in _TOP_K if cfg.get(k) is not None), None)
+        top_k = dims.top_k or None
         if top_k is not None and top_k > dims.experts:
             raise ModelError(f"{where}: {top_k} experts per token but only {dims.experts} "
                              "experts", "num_experts_per_tok must be at most the expert count")

@@ -22,9 +22,14 @@ _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_g
 _FFN = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff")
 _MOE_FFN = ("moe_intermediate_size", "expert_intermediate_size")
 _EXPERTS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-_TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts", "moe_k")
+_TOP_K = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts", "moe_k",
+          "moe_topk")
 _SHARED = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 _VOCAB = ("vocab_size", "padded_vocab_size")
+#: transformers' families whose MoE block builds every routed expert and its one shared MLP at
+#: ``intermediate_size`` whatever ``moe_intermediate_size`` and ``num_shared_expert`` say
+#: (HunYuan: ``HunYuanMoEV1Experts`` and ``HunYuanMoEV1MLP`` in transformers 5.x).
+_FFN_SIZED_MOE = ("hunyuan_v1_moe",)
 #: transformers' families without any attention layer.
 PURE_SSM_TYPES = ("mamba", "mamba2", "falcon_mamba")
 
@@ -35,6 +40,18 @@ def _first(cfg: Mapping[str, Any], keys: Sequence[str]) -> Any:
         if v is not None:
             return v
     return None
+
+
+def _one(cfg: Mapping[str, Any], keys: Sequence[str]) -> Any:
+    """``_first``, where a per-layer list (HunYuan's ``moe_topk``) must hold one value."""
+    v = _first(cfg, keys)
+    if isinstance(v, list | tuple):
+        if len(set(v)) > 1:
+            key = next(k for k in keys if cfg.get(k) is not None)
+            raise ModelError(f"config field {key} differs across layers ({sorted(set(v))}): "
+                             "zrt reads one value per model", "give the field one value")
+        return v[0] if v else None
+    return v
 
 
 def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -125,9 +142,11 @@ class ModelDims:
                 ffn = 4 * hidden
             else:
                 ffn = 0
-        experts = int(_first(cfg, _EXPERTS) or 0)
-        top_k = int(_first(cfg, _TOP_K) or 0) if experts else 0
-        moe_ffn = int(_first(cfg, _MOE_FFN) or (ffn if experts else 0))
+        experts = int(_one(cfg, _EXPERTS) or 0)
+        top_k = int(_one(cfg, _TOP_K) or 0) if experts else 0
+        moe_ffn = int(_one(cfg, _MOE_FFN) or (ffn if experts else 0))
+        if model_type in _FFN_SIZED_MOE and experts:
+            moe_ffn = int(ffn)
         moe_layers = _count_moe_layers(cfg, layers, experts)
         vocab = need(_VOCAB, "vocabulary size")
         return cls(
@@ -141,7 +160,7 @@ class ModelDims:
             vocab=vocab,
             experts=experts,
             top_k=top_k,
-            shared_experts=int(_first(cfg, _SHARED) or 0) if experts else 0,
+            shared_experts=int(_one(cfg, _SHARED) or 0) if experts else 0,
             moe_ffn=moe_ffn,
             moe_layers=moe_layers,
             kv_lora_rank=int(cfg.get("kv_lora_rank") or 0),
@@ -178,10 +197,12 @@ def _shared_expert_ffn(cfg: Mapping[str, Any], experts: int, moe_ffn: int) -> in
     """Combined width of the shared experts every token passes through (0 without MoE)."""
     if not experts:
         return 0
+    if str(cfg.get("model_type") or "") in _FFN_SIZED_MOE:
+        return int(cfg.get("intermediate_size") or moe_ffn)
     for key in ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"):
         if cfg.get(key):
             return int(cfg[key])
-    shared = int(_first(cfg, _SHARED) or 0)
+    shared = int(_one(cfg, _SHARED) or 0)
     if shared:
         return shared * moe_ffn
     if str(cfg.get("model_type") or "").startswith("llama4"):

@@ -481,8 +481,9 @@ class _Builder:
             other += q + 2 * kv + h
         elif self.family in _QKV_BIAS:
             other += q + 2 * kv
-        if self.family in _QK_NORM:
-            other += 2 * d.head_dim
+        if self.family in _QK_NORM or (self.family == "hunyuan_v1_moe"
+                                       and self.cfg.get("use_qk_norm")):
+            other += 2 * d.head_dim  # (HunYuan: query_layernorm / key_layernorm)
         if self.family == "persimmon" and self.cfg.get("qk_layernorm", True):
             other += 4 * d.head_dim  # LayerNorms (weight and bias) over query and key heads
         if self.family == "gpt_oss":
