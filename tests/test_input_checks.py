@@ -121,6 +121,20 @@ def test_a_family_with_unmodelled_mixers_is_refused_before_capturing() -> None:
                                                         seq_len=16))
 
 
+def test_minimax_lightning_attention_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    # MiniMax-Text-01's layer pattern: lightning (linear) attention with a full layer between;
+    # the count has no lightning-attention term, so the capture was refused as a zrt bug
+    minimax = {"model_type": "minimax", "hidden_size": 64, "intermediate_size": 128,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+               "layer_types": ["linear_attention", "full_attention"], "block_size": 16}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(minimax), encoding="utf-8")
+    assert main(["run", str(path), "--hw", "h100", "--batch", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "zrt does not model MiniMax's lightning attention yet" in err[0]
+
+
 def test_a_pure_state_space_model_is_named_as_such() -> None:
     with pytest.raises(ModelError, match="'mamba2' is a pure state-space model"):
         check_config({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2,

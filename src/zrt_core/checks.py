@@ -295,6 +295,7 @@ MIXERS_NOT_MODELLED = {
     "lfm2_moe": "LFM2's short-convolution blocks",
     "recurrent_gemma": "RecurrentGemma's RG-LRU blocks",
     "kimi_linear": "Kimi Linear's delta attention (KDA)",
+    "minimax": "MiniMax's lightning attention",
 }
 
 

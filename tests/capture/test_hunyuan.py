@@ -33,3 +33,4 @@ def test_capture_equals_the_analytic_count(host):
         if phase == Phase.TRAIN_BACKWARD:  # FlashAttention recomputes the scores
             total += ref.attention / 4
         assert graph.totals().flops == pytest.approx(total, rel=0.05), phase
+

@@ -90,3 +90,27 @@ def test_a_stage_counts_its_own_layers(captured) -> None:
     assert kv_cache_size(decode, {0}, caches=states).per_sequence_fixed == 1792
     assert kv_cache_size(decode, {1}, caches=states).per_token == 256
     assert kv_cache_size(decode, {1}, caches=states).per_sequence_fixed == 0
+
+
+class _HybridCache:
+    """A hybrid's cache: layer 0 keeps a recurrent state (MiniMax's lightning layers report
+    0 tokens, Qwen3-Next's raise), layer 1 holds the attention keys."""
+
+    def __init__(self, first: int | None, second: int) -> None:
+        self.layers = [object(), object()]
+        self._lengths = (first, second)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        length = self._lengths[layer_idx]
+        if length is None:
+            raise ValueError("`get_seq_length` can only be called on Attention layers")
+        return length
+
+
+def test_cache_length_is_the_longest_layers() -> None:
+    from zrt_core.capture.phases import _cache_length
+
+    assert _cache_length(_HybridCache(0, 16), -1) == 16  # (layer 0 alone said 0: "no KV")
+    assert _cache_length(_HybridCache(None, 16), -1) == 16
+    assert _cache_length(_HybridCache(None, 0), -1) == 0
+    assert _cache_length(object(), -1) == -1  # no get_seq_length at all: the default

@@ -152,10 +152,18 @@ def _transformers_version() -> str:
 
 
 def _cache_length(cache: Any, default: int) -> int:
-    try:
-        return int(cache.get_seq_length())
-    except Exception:
-        return default
+    """Tokens the cache holds: the longest of its layers' (a hybrid's first layer may keep a
+    recurrent state instead — MiniMax's lightning layers report 0, Qwen3-Next's raise)."""
+    layers = getattr(cache, "layers", None)
+    count = len(layers) if isinstance(layers, list | tuple) else 0
+    best: int | None = None
+    for i in range(max(count, 1)):
+        try:
+            length = int(cache.get_seq_length(i) if count else cache.get_seq_length())
+        except Exception:
+            continue
+        best = length if best is None else max(best, length)
+    return default if best is None else best
 
 
 def _capture_error(model: str, phase: str, exc: BaseException) -> ModelError:
