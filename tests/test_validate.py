@@ -132,6 +132,19 @@ def test_training_defaults_for_null_fields() -> None:
     assert any(a.startswith("dp=2") for a in case.assumptions)
 
 
+def test_an_unpublished_cp_is_what_the_published_degrees_leave() -> None:
+    # 8 GPUs with tp 2, pp 1 and dp 2 published and cp left out: cp = 8 / (2 · 1 · 2) = 2
+    # (cp 1 would refuse the record: 2 · 1 · 1 · 2 = 4 GPUs, not 8)
+    raw = {**TRAIN, "num_gpus": 8, "parallel": {"tp": 2, "pp": 1, "dp": 2}}
+    case = training_case(_record(raw))
+    assert (case.parallel.cp, case.parallel.dp) == (2, 2)
+    assert "cp=2 (GPUs / (tp × pp × dp))" in case.assumptions
+    # the degrees already multiply out: cp 1, as not published
+    raw = {**TRAIN, "num_gpus": 4, "parallel": {"tp": 2, "pp": 1, "dp": 2}}
+    case = training_case(_record(raw))
+    assert case.parallel.cp == 1 and "cp=1 (not published)" in case.assumptions
+
+
 def test_interleaved_schedule_when_vp_is_given() -> None:
     raw = {**TRAIN, "num_gpus": 4, "parallel": {"tp": 1, "pp": 2, "vp": 2, "dp": 2}}
     assert training_case(_record(raw)).train.pp_schedule == "interleaved"
