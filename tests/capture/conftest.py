@@ -126,6 +126,26 @@ def captured(host: PluginHost):
 
 
 @pytest.fixture(scope="session")
+def matches_count() -> Any:
+    """``matches_count(config, result, seq_len, rel)``: every phase of a capture of ``config``
+    (batch 2) has the analytic count's FLOPs within ``rel``; the training backward counts
+    FlashAttention's recomputed scores as well (a quarter of the forward attention)."""
+    from zrt_core.ir.graph import Phase
+    from zrt_core.modelmath.flops import phase_flops
+
+    def check(config: dict[str, Any], result: Any, seq_len: int, rel: float) -> None:
+        for phase, graph in result.graphs.items():
+            length = graph.meta.get("kv_len") if phase == Phase.DECODE else seq_len
+            ref = phase_flops(config, str(phase), 2, int(length))
+            total = ref.total
+            if phase == Phase.TRAIN_BACKWARD:
+                total += ref.attention / 4
+            assert graph.totals().flops == pytest.approx(total, rel=rel), phase
+
+    return check
+
+
+@pytest.fixture(scope="session")
 def patch_keeps_a_training_step() -> Any:
     """:func:`_patch_keeps_a_training_step`."""
     return _patch_keeps_a_training_step

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from zrt_core.ir.graph import Phase
-
 torch = pytest.importorskip("torch")
 
 HUNYUAN = {"model_type": "hunyuan_v1_moe", "hidden_size": 64, "intermediate_size": 128,
@@ -17,20 +15,11 @@ HUNYUAN = {"model_type": "hunyuan_v1_moe", "hidden_size": 64, "intermediate_size
            "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
-def test_capture_equals_the_analytic_count(host):
+def test_capture_equals_the_analytic_count(host, matches_count):
     """Within 5%: at hidden 64 the routing, norms and activations the analytic count leaves
     out are a few percent of the capture. Before moe_topk was read, top-k was taken as 0
     and the experts at moe_intermediate_size: the prefill capture was 2.6× the count and
     no prediction was made."""
     from zrt_core.capture.api import capture
-    from zrt_core.modelmath.flops import phase_flops
 
-    result = capture(HUNYUAN, batch=2, seq_len=16, host=host)
-    for phase, graph in result.graphs.items():
-        length = graph.meta.get("kv_len") if phase == Phase.DECODE else 16
-        ref = phase_flops(HUNYUAN, str(phase), 2, int(length))
-        total = ref.total
-        if phase == Phase.TRAIN_BACKWARD:  # FlashAttention recomputes the scores
-            total += ref.attention / 4
-        assert graph.totals().flops == pytest.approx(total, rel=0.05), phase
-
+    matches_count(HUNYUAN, capture(HUNYUAN, batch=2, seq_len=16, host=host), 16, 0.05)
