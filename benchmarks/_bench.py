@@ -29,6 +29,17 @@ def result(what: str, measured: float | None, target: float, unit: str, *,
     return ok
 
 
+def held_out_main(argv: list[str] | None, doc: str, default: Path, groups: tuple[str, ...],
+                  keys_of, what: str) -> int:
+    """A held-out bench's command line (``[FILE]``, default ``default``; ``doc``'s first line
+    its description), then :func:`held_out_step_times` on the file."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("file", nargs="?", type=Path, default=default)
+    return held_out_step_times(ap.parse_args(argv).file, groups, keys_of, what)
+
+
 def held_out_step_times(path: Path, groups: tuple[str, ...], keys_of, what: str,
                         target: float = 0.10) -> int:
     """Predict a held-out training file and print its step-time MAPE and bias per group,

@@ -14,12 +14,11 @@ to.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
-from _bench import held_out_step_times
+from _bench import held_out_main
 
 DEFAULT = Path(__file__).resolve().parent / "data" / "mlperf_heldout.yaml"
 
@@ -34,11 +33,8 @@ def _keys(result, record) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("file", nargs="?", type=Path, default=DEFAULT)
-    args = ap.parse_args(argv)
-    return held_out_step_times(
-        args.file, ("benchmark-machine", "machine", "precision"), _keys,
+    return held_out_main(
+        argv, __doc__, DEFAULT, ("benchmark-machine", "machine", "precision"), _keys,
         "held-out training step-time MAPE (NVIDIA MLPerf Training submissions not in "
         "public.yaml)")
 

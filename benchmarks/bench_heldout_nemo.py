@@ -13,12 +13,11 @@ held-out source beside ``bench_heldout_training.py`` (Megatron-Bridge) and
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
-from _bench import held_out_step_times
+from _bench import held_out_main
 
 DEFAULT = Path(__file__).resolve().parent / "data" / "nemo_heldout.yaml"
 
@@ -31,11 +30,8 @@ def _keys(result, record) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("file", nargs="?", type=Path, default=DEFAULT)
-    args = ap.parse_args(argv)
-    return held_out_step_times(
-        args.file, ("model-machine", "machine", "release"), _keys,
+    return held_out_main(
+        argv, __doc__, DEFAULT, ("model-machine", "machine", "release"), _keys,
         "held-out training step-time MAPE (NeMo performance summary rows, 24.07-25.04)")
 
 

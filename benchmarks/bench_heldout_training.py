@@ -13,12 +13,11 @@ training target (10%) is the one it is held to.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
-from _bench import held_out_step_times
+from _bench import held_out_main
 
 DEFAULT = Path(__file__).resolve().parent / "data" / "mbridge_heldout.yaml"
 
@@ -34,11 +33,8 @@ def _keys(result, record) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("file", nargs="?", type=Path, default=DEFAULT)
-    args = ap.parse_args(argv)
-    return held_out_step_times(
-        args.file, ("model-machine", "machine", "precision"), _keys,
+    return held_out_main(
+        argv, __doc__, DEFAULT, ("model-machine", "machine", "precision"), _keys,
         "held-out training step-time MAPE (Megatron-Bridge summary rows not in public.yaml)")
 
 

@@ -215,10 +215,20 @@ def model_key(name: str) -> str | None:
     return None
 
 
-def _settings(recipe: Recipe) -> tuple[Any, ...]:
-    """Every field but the precision label, variant and provenance."""
-    skip = {"precision", "variant", "provenance_tag", "provenance_file", "provenance_config"}
+def _settings(recipe: Recipe, *, batch: bool = True) -> tuple[Any, ...]:
+    """Every field but the precision label, variant and provenance (and the global batch
+    without ``batch``)."""
+    skip = {"precision", "variant", "provenance_tag", "provenance_file", "provenance_config",
+            *(() if batch else ("gbs",))}
     return tuple(v for f, v in attrs.asdict(recipe, recurse=False).items() if f not in skip)
+
+
+def _agreed(found: list[Recipe], *, batch: bool = True) -> Recipe | None:
+    """The first of ``found`` when they all share their settings, else None."""
+    if not found or any(_settings(r, batch=batch) != _settings(found[0], batch=batch)
+                        for r in found[1:]):
+        return None
+    return found[0]
 
 
 def release_of(source: str) -> str | None:
@@ -281,11 +291,7 @@ def lookup(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None) ->
     summaries' "FP8" can be FP8-CS or FP8-SS) with equal settings give the first (FP8-CS).
     Without a row at the record's global batch, :func:`batch_override`."""
     found = candidates(record, rows)
-    if not found:
-        return batch_override(record, rows)
-    if any(_settings(r) != _settings(found[0]) for r in found[1:]):
-        return None
-    return found[0]
+    return _agreed(found) if found else batch_override(record, rows)
 
 
 def batch_override(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = None
@@ -297,10 +303,5 @@ def batch_override(record: Mapping[str, Any], rows: tuple[Recipe, ...] | None = 
     at v0.5.1) over the config's, and the summaries print such runs: DeepSeek-V3 on 256 GB300
     in 26.06 at GBS 15,360 beside the config's 4,096, the same layout and 1.3% more tokens a
     second. The row keeps its own ``gbs``; the record's global batch is what is priced."""
-    found = _printed_layout(record, _same_run(record, rows, any_batch=True))
-    if not found:
-        return None
-    first = _settings(attrs.evolve(found[0], gbs=0))
-    if any(_settings(attrs.evolve(r, gbs=0)) != first for r in found[1:]):
-        return None
-    return found[0]
+    return _agreed(_printed_layout(record, _same_run(record, rows, any_batch=True)),
+                   batch=False)

@@ -201,8 +201,9 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
 
     tp = int(take("tp", 1, "not published"))
     pp = int(take("pp", 1, "not published"))
-    left = num_gpus // (tp * pp * int(raw["dp"])) if raw.get("dp") and raw.get("cp") is None \
-        and num_gpus % (tp * pp * int(raw["dp"])) == 0 else 1
+    left = 1  # with dp published and cp not: what the GPU count leaves over tp × pp × dp
+    if raw.get("dp") and num_gpus % (tp * pp * int(raw["dp"])) == 0:
+        left = num_gpus // (tp * pp * int(raw["dp"]))
     cp = int(take("cp", left, "not published" if left == 1 else "GPUs / (tp × pp × dp)"))
     vp = int(take("vp", 1, "no interleaving stated"))
     ep = int(take("ep", 1, "not published"))
