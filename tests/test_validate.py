@@ -91,7 +91,7 @@ BAD_FIELDS = [
      "fp32, bf16, fp16, fp8, fp8_cs, mxfp8, nvfp4, or null"),
     (TRAIN, "recompute", "some",
      "record tiny-train: recompute 'some' is not one zrt models for training — use one of "
-     "none, selective, full, or null"),
+     "none, selective, full, op, or null"),
     (INFER, "concurrency", -1,
      "record tiny-infer: concurrency must be a positive integer or null, got -1 — null "
      "takes the default (SCHEMA.md)"),
@@ -153,13 +153,13 @@ def test_interleaved_schedule_when_vp_is_given() -> None:
 @pytest.mark.parametrize(("source", "kernel"), [
     ("made up for tests", "flash"),
     ("MosaicML llm-foundry scripts/train/benchmarking/README.md, H100 80GB BF16", "flash1"),
-    ("torchtitan docs/performance.md, Table 1", "flash"),
+    ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table 1", "flash2"),
     ("Narayanan et al. 2021, Table 1", "unfused"),
 ])
 def test_the_attention_kernel_follows_the_stack_the_source_names(source, kernel) -> None:
-    # llm-foundry's published tables ran flash-attn 1.0.x (v0.3.0's `gpu` extra); torchtitan
-    # puts cuDNN attention first (the device's own kernel) since 2025-03; 2021-22
-    # Megatron-LM had no FlashAttention
+    # llm-foundry's published tables ran flash-attn 1.0.x (v0.3.0's `gpu` extra); torchtitan's
+    # SDPA order put PyTorch's FlashAttention-2 first below compute capability 10 until
+    # 2025-10, after all its published tables; 2021-22 Megatron-LM had no FlashAttention
     case = training_case(_record({**TRAIN, "source": source}))
     assert case.attention == kernel
     named = [a for a in case.assumptions if a.startswith("attention as FlashAttention")]

@@ -19,7 +19,9 @@ from zrt_core.limits import LIMITS, check_count
 from zrt_core.modelinfo import ModelDims
 from zrt_core.moe_load import ExpertLoad
 
-RECOMPUTE = ("none", "selective", "full")
+#: ``op`` is PyTorch's selective checkpointing with torchtitan's op policy (docs/training-
+#: model.md, "Recompute")
+RECOMPUTE = ("none", "selective", "full", "op")
 #: Megatron-Core ``TransformerConfig.recompute_modules`` names (r0.14 – r0.18's allowed list),
 #: for ``recompute = "selective"`` (docs/training-model.md, "Selective recompute modules")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",

@@ -31,7 +31,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-len", type=positive_int("--seq-len"), default=4096, metavar="S",
                    help="tokens per sequence (default 4096)")
     g.add_argument("--recompute", choices=RECOMPUTE, default="none",
-                   help="activation recomputation (default none)")
+                   help="activation recomputation: Megatron-LM's selective (the attention "
+                        "core) or full, or op: PyTorch's checkpointing by op as torchtitan's "
+                        "selective_ac_option op runs it (default none)")
     g.add_argument("--recompute-modules", default=None, metavar="LIST",
                    help="with --recompute selective: Megatron-Core's recompute_modules, "
                         "comma-separated (core_attn, moe_act, layernorm, mla_up_proj, mlp, "

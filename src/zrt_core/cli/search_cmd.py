@@ -79,7 +79,7 @@ def add_space_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--micro-batch", type=int_list("--micro-batch"), default=(1, 2, 4),
                    metavar="B", help="micro-batches to try (default 1,2,4)")
     t.add_argument("--recompute", type=name_list, default=("none", "selective", "full"),
-                   metavar="LIST", help="none,selective,full (default all three)")
+                   metavar="LIST", help="none,selective,full,op (default the first three)")
     t.add_argument("--sharding", type=name_list, default=("zero1", "fsdp"), metavar="LIST",
                    help="zero0,zero1,zero2,zero3,fsdp (default zero1,fsdp; zero1 is "
                         "Megatron's distributed optimizer)")

@@ -208,6 +208,10 @@ def write(request: RunRequest, header: Header) -> str:
     if train is None:
         raise SpecError("--emit bridge writes a training run; this is a serving run",
                         "use --emit trtllm or --emit vllm")
+    if train.recompute == "op":
+        raise SpecError("--recompute op is PyTorch's checkpointing by op (torchtitan's "
+                        "selective_ac_option op); Megatron-Bridge has no such setting",
+                        "use --recompute selective or full, or --emit torchtitan")
     p = request.parallel
     dtype = {v: k for k, v in COMPUTE_DTYPES.items() if k != "fp8_sc"}.get(train.precision)
     if dtype is None:

@@ -264,6 +264,10 @@ def write(request: RunRequest, header: Header) -> str:
     if train is None:
         raise SpecError("--emit megatron writes a training run; this is a serving run",
                         "use --emit trtllm or --emit vllm")
+    if train.recompute == "op":
+        raise SpecError("--recompute op is PyTorch's checkpointing by op (torchtitan's "
+                        "selective_ac_option op); Megatron-LM has no such setting",
+                        "use --recompute selective or full, or --emit torchtitan")
     p = request.parallel
     world = p.world_size
     nodes, per = (world // 8, 8) if world % 8 == 0 else (1, world)

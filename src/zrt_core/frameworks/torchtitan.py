@@ -34,7 +34,7 @@ READ = {
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_microbatch_size",
                     "fsdp_reshard_after_forward"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param"},
-    "activation_checkpoint": {"mode"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
     "model": {"converters"},
     "optimizer": {"name"},
 }
@@ -132,8 +132,11 @@ def read(text: str, where: str, context: Mapping[str, Any]) -> Imported:
                                  {"none": "none", "selective": "selective", "full": "full"})
     if mode == "selective":
         option = doc.get("activation_checkpoint", {}).get("selective_ac_option", "2")
-        notes.append(f"activation_checkpoint.mode selective (selective_ac_option {option}): "
-                     "priced as zrt's selective recompute (core attention)")
+        if option == "op":
+            values["recompute"] = "op"
+        else:
+            notes.append(f"activation_checkpoint.mode selective (selective_ac_option "
+                         f"{option}): priced as zrt's selective recompute (core attention)")
     name = doc.get("optimizer", {}).get("name", "AdamW")
     values["optimizer"] = choice(name, "optimizer.name", where, {"AdamW": "adamw", "Adam": "adam"})
     if "enable_async_tensor_parallel" in doc.get("compile", {}):
@@ -207,5 +210,9 @@ def write(request: RunRequest, header: Header) -> str:
             raise SpecError("torchtitan gives interleaving as layers per stage, and the "
                             "model's layer count is not known", "pass the model")
         lines.append(f"pipeline_parallel_layers_per_stage = {header.layers // (p.pp * p.vp)}")
-    lines += ["", "[activation_checkpoint]", f'mode = "{train.recompute}"', ""]
+    if train.recompute == "op":
+        lines += ["", "[activation_checkpoint]", 'mode = "selective"',
+                  'selective_ac_option = "op"', ""]
+    else:
+        lines += ["", "[activation_checkpoint]", f'mode = "{train.recompute}"', ""]
     return "\n".join(lines)

@@ -96,7 +96,7 @@ class TrainSpace:
     etp: tuple[int, ...] | None = field(default=None, converter=lambda v: _ints(v, "--etp"))
     micro_batch: tuple[int, ...] = field(default=DEFAULT_MICRO_BATCHES,
                                          converter=lambda v: _ints(v, "--micro-batch"))
-    recompute: tuple[str, ...] = field(default=RECOMPUTE,
+    recompute: tuple[str, ...] = field(default=("none", "selective", "full"),
                                        converter=lambda v: _names(v, RECOMPUTE, "recompute"))
     sharding: tuple[str, ...] = field(default=DEFAULT_SHARDING,
                                       converter=lambda v: _names(v, SHARDING, "sharding"))

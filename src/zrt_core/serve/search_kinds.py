@@ -31,7 +31,7 @@ class _Space(BaseModel):
     cp: list[int] | None = _DEGREE
     etp: list[int] | None = _DEGREE
     micro_batch: list[int] | None = _DEGREE
-    recompute: list[Literal["none", "selective", "full"]] | None = None
+    recompute: list[Literal["none", "selective", "full", "op"]] | None = None
     sharding: list[Literal["zero0", "zero1", "zero2", "zero3", "fsdp"]] | None = None
     pp_schedule: list[str] | None = Field(None, max_length=8)
     precision: list[str] | None = Field(None, max_length=8)

@@ -29,6 +29,7 @@ from zrt_core.estimate.training.spec import (
     _ro,
     mtp_from_config,
     source_attention,
+    source_recompute,
 )
 from zrt_core.reports.training import TrainingReport
 from zrt_core.schedule.scheduler import OverlapRules
@@ -247,6 +248,8 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         recompute, recompute_modules = "selective", tuple(report["recompute_modules"])
     elif recompute is None:
         recompute, recompute_modules = record_recompute(recipe, assumptions)
+    else:
+        recompute = source_recompute(source, str(recompute), assumptions)
     micro_batch = record.get("micro_batch")
     if micro_batch is None:
         micro_batch = 1

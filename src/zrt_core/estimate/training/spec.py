@@ -37,14 +37,23 @@ CROSS_ENTROPY_KERNELS = ("fused", "megatron", "te_inplace")
 #:   .[gpu]``, which pinned ``flash-attn==1.0.9`` (``flash-attn==1.0.7`` for the H100 fp8
 #:   rows); the ``gpu`` extra moved to flash-attn 2 only in v0.6.0 (2024-03).
 #:
-#: torchtitan is not read this way: its SDPA wrapper puts cuDNN attention first since
-#: 2025-03 (pytorch/torchtitan#1000, "Enable CUDNN attention"), the device's own kernel;
-#: its earlier published tables (docs/performance.md, 2024) ran SDPA's FlashAttention-2
-#: backend, which ``zrt run --train --attention flash2`` prices.
+#: - PyTorch's torchtitan: its SDPA wrapper (``ScaledDotProductAttention``, torchtitan
+#:   ``models/attention.py`` at 9dec370, 820504e and e7c0cae, the commits its published
+#:   benchmark tables ran) keeps PyTorch's own order, FlashAttention first (PyTorch's bundled
+#:   FlashAttention-2; pytorch/pytorch#138907 prints the default order flash, efficient,
+#:   math, cuDNN), and puts cuDNN first only on compute capability 10.0 and up
+#:   (pytorch/torchtitan#1196, 2025-05); #1000 (2025-03) adds cuDNN last, under context
+#:   parallelism only. cuDNN went first on every GPU only with #1776 (2025-10), after every
+#:   table in its ``benchmarks/`` folder. So its tables ran FlashAttention-2 on Hopper and
+#:   A100, and the device's own kernel on Blackwell (the packs there publish no FA2 rate,
+#:   and the fallback below prices that).
 _FOUNDRY_FA1 = "llm-foundry v0.3.0's flash-attn 1.0.x, as its benchmark tables ran"
+_TORCHTITAN_FA2 = ("torchtitan's SDPA order before 2025-10, FlashAttention first: "
+                   "PyTorch's bundled FlashAttention-2 below compute capability 10.0")
 #: (name in the source, attention kernel, why)
 ATTENTION_BY_SOURCE = (("llm-foundry", "flash1", _FOUNDRY_FA1),
-                       ("MosaicML", "flash1", _FOUNDRY_FA1))
+                       ("MosaicML", "flash1", _FOUNDRY_FA1),
+                       ("torchtitan", "flash2", _TORCHTITAN_FA2))
 
 
 def source_attention(source: str, assumptions: list[str]) -> str:
@@ -57,6 +66,28 @@ def source_attention(source: str, assumptions: list[str]) -> str:
                                "publishes no rate for them)")
             return kernel
     return "flash"
+
+
+#: Training stacks whose ``selective`` recompute is not Megatron-LM's (the attention core),
+#: by the source a record names: torchtitan's ``[activation_checkpoint] mode = "selective"``
+#: runs ``selective_ac_option = "op"`` in every train config its published benchmarks used
+#: (``train_configs/llama3_{8b,70b,405b}.toml`` at 9dec370; the async-TP page says "per op
+#: SAC"), PyTorch's checkpointing by op (:func:`zrt_core.transforms.training.recompute.
+#: op_policy_saved`).
+RECOMPUTE_BY_SOURCE = (("torchtitan", "op", "torchtitan's selective_ac_option 'op' (its "
+                        "train configs' setting): PyTorch's checkpointing by op"),)
+
+
+def source_recompute(source: str, recompute: str, assumptions: list[str]) -> str:
+    """A record's ``selective`` recompute as the stack its source names runs it
+    (:data:`RECOMPUTE_BY_SOURCE`); any other recompute, or source, as given."""
+    if recompute != "selective":
+        return recompute
+    for name, mode, why in RECOMPUTE_BY_SOURCE:
+        if name.lower() in source.lower():
+            assumptions.append(f"recompute selective as {mode} ({why})")
+            return mode
+    return recompute
 
 
 _GROUP_ORDER = ("tp", "etp", "cp", "ep", "pp", "dp", "dp_cp", "edp", "host", "overlap",

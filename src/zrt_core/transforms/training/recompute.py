@@ -48,6 +48,11 @@ class Recompute:
     - ``full`` (``--recompute-granularity full --recompute-method uniform
       --recompute-num-layers 1``): only each layer's input is kept; the whole layer forward,
       its TP/SP/EP communication included, re-runs just before that layer's backward.
+    - ``op``: PyTorch's selective activation checkpointing with torchtitan's op policy
+      (``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``, its
+      default): each layer is a checkpoint whose policy saves the outputs of ``aten.mm``
+      except every second one, of the SDPA kernels and of reduce-scatters; every other op of
+      the layer re-runs when its backward starts (:func:`op_policy_saved`).
 
     Re-run nodes are copies of the forward nodes (phase ``train_backward``,
     ``attrs["recompute"] = True``, new node and tensor ids); the backward nodes of the layer
@@ -72,15 +77,19 @@ class Recompute:
             raise SpecError(f"recompute applies to the train_backward graph, not {graph.phase}")
         if self.mode == "none":
             return graph
-        if self.mode not in ("selective", "full"):
+        if self.mode not in ("selective", "full", "op"):
             raise SpecError(f"unknown recompute mode {self.mode!r}",
-                            "use none, selective or full")
+                            "use none, selective, full or op")
         fwd_by_layer: dict[int, list[OpNode]] = {}
         for n in self.forward.nodes:
             if n.layer_index is not None:
                 fwd_by_layer.setdefault(n.layer_index, []).append(n)
         if self.mode == "full":
             return self._full(graph, fwd_by_layer)
+        if self.mode == "op":
+            return self._full(graph, {layer: [n for n in nodes if n.id not in
+                                              op_policy_saved(nodes)]
+                                      for layer, nodes in fwd_by_layer.items()})
         modules = DEFAULT_MODULES if self.modules is None else tuple(self.modules)
         bad = [m for m in modules if m not in RECOMPUTE_MODULES]
         if bad:
@@ -103,7 +112,8 @@ class Recompute:
         return evolve(out, meta=meta)
 
     def _full(self, graph: OpGraph, fwd_by_layer: Mapping[int, list[OpNode]]) -> OpGraph:
-        """``full``: each layer's whole forward before the layer's first backward node."""
+        """``full``: each layer's whole forward before the layer's first backward node
+        (``op``: the layer's forward less what its policy saved)."""
         node_offset = _next_id(graph)
         tensor_offset = _tensor_ids((graph, self.forward))
         copies: dict[int, list[OpNode]] = {}
@@ -114,7 +124,7 @@ class Recompute:
             if n.layer_index is not None and n.layer_index not in first_bwd:
                 first_bwd[n.layer_index] = n.id
         for layer, nodes in fwd_by_layer.items():
-            if layer not in first_bwd:
+            if layer not in first_bwd or not nodes:
                 continue
             made = self._copy(nodes, node_offset, tensor_offset, renamed)
             node_offset += len(made)
@@ -209,6 +219,34 @@ class Recompute:
                 phase=Phase.TRAIN_BACKWARD,
                 attrs=attrs))
         return made
+
+
+#: GEMM precisions whose forward is ``torch._scaled_mm`` (torchao's float8 linears), which
+#: torchtitan's op policy does not save
+_SCALED_MM = ("fp8", "fp8_cs", "mxfp8", "nvfp4")
+
+
+def op_policy_saved(nodes: Sequence[OpNode]) -> set[int]:
+    """Ids of one layer's forward nodes whose outputs torchtitan's op policy saves.
+
+    torchtitan's ``_save_list`` (``models/llama3/parallelize_llama.py`` at e7c0cae, the same
+    at 9dec370) holds ``aten.mm``, the flash and memory-efficient SDPA kernels, the
+    functional ``reduce_scatter_tensor`` and ``aten.max``; its policy counts the layer's
+    ``aten.mm`` calls and saves the odd ones ("Saves output of all compute ops, except every
+    second mm"). A float8 linear runs ``aten._scaled_mm``, which is not on the list, so it
+    re-runs with its casts; so do all-gathers, norms, RoPE and the activation."""
+    saved: set[int] = set()
+    mm = 0
+    for n in nodes:
+        if n.op == "aten.mm.default" and n.attrs.get("precision") not in _SCALED_MM:
+            mm += 1
+            if mm % 2:
+                saved.add(n.id)
+        elif n.category == Category.ATTENTION or n.attrs.get(CORE_ATTENTION_ATTR) or (
+                n.category == Category.COLLECTIVE
+                and n.attrs.get("collective") == "reduce_scatter"):
+            saved.add(n.id)
+    return saved
 
 
 def _forward_hint(node: OpNode, rules: OverlapRules | None) -> str:
