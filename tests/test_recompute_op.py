@@ -96,6 +96,7 @@ def test_torchtitan_configs_and_records_select_it() -> None:
     assert source_recompute("Megatron-LM README", "selective", []) == "selective"
 
 
+@pytest.mark.needs("zrt-nvidia")
 @pytest.mark.parametrize("emit", ["megatron", "bridge"])
 def test_megatron_emitters_refuse_it_in_one_line(emit: str, capsys) -> None:
     rc = main(["run", "llama3.1-8b", "--train", "--hw", "h100", "--fsdp", "--zero", "3",
