@@ -20,7 +20,7 @@ from zrt_core.modelinfo import ModelDims
 from zrt_core.moe_load import ExpertLoad
 
 #: ``op`` is PyTorch's selective checkpointing with torchtitan's op policy (docs/training-
-#: model.md, "Recompute")
+#: model.md, "Recompute by op")
 RECOMPUTE = ("none", "selective", "full", "op")
 #: Megatron-Core ``TransformerConfig.recompute_modules`` names (r0.14 – r0.18's allowed list),
 #: for ``recompute = "selective"`` (docs/training-model.md, "Selective recompute modules")

@@ -87,8 +87,8 @@ class Recompute:
         if self.mode == "full":
             return self._full(graph, fwd_by_layer)
         if self.mode == "op":
-            return self._full(graph, {layer: [n for n in nodes if n.id not in
-                                              op_policy_saved(nodes)]
+            kept = {layer: op_policy_saved(nodes) for layer, nodes in fwd_by_layer.items()}
+            return self._full(graph, {layer: [n for n in nodes if n.id not in kept[layer]]
                                       for layer, nodes in fwd_by_layer.items()})
         modules = DEFAULT_MODULES if self.modules is None else tuple(self.modules)
         bad = [m for m in modules if m not in RECOMPUTE_MODULES]
