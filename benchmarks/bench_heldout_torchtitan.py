@@ -40,7 +40,7 @@ def _keys(result, record) -> tuple[str, str]:
     table = record.raw.get("source", "").rsplit(", ", 1)[-1]
     notes = record.raw.get("notes", "")
     stack = ("compile" if "torch.compile on" in notes else "eager") + \
-        (" float8" if record.raw.get("precision") == "fp8" else " bf16") + \
+        (" float8" if record.raw.get("precision") == "fp8_cs" else " bf16") + \
         (" async-tp" if "async TP on" in notes else "")
     return f"{tag} {table} {size} {gpus}gpu", stack
 

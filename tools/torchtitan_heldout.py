@@ -27,7 +27,10 @@ What the rows leave out is read from torchtitan's own defaults at the commit eac
   stages a rank and puts the remainder layers in the middle stages (405B's 126 layers over 8
   stages: 15, 16 × 6, 15; over 16 stages: 7, 8 × 14, 7), written as first / last stage
   layer counts.
-- ``mixed_precision_param`` bf16 (``precision: bf16``); float8 tensorwise is ``fp8``.
+- ``mixed_precision_param`` bf16 (``precision: bf16``); float8 is torchao's ``Float8Linear``
+  with dynamic per-tensor ("tensorwise") scaling of input, weight and output gradient
+  (``--float8.scaling_type_*`` default ``dynamic`` at 9dec370; the 2025-06 pages say
+  "tensorwise"): per-tensor current scaling, zrt's ``fp8_cs``.
 
 Left as the records give them, because the format has no field for them (they are in each
 record's notes): torch.compile on or off, async TP, and the Grand Teton hosts' H100s (96 GB
@@ -65,57 +68,57 @@ ROWS: tuple[tuple[Any, ...], ...] = (
      "fsdp", 5762, 82.4),
     (F2412, "Table 1", "8B", 8, 8, 1, 1, 1, 1, 2, 8192, "selective", "bf16", True, False,
      "fsdp-compile", 6667, 77.0),
-    (F2412, "Table 1", "8B", 8, 8, 1, 1, 1, 1, 2, 8192, "selective", "fp8", True, False,
+    (F2412, "Table 1", "8B", 8, 8, 1, 1, 1, 1, 2, 8192, "selective", "fp8_cs", True, False,
      "fsdp-compile-float8", 8532, 76.8),
-    (F2412, "Table 2", "8B", 8, 8, 1, 1, 1, 1, 1, 32768, "full", "fp8", True, False,
+    (F2412, "Table 2", "8B", 8, 8, 1, 1, 1, 1, 1, 32768, "full", "fp8_cs", True, False,
      "fsdp8-cp1", 3890, 83.9),
-    (F2412, "Table 2", "8B", 8, 4, 1, 1, 1, 2, 1, 65536, "full", "fp8", True, False,
+    (F2412, "Table 2", "8B", 8, 4, 1, 1, 1, 2, 1, 65536, "full", "fp8_cs", True, False,
      "fsdp4-cp2", 2540, 84.2),
-    (F2412, "Table 2", "8B", 8, 2, 1, 1, 1, 4, 1, 131072, "full", "fp8", True, False,
+    (F2412, "Table 2", "8B", 8, 2, 1, 1, 1, 4, 1, 131072, "full", "fp8_cs", True, False,
      "fsdp2-cp4", 1071, 84.0),
-    (F2412, "Table 2", "8B", 8, 1, 1, 1, 1, 8, 1, 262144, "full", "fp8", True, False,
+    (F2412, "Table 2", "8B", 8, 1, 1, 1, 1, 8, 1, 262144, "full", "fp8_cs", True, False,
      "fsdp1-cp8", 548, 84.5),
     (F2412, "Table 3", "8B", 128, 128, 1, 1, 1, 1, 2, 8192, "selective", "bf16", False, False,
      "fsdp", 5605, 67.0),
     (F2412, "Table 3", "8B", 128, 128, 1, 1, 1, 1, 2, 8192, "selective", "bf16", True, False,
      "fsdp-compile", 6514, 62.0),
-    (F2412, "Table 3", "8B", 128, 128, 1, 1, 1, 1, 2, 8192, "selective", "fp8", True, False,
+    (F2412, "Table 3", "8B", 128, 128, 1, 1, 1, 1, 2, 8192, "selective", "fp8_cs", True, False,
      "fsdp-compile-float8", 8380, 61.8),
-    (F2412, "Table 4", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8", True, False,
+    (F2412, "Table 4", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8_cs", True, False,
      "2d", 829, 71.9),
-    (F2412, "Table 4", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8", True, True,
+    (F2412, "Table 4", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8_cs", True, True,
      "2d-asynctp", 876, 67.6),
-    (F2412, "Table 5", "405B", 512, 8, 8, 8, 1, 1, 32, 8192, "full", "fp8", True, True,
+    (F2412, "Table 5", "405B", 512, 8, 8, 8, 1, 1, 32, 8192, "full", "fp8_cs", True, True,
      "3d-1f1b", 100, 82.5),
-    (F2412, "Table 5", "405B", 512, 8, 8, 8, 2, 1, 32, 8192, "full", "fp8", True, True,
+    (F2412, "Table 5", "405B", 512, 8, 8, 8, 2, 1, 32, 8192, "full", "fp8_cs", True, True,
      "3d-interleaved", 128, 72.7),
-    (F2412, "Table 6", "405B", 512, 8, 8, 8, 1, 1, 8, 32768, "full", "fp8", True, True,
+    (F2412, "Table 6", "405B", 512, 8, 8, 8, 1, 1, 8, 32768, "full", "fp8_cs", True, True,
      "4d-fsdp8-cp1", 76, 75.3),
-    (F2412, "Table 6", "405B", 512, 4, 8, 8, 1, 2, 8, 65536, "full", "fp8", True, True,
+    (F2412, "Table 6", "405B", 512, 4, 8, 8, 1, 2, 8, 65536, "full", "fp8_cs", True, True,
      "4d-fsdp4-cp2", 47, 75.9),
-    (F2412, "Table 6", "405B", 512, 2, 8, 8, 1, 4, 8, 131072, "full", "fp8", True, True,
+    (F2412, "Table 6", "405B", 512, 2, 8, 8, 1, 4, 8, 131072, "full", "fp8_cs", True, True,
      "4d-fsdp2-cp4", 31, 77.1),
-    (F2412, "Table 6", "405B", 512, 1, 8, 8, 1, 8, 8, 262144, "full", "fp8", True, True,
+    (F2412, "Table 6", "405B", 512, 1, 8, 8, 1, 8, 8, 262144, "full", "fp8_cs", True, True,
      "4d-fsdp1-cp8", 16, 84.9),
     (F2506, "Llama3 70b on 256 H100s", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "bf16",
      True, False, "tp-bf16", 597.3, None),
     (F2506, "Llama3 70b on 256 H100s", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "bf16",
      True, True, "asynctp-bf16", 652.4, None),
-    (F2506, "Llama3 70b on 256 H100s", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8",
+    (F2506, "Llama3 70b on 256 H100s", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8_cs",
      True, False, "tp-float8", 809.8, None),
-    (F2506, "Llama3 70b on 256 H100s", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8",
+    (F2506, "Llama3 70b on 256 H100s", "70B", 256, 32, 8, 1, 1, 1, 16, 8192, "full", "fp8_cs",
      True, True, "asynctp-float8", 942.4, None),
     (F2506, "Llama3 8b on 64 H100s", "8B", 64, 8, 8, 1, 1, 1, 12, 8192, "selective", "bf16",
      True, False, "tp-bf16", 4378, None),
     (F2506, "Llama3 8b on 64 H100s", "8B", 64, 8, 8, 1, 1, 1, 12, 8192, "selective", "bf16",
      True, True, "asynctp-bf16", 4809.4, None),
-    (F2506, "Llama3 8b on 64 H100s", "8B", 64, 8, 8, 1, 1, 1, 12, 8192, "selective", "fp8",
+    (F2506, "Llama3 8b on 64 H100s", "8B", 64, 8, 8, 1, 1, 1, 12, 8192, "selective", "fp8_cs",
      True, False, "tp-float8", 5078.1, None),
-    (F2506, "Llama3 8b on 64 H100s", "8B", 64, 8, 8, 1, 1, 1, 12, 8192, "selective", "fp8",
+    (F2506, "Llama3 8b on 64 H100s", "8B", 64, 8, 8, 1, 1, 1, 12, 8192, "selective", "fp8_cs",
      True, True, "asynctp-float8", 5570.1, None),
-    (TRAINY, "Results", "8B", 32, 32, 1, 1, 1, 1, 2, 8192, "selective", "fp8", True, False,
+    (TRAINY, "Results", "8B", 32, 32, 1, 1, 1, 1, 2, 8192, "selective", "fp8_cs", True, False,
      "h200-4node", 10938, 47.96),
-    (TRAINY, "Results", "8B", 64, 64, 1, 1, 1, 1, 2, 8192, "selective", "fp8", True, False,
+    (TRAINY, "Results", "8B", 64, 64, 1, 1, 1, 1, 2, 8192, "selective", "fp8_cs", True, False,
      "h200-8node", 10753, 46.97),
 )
 
@@ -163,7 +166,7 @@ def record(row: tuple[Any, ...], configs: dict[str, Any]) -> dict[str, Any]:
     notes.append(f"torch.compile {'on' if compiled else 'off'}; async TP "
                  f"{'on' if async_tp else 'off'}; activation checkpointing {recompute}"
                  f"{' (selective_ac_option op)' if recompute == 'selective' else ''}; "
-                 f"{'float8 tensorwise' if precision == 'fp8' else 'bf16'}.")
+                 f"{'float8 tensorwise (dynamic)' if precision == 'fp8_cs' else 'bf16'}.")
     if memory is not None:
         notes.append(f"Memory published: {memory} GiB (max over GPUs).")
     notes.append("Trainy's WhiteFiber hosts: 8 H200 on NVLink, 400 Gb/s CX-7 per GPU; float8 "
