@@ -5,7 +5,8 @@ on: PyTorch-native FSDP2 runs of Llama 3.1 8B-405B on 8-512 H100 and H200, with 
 
 Predicts ``benchmarks/data/torchtitan_heldout.yaml`` (built by ``tools/torchtitan_heldout.py``
 from torchtitan's ``benchmarks/*.md``) and prints the step-time MAPE and bias per table, per
-stack setting (torch.compile, float8, async TP, as each record's notes give them) and overall.
+stack setting (torch.compile, float8, async TP, as each record's notes give them) and overall,
+and the peak memory per device against the 20 rows that print it.
 Nothing in zrt is fitted on these records, and ``../shared/validation/public.yaml`` carries
 none of them: the held-out check of PyTorch-native training beside
 ``bench_heldout_foundry.py`` (llm-foundry, also FSDP). Issue 9's training target (10%) is the
@@ -66,6 +67,24 @@ def grand_teton_pack(folder: Path) -> Path:
     return path
 
 
+def memory(path: Path) -> None:
+    """Peak memory per device against what the pages print (the most any GPU reserved, so the
+    allocator's cache is in it): MAPE and bias over the records whose notes give it."""
+    from zrt_core.validate import Validator, load_records
+
+    validator = Validator()
+    errs = []
+    for record in load_records(path):
+        found = re.search(r"Memory published: ([\d.]+) GiB", record.raw.get("notes") or "")
+        if found is None:
+            continue
+        report, _ = validator.training_report(record)
+        published = float(found.group(1))
+        errs.append(report.memory.peak_bytes / 2**30 / published - 1)
+    print(f"{'memory (published max reserved)':36s} {len(errs):4d} "
+          f"{sum(map(abs, errs)) / len(errs):7.1%} {sum(errs) / len(errs):+8.1%}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", nargs="?", type=Path, default=DEFAULT)
@@ -73,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="price the Grand Teton H100 records on a 500 W, HBM2e pack")
     args = ap.parse_args(argv)
     if not args.grand_teton:
+        memory(args.file)
         return held_out_step_times(args.file, ("table", "stack"), _keys, WHAT)
     with tempfile.TemporaryDirectory() as tmp:
         pack = grand_teton_pack(Path(tmp))
@@ -85,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         derived = yaml.safe_load(pack.read_text())
         print(f"Grand Teton records priced on {derived['name']}, power_limited_clock "
               f"{derived['compute']['power_limited_clock']}\n")
+        memory(moved)
         return held_out_step_times(moved, ("table", "stack"), _keys,
                                    WHAT + " on the Grand Teton pack")
 
