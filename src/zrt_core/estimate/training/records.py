@@ -265,9 +265,9 @@ def case_from_record(record: Mapping[str, Any]) -> TrainingCase:
         # Megatron-FSDP (Megatron-Bridge's FSDP rows, all without a pipeline): parameters
         # released after forward and gathered again for backward, FSDP2's
         # reshard_after_forward=True — zrt's --fsdp default without a pipeline
-        assumptions.append("FSDP as Megatron-FSDP runs it: parameters re-gathered for "
-                           "backward, gradients reduce-scattered every micro-batch "
-                           "(docs/fsdp.md)")
+        assumptions.append("FSDP as Megatron-FSDP and FSDP2 run it without a pipeline: "
+                           "parameters re-gathered for backward, gradients reduce-scattered "
+                           "every micro-batch (docs/fsdp.md)")
     elif int(zero) == 3:
         assumptions.append("ZeRO-3 as DeepSpeed runs it: parameters re-gathered for "
                            "backward, gradients reduce-scattered every micro-batch "
