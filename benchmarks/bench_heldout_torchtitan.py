@@ -50,6 +50,7 @@ def grand_teton_pack(folder: Path) -> Path:
     """The shipped H100 pack with Grand Teton's published memory and power limit, its clock
     from the shipped rule; written under ``folder``."""
     import zrt_nvidia
+    from attrs import evolve
 
     from zrt_core.hardware import HardwareSpec, power_limited_clock
 
@@ -59,10 +60,10 @@ def grand_teton_pack(folder: Path) -> Path:
     raw.update(id="h100_grand_teton_500w", aliases=[], power_w=500,
                name="H100 96 GB HBM2e at 500 W (Meta Grand Teton; torchtitan's benchmarks)")
     raw["memory"].update(capacity_gb=96, bandwidth_gb_per_s=2400)
+    # the rule reads board power, SM count and bf16 peak, of which only the power changes
+    clock = power_limited_clock(evolve(h100, power_w=500), h100)
+    raw["compute"]["power_limited_clock"] = round(clock, 4)
     path = folder / "h100_grand_teton_500w.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    spec = HardwareSpec.from_yaml(str(path))
-    raw["compute"]["power_limited_clock"] = round(power_limited_clock(spec, h100), 4)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
